@@ -1,0 +1,63 @@
+#include "core/allocator.h"
+
+#include <cstdlib>
+
+#include "core/check.h"
+
+namespace ft {
+
+CachingAllocator& CachingAllocator::host() {
+  static CachingAllocator* allocator = new CachingAllocator();  // never destroyed: outlives statics
+  return *allocator;
+}
+
+CachingAllocator::~CachingAllocator() { trim(); }
+
+size_t CachingAllocator::round_up(size_t bytes) {
+  // Exact sizes below 1 MiB are rounded to 512 B; larger ones to 64 KiB, so that a block can serve
+  // a slightly smaller request without wasting much.
+  const size_t granule = bytes < (1u << 20) ? 512 : (64u << 10);
+  return ((bytes + granule - 1) / granule) * granule;
+}
+
+void* CachingAllocator::allocate(size_t bytes) {
+  const size_t rounded = round_up(bytes == 0 ? 1 : bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = free_blocks_.find(rounded);
+  void* ptr = nullptr;
+  if (it != free_blocks_.end()) {
+    ptr = it->second;
+    free_blocks_.erase(it);
+    stats_.bytes_cached -= rounded;
+  } else {
+    ptr = std::aligned_alloc(64, rounded);
+    FT_CHECK(ptr != nullptr, "out of host memory allocating ", rounded, " bytes");
+    ++stats_.os_allocations;
+  }
+  stats_.bytes_in_use += rounded;
+  if (stats_.bytes_in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.bytes_in_use;
+  return ptr;
+}
+
+void CachingAllocator::release(void* ptr, size_t bytes) {
+  if (ptr == nullptr) return;
+  const size_t rounded = round_up(bytes == 0 ? 1 : bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_blocks_.emplace(rounded, ptr);
+  stats_.bytes_in_use -= rounded;
+  stats_.bytes_cached += rounded;
+}
+
+void CachingAllocator::trim() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [size, ptr] : free_blocks_) std::free(ptr);
+  free_blocks_.clear();
+  stats_.bytes_cached = 0;
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+}  // namespace ft

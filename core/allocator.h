@@ -1,0 +1,42 @@
+// CachingAllocator: hands out 64-byte aligned host blocks and keeps freed blocks for reuse by size,
+// so a training step after the first allocates nothing from the OS.
+// Thread safety: all methods are safe to call from any thread (one mutex).
+#pragma once
+#include <cstddef>
+#include <map>
+#include <mutex>
+
+namespace ft {
+
+struct AllocatorStats {
+  size_t bytes_in_use = 0;  // handed out and not yet returned
+  size_t bytes_cached = 0;  // returned and kept for reuse
+  size_t peak_in_use = 0;
+  size_t os_allocations = 0;  // calls that reached the OS
+};
+
+class CachingAllocator {
+ public:
+  static CachingAllocator& host();
+
+  // Returns a block of at least `bytes` bytes. Never returns null; throws ft::Error on failure.
+  void* allocate(size_t bytes);
+  // REQUIRES: `ptr` came from allocate() with the same `bytes`.
+  void release(void* ptr, size_t bytes);
+  // Returns every cached block to the OS.
+  void trim();
+  AllocatorStats stats() const;
+
+  CachingAllocator() = default;
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+ private:
+  static size_t round_up(size_t bytes);
+  mutable std::mutex mutex_;
+  std::multimap<size_t, void*> free_blocks_;  // rounded size -> block
+  AllocatorStats stats_;
+};
+
+}  // namespace ft

@@ -1,0 +1,36 @@
+// Error reporting for fusiontrain: FT_CHECK throws ft::Error carrying file:line and a message.
+// Errors that reach main() print and exit non-zero; destructors never throw.
+// Thread safety: stateless, safe from any thread.
+#pragma once
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace ft {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+namespace detail {
+template <typename... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream out;
+  (out << ... << args);
+  return out.str();
+}
+}  // namespace detail
+
+}  // namespace ft
+
+// Throws ft::Error("file:line: check `cond` failed: <message>") when cond is false.
+#define FT_CHECK(cond, ...)                                                         \
+  do {                                                                              \
+    if (!(cond))                                                                    \
+      throw ::ft::Error(::ft::detail::concat(__FILE__, ":", __LINE__, ": check `", \
+                                             #cond, "` failed: ", ##__VA_ARGS__));  \
+  } while (0)
+
+// Throws ft::Error with just the message: for user-facing errors (config, files, flags).
+#define FT_FAIL(...) throw ::ft::Error(::ft::detail::concat(__VA_ARGS__))

@@ -1,0 +1,95 @@
+#include "core/tensor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "core/allocator.h"
+#include "core/check.h"
+
+namespace ft {
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t count = 1;
+  for (int64_t extent : shape) {
+    FT_CHECK(extent >= 0, "negative extent in shape ", shape_str(shape));
+    count *= extent;
+  }
+  return count;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+Tensor Tensor::empty(const Shape& shape, Device device) {
+  FT_CHECK(device == Device::kCpu, "Tensor::empty on cuda goes through core/cuda");
+  Tensor tensor;
+  tensor.shape_ = shape;
+  tensor.numel_ = shape_numel(shape);
+  tensor.device_ = device;
+  const size_t bytes = tensor.bytes();
+  void* block = CachingAllocator::host().allocate(bytes);
+  tensor.storage_ = std::shared_ptr<void>(
+      block, [bytes](void* ptr) { CachingAllocator::host().release(ptr, bytes); });
+  tensor.base_ = static_cast<float*>(block);
+  return tensor;
+}
+
+Tensor Tensor::zeros(const Shape& shape, Device device) {
+  Tensor tensor = empty(shape, device);
+  tensor.fill(0.0f);
+  return tensor;
+}
+
+Tensor Tensor::wrap(float* data, const Shape& shape, Device device) {
+  Tensor tensor;
+  tensor.base_ = data;
+  tensor.shape_ = shape;
+  tensor.numel_ = shape_numel(shape);
+  tensor.device_ = device;
+  return tensor;
+}
+
+int64_t Tensor::size(int axis) const {
+  if (axis < 0) axis += dim();
+  FT_CHECK(axis >= 0 && axis < dim(), "axis ", axis, " out of range for shape ", shape_str(shape_));
+  return shape_[axis];
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  FT_CHECK(shape_numel(shape) == numel_, "cannot view ", shape_str(shape_), " as ",
+           shape_str(shape));
+  Tensor result = *this;
+  result.shape_ = shape;
+  return result;
+}
+
+Tensor Tensor::rows(int64_t begin, int64_t end) const {
+  FT_CHECK(dim() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], "rows [", begin, ", ",
+           end, ") out of range for shape ", shape_str(shape_));
+  const int64_t row_numel = shape_[0] == 0 ? 0 : numel_ / shape_[0];
+  Tensor result = *this;
+  result.offset_ += begin * row_numel;
+  result.shape_[0] = end - begin;
+  result.numel_ = (end - begin) * row_numel;
+  return result;
+}
+
+void Tensor::fill(float value) {
+  FT_CHECK(device_ == Device::kCpu, "fill on cpu only");
+  std::fill(data(), data() + numel_, value);
+}
+
+void Tensor::copy_from(const Tensor& source) {
+  FT_CHECK(source.numel() == numel_, "copy_from: ", shape_str(source.shape()), " into ",
+           shape_str(shape_));
+  FT_CHECK(device_ == Device::kCpu && source.device() == Device::kCpu, "copy_from on cpu only");
+  if (numel_ > 0) std::memcpy(data(), source.data(), bytes());
+}
+
+}  // namespace ft

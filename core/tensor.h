@@ -1,0 +1,56 @@
+// Tensor: a float32 n-d array on a device, row-major and contiguous. Views (reshape, row slices,
+// wrapped external buffers) share storage, which is how parameters live inside one flat buffer.
+// Thread safety: a Tensor is a value; concurrent reads are fine, writes need outside ordering.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ft {
+
+enum class Device { kCpu, kCuda };
+
+using Shape = std::vector<int64_t>;
+
+int64_t shape_numel(const Shape& shape);
+std::string shape_str(const Shape& shape);
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  // A new tensor from the caching allocator; contents are uninitialised.
+  static Tensor empty(const Shape& shape, Device device = Device::kCpu);
+  static Tensor zeros(const Shape& shape, Device device = Device::kCpu);
+  // A non-owning view of `data`. REQUIRES: `data` outlives every copy of the result.
+  static Tensor wrap(float* data, const Shape& shape, Device device = Device::kCpu);
+
+  float* data() { return base_ + offset_; }
+  const float* data() const { return base_ + offset_; }
+  const Shape& shape() const { return shape_; }
+  int64_t numel() const { return numel_; }
+  int dim() const { return static_cast<int>(shape_.size()); }
+  int64_t size(int axis) const;
+  Device device() const { return device_; }
+  bool defined() const { return base_ != nullptr || numel_ == 0; }
+  size_t bytes() const { return static_cast<size_t>(numel_) * sizeof(float); }
+
+  // Same storage, new shape. REQUIRES: same numel.
+  Tensor view(const Shape& shape) const;
+  // Rows [begin, end) along axis 0, sharing storage.
+  Tensor rows(int64_t begin, int64_t end) const;
+
+  void fill(float value);
+  void copy_from(const Tensor& source);  // REQUIRES: same numel.
+
+ private:
+  std::shared_ptr<void> storage_;  // keeps base_ alive; null for wrapped tensors
+  float* base_ = nullptr;
+  int64_t offset_ = 0;
+  int64_t numel_ = 0;
+  Shape shape_;
+  Device device_ = Device::kCpu;
+};
+
+}  // namespace ft
