@@ -1,1 +1,104 @@
-# Optional CUDA path (FT_CUDA=AUTO|ON|OFF). Filled in by the CUDA work; AUTO finds nvcc.
+# Optional CUDA path (FT_CUDA=AUTO|ON|OFF), included by the root CMakeLists after the CPU libraries.
+# AUTO builds it when nvcc, cuDNN and NCCL are all found; ON fails when one is missing; OFF skips.
+# When on, it defines the static library ft_cuda (core/cuda/* and comm/nccl/*) with the PUBLIC
+# definition FT_HAVE_CUDA=1; the binary and the tests link it when the target exists.
+
+# The per-folder globs of ft_core and ft_comm also match core/cuda/*.cpp and comm/nccl/*.cpp.
+# Those need CUDA headers, so they belong to ft_cuda only: take them out of the CPU libraries,
+# whether or not CUDA is on.
+foreach(cpu_library ft_core ft_comm)
+  get_target_property(cpu_sources ${cpu_library} SOURCES)
+  list(FILTER cpu_sources EXCLUDE REGEX "/core/cuda/|/comm/nccl/")
+  set_property(TARGET ${cpu_library} PROPERTY SOURCES ${cpu_sources})
+endforeach()
+
+string(TOUPPER "${FT_CUDA}" FT_CUDA_MODE)
+if(NOT FT_CUDA_MODE MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "FT_CUDA='${FT_CUDA}' is not valid; allowed values: AUTO, ON, OFF")
+endif()
+
+# Reports why CUDA is unavailable: fatal under ON, a status line (and CUDA off) under AUTO.
+macro(ft_cuda_unavailable reason)
+  if(FT_CUDA_MODE STREQUAL "ON")
+    message(FATAL_ERROR "FT_CUDA=ON but ${reason}")
+  endif()
+  message(STATUS "fusiontrain: CUDA path OFF (FT_CUDA=AUTO: ${reason})")
+  set(FT_CUDA_ENABLED FALSE)
+endmacro()
+
+set(FT_CUDA_ENABLED FALSE)
+if(FT_CUDA_MODE STREQUAL "OFF")
+  message(STATUS "fusiontrain: CUDA path OFF (FT_CUDA=OFF)")
+else()
+  set(FT_CUDA_ENABLED TRUE)
+  # nvcc must use the same host compiler as the C++ code, or the C++ ABIs may differ.
+  if(NOT CMAKE_CUDA_HOST_COMPILER AND NOT DEFINED ENV{CUDAHOSTCXX})
+    set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER} CACHE FILEPATH "nvcc host compiler")
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  # check_language only searches PATH; a fresh shell often lacks /usr/local/cuda/bin.
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc CACHE FILEPATH "CUDA compiler" FORCE)
+  endif()
+  if(NOT CMAKE_CUDA_COMPILER)
+    ft_cuda_unavailable("no CUDA compiler (nvcc) was found; set CMAKE_CUDA_COMPILER")
+  endif()
+endif()
+
+if(FT_CUDA_ENABLED)
+  # H200 (Hopper) is sm_90; pass -DCMAKE_CUDA_ARCHITECTURES=... to build for other GPUs.
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
+    set(CMAKE_CUDA_ARCHITECTURES 90)
+  endif()
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+
+  set(ft_cuda_hints ${CUDAToolkit_LIBRARY_ROOT} ${CUDAToolkit_TARGET_DIR} $ENV{CUDNN_ROOT}
+                    $ENV{NCCL_ROOT} /usr/local/cuda)
+  find_path(FT_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${ft_cuda_hints}
+            PATH_SUFFIXES include)
+  find_library(FT_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} ${ft_cuda_hints}
+               PATH_SUFFIXES lib64 lib)
+  find_path(FT_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${ft_cuda_hints}
+            PATH_SUFFIXES include)
+  find_library(FT_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${ft_cuda_hints}
+               PATH_SUFFIXES lib64 lib)
+  if(NOT TARGET CUDA::cublasLt)
+    ft_cuda_unavailable("cuBLASLt was not found in the CUDA toolkit")
+  elseif(NOT FT_CUDNN_INCLUDE_DIR OR NOT FT_CUDNN_LIBRARY)
+    ft_cuda_unavailable("cuDNN (cudnn.h, libcudnn) was not found; set CUDNN_ROOT")
+  elseif(NOT FT_NCCL_INCLUDE_DIR OR NOT FT_NCCL_LIBRARY)
+    ft_cuda_unavailable("NCCL (nccl.h, libnccl) was not found; set NCCL_ROOT")
+  endif()
+endif()
+
+if(FT_CUDA_ENABLED)
+  # Imported targets, so their headers are SYSTEM includes and -Werror ignores their warnings.
+  add_library(ft_cudnn UNKNOWN IMPORTED)
+  set_target_properties(ft_cudnn PROPERTIES IMPORTED_LOCATION ${FT_CUDNN_LIBRARY}
+                                            INTERFACE_INCLUDE_DIRECTORIES ${FT_CUDNN_INCLUDE_DIR})
+  add_library(ft_nccl UNKNOWN IMPORTED)
+  set_target_properties(ft_nccl PROPERTIES IMPORTED_LOCATION ${FT_NCCL_LIBRARY}
+                                           INTERFACE_INCLUDE_DIRECTORIES ${FT_NCCL_INCLUDE_DIR})
+
+  file(GLOB ft_cuda_sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/core/cuda/*.cu
+       ${CMAKE_SOURCE_DIR}/core/cuda/*.cpp ${CMAKE_SOURCE_DIR}/comm/nccl/*.cu
+       ${CMAKE_SOURCE_DIR}/comm/nccl/*.cpp)
+  add_library(ft_cuda STATIC ${ft_cuda_sources})
+  target_include_directories(ft_cuda PUBLIC ${CMAKE_SOURCE_DIR})
+  target_compile_definitions(ft_cuda PUBLIC FT_HAVE_CUDA=1)
+  # One cudart for the whole process: the shared one, which cuDNN and NCCL also expect.
+  set_target_properties(ft_cuda PROPERTIES CUDA_RUNTIME_LIBRARY Shared
+                                           POSITION_INDEPENDENT_CODE ON)
+  target_compile_options(ft_cuda PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:${FT_WARNINGS}>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Werror --Werror=all-warnings>)
+  target_link_libraries(ft_cuda PUBLIC ft_core ft_comm CUDA::cudart CUDA::cublasLt ft_cudnn
+                                       ft_nccl)
+  message(STATUS "fusiontrain: CUDA path ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
+                 "sm_${CMAKE_CUDA_ARCHITECTURES}, cuDNN ${FT_CUDNN_LIBRARY}, "
+                 "NCCL ${FT_NCCL_LIBRARY})")
+endif()

@@ -37,4 +37,4 @@ if [ ! -f "$CORPUS" ] || ! echo "$CORPUS_SHA256  $CORPUS" | sha256sum -c --quiet
   fi
   mv "$CORPUS.tmp" "$CORPUS"
 fi
-echo "bootstrap: ok ($CORPUS, Fashion-MNIST in /usr/share/dataset-fashion-mnist)"
+echo "bootstrap: ok ($CORPUS, Fashion-MNIST in /usr/share/datasets/fashion-mnist)"

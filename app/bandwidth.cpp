@@ -1,0 +1,203 @@
+#include "app/bandwidth.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/check.h"
+#include "core/timer.h"
+
+namespace ft {
+namespace {
+
+constexpr int64_t kMiB = 1 << 20;
+constexpr int64_t kFullItersUpTo = 16 * kMiB;  // bigger messages get fewer iterations
+constexpr int kFusedMessages = 4;
+constexpr int64_t kFusedSizes[] = {1 * kMiB, 8 * kMiB, 128 * kMiB};
+
+struct Repeats {
+  int warmup = 0;
+  int iters = 0;
+};
+
+// Keeps the default sweep near a minute on two ranks of a small machine: large messages are
+// already stable after a few repetitions.
+Repeats repeats_for(const BandwidthArgs& args, int64_t bytes) {
+  if (bytes <= kFullItersUpTo) return {args.warmup, args.iters};
+  const int64_t scaled = args.iters * kFullItersUpTo / bytes;
+  return {std::min(args.warmup, 1), static_cast<int>(std::max<int64_t>(2, scaled))};
+}
+
+// Mean over ranks of a per-rank time, so one rank's scheduling hiccup does not dominate.
+double mean_over_ranks(Communicator& comm, double value) {
+  float mean = static_cast<float>(value);
+  comm.allreduce(&mean, 1, ReduceOp::kAverage);
+  return mean;
+}
+
+double bus_factor(int ranks) {
+  return 2.0 * (ranks - 1) / ranks;
+}
+
+// 64 MiB is past any last-level cache, so this is DRAM bandwidth whatever the sweep's sizes.
+double measure_peak_gbps(Communicator& comm) {
+  const size_t bytes = static_cast<size_t>(64 * kMiB);
+  std::vector<char> source(bytes, 1), target(bytes, 0);
+  std::memcpy(target.data(), source.data(), bytes);  // touch every page before timing
+  double best_ms = 1e30;
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    comm.barrier();
+    const double start = now_ms();
+    std::memcpy(target.data(), source.data(), bytes);
+    best_ms = std::min(best_ms, now_ms() - start);
+  }
+  FT_CHECK(target[bytes - 1] == 1, "memcpy check failed");
+  return mean_over_ranks(comm, bytes / (best_ms * 1e-3) / 1e9);
+}
+
+// Fills with rank + 1, reduces once and checks a few elements: each is n(n+1)/2.
+void check_allreduce(Communicator& comm, float* buffer, int64_t count) {
+  std::fill(buffer, buffer + count, static_cast<float>(comm.rank() + 1));
+  comm.allreduce(buffer, static_cast<size_t>(count), ReduceOp::kSum);
+  const float expected = comm.size() * (comm.size() + 1) / 2.0f;
+  for (int64_t i : {int64_t{0}, count / 2, count - 1}) {
+    FT_CHECK(buffer[i] == expected, "allreduce of ", count, " floats gave ", buffer[i],
+             " at index ", i, ", expected ", expected);
+  }
+}
+
+// Microseconds per iteration of `body`, averaged over ranks.
+template <typename Body>
+double time_us(Communicator& comm, const Repeats& repeats, Body body) {
+  for (int i = 0; i < repeats.warmup; ++i) body();
+  comm.barrier();
+  const double start = now_ms();
+  for (int i = 0; i < repeats.iters; ++i) body();
+  return mean_over_ranks(comm, (now_ms() - start) * 1e3 / repeats.iters);
+}
+
+void check_args(const BandwidthArgs& args) {
+  FT_CHECK(args.min_bytes >= 4, "--min-bytes must be >= 4 (one float), got ", args.min_bytes);
+  FT_CHECK(args.max_bytes >= args.min_bytes, "--max-bytes (", args.max_bytes,
+           ") must be >= --min-bytes (", args.min_bytes, ")");
+  FT_CHECK(args.warmup >= 0, "--warmup must be >= 0, got ", args.warmup);
+  FT_CHECK(args.iters >= 1, "--iters must be >= 1, got ", args.iters);
+  FT_CHECK(args.peak_gbps >= 0, "--peak-gbps must be >= 0 (0 = measure), got ", args.peak_gbps);
+}
+
+}  // namespace
+
+int run_bandwidth(Communicator& comm, const BandwidthArgs& args) {
+  check_args(args);
+  const bool root = comm.rank() == 0;
+  const int ranks = comm.size();
+  const bool measured = args.peak_gbps == 0;
+  const double peak = measured ? measure_peak_gbps(comm) : args.peak_gbps;
+  const std::string peak_source =
+      measured ? "measured: per-rank memcpy with all ranks copying" : "given (--peak-gbps)";
+
+  std::vector<int64_t> fused_sizes;
+  for (int64_t size : kFusedSizes) {
+    if (kFusedMessages * size <= args.max_bytes) fused_sizes.push_back(size);
+  }
+  if (fused_sizes.empty()) fused_sizes.push_back(std::max<int64_t>(4, args.max_bytes / 4 / 4 * 4));
+
+  const int64_t max_floats =
+      std::max(args.max_bytes, kFusedMessages * fused_sizes.back()) / static_cast<int64_t>(4);
+  std::vector<float> buffer(static_cast<size_t>(max_floats), 0.0f);
+
+  nlohmann::json report = {{"job", "bandwidth"},
+                           {"backend", comm.backend_name()},
+                           {"ranks", ranks},
+                           {"op", "allreduce sum float32"},
+                           {"peak_gbps", peak},
+                           {"peak_source", peak_source},
+                           {"bus_factor", bus_factor(ranks)}};
+  if (root) {
+    std::printf("# fusiontrain bandwidth: allreduce (sum, float32), %d ranks, backend %s\n", ranks,
+                comm.backend_name());
+    std::printf("# peak %.2f GB/s (%s); busbw = algbw * 2(n-1)/n; util = busbw / peak\n", peak,
+                peak_source.c_str());
+    std::printf("%14s %12s %6s %12s %11s %11s %7s\n", "size(B)", "count", "iters", "time(us)",
+                "algbw(GB/s)", "busbw(GB/s)", "util(%)");
+  }
+  nlohmann::json sweep = nlohmann::json::array();
+  for (int64_t bytes = args.min_bytes; bytes <= args.max_bytes; bytes *= 2) {
+    const int64_t count = bytes / 4;
+    check_allreduce(comm, buffer.data(), count);
+    const Repeats repeats = repeats_for(args, bytes);
+    const double us = time_us(comm, repeats, [&] {
+      comm.allreduce(buffer.data(), static_cast<size_t>(count), ReduceOp::kSum);
+    });
+    const double algbw = count * 4 / (us * 1e-6) / 1e9;
+    const double busbw = algbw * bus_factor(ranks);
+    sweep.push_back({{"bytes", count * 4},
+                     {"count", count},
+                     {"iters", repeats.iters},
+                     {"time_us", us},
+                     {"algbw_gbps", algbw},
+                     {"busbw_gbps", busbw},
+                     {"utilization", busbw / peak}});
+    if (root) {
+      std::printf("%14" PRId64 " %12" PRId64 " %6d %12.1f %11.3f %11.3f %7.1f\n", count * 4, count,
+                  repeats.iters, us, algbw, busbw, 100.0 * busbw / peak);
+      std::fflush(stdout);
+    }
+  }
+  report["sweep"] = sweep;
+
+  if (root) {
+    std::printf("\n# fusion: %d separate allreduces of s bytes vs one fused allreduce of %d*s\n",
+                kFusedMessages, kFusedMessages);
+    std::printf("%12s %6s %14s %10s %14s %10s %8s\n", "s(B)", "iters", "separate(us)", "util(%)",
+                "fused(us)", "util(%)", "ratio");
+  }
+  nlohmann::json fused_rows = nlohmann::json::array();
+  for (int64_t size : fused_sizes) {
+    const int64_t count = size / 4;
+    const int64_t total_bytes = kFusedMessages * count * 4;
+    check_allreduce(comm, buffer.data(), kFusedMessages * count);
+    const Repeats repeats = repeats_for(args, total_bytes);
+    const double separate_us = time_us(comm, repeats, [&] {
+      for (int m = 0; m < kFusedMessages; ++m) {
+        comm.allreduce(buffer.data() + m * count, static_cast<size_t>(count), ReduceOp::kSum);
+      }
+    });
+    const double fused_us = time_us(comm, repeats, [&] {
+      comm.allreduce(buffer.data(), static_cast<size_t>(kFusedMessages * count), ReduceOp::kSum);
+    });
+    auto utilization = [&](double us) {
+      return total_bytes / (us * 1e-6) / 1e9 * bus_factor(ranks) / peak;
+    };
+    const double ratio = separate_us / fused_us;
+    fused_rows.push_back({{"message_bytes", count * 4},
+                          {"messages", kFusedMessages},
+                          {"iters", repeats.iters},
+                          {"separate_time_us", separate_us},
+                          {"separate_utilization", utilization(separate_us)},
+                          {"fused_time_us", fused_us},
+                          {"fused_utilization", utilization(fused_us)},
+                          {"separate_over_fused", ratio}});
+    if (root) {
+      std::printf("%12" PRId64 " %6d %14.1f %10.1f %14.1f %10.1f %8.2f\n", count * 4, repeats.iters,
+                  separate_us, 100.0 * utilization(separate_us), fused_us,
+                  100.0 * utilization(fused_us), ratio);
+      std::fflush(stdout);
+    }
+  }
+  report["fused"] = fused_rows;
+
+  if (root && !args.json_path.empty()) {
+    std::ofstream json(args.json_path);
+    FT_CHECK(json.good(), "cannot open --json file '", args.json_path, "' for writing");
+    json << report.dump(2) << "\n";
+    FT_CHECK(json.good(), "writing --json file '", args.json_path, "' failed");
+  }
+  return 0;
+}
+
+}  // namespace ft

@@ -1,0 +1,32 @@
+// `fusiontrain bandwidth`: an nccl-tests-style allreduce sweep over the active Communicator, to see
+// what bucketing buys. Two tables: (1) message sizes doubling from min_bytes to max_bytes with
+// time, algbw = bytes / time, busbw = algbw * 2(n-1)/n and utilization = busbw / peak; (2) the
+// fusion table: k = 4 messages of s bytes sent one after another vs one fused message of k*s, for
+// s in {1, 8, 128} MiB (those with k*s <= max_bytes), with time, utilization and their ratio.
+// Bandwidths are GB/s = 1e9 bytes/s. Times are per iteration, averaged over ranks.
+// Rank 0 prints the tables to stdout and writes the JSON; every rank must call run_bandwidth.
+// Thread safety: a collective job run from main() on every rank.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace ft {
+
+struct BandwidthArgs {
+  int64_t min_bytes = 4 << 10;
+  int64_t max_bytes = 512LL << 20;
+  int warmup = 5;         // per size; messages above 16 MiB use at most one
+  int iters = 20;         // per size; messages above 16 MiB use iters * 16 MiB / size, at least 2
+  std::string json_path;  // empty = no JSON
+  // Peak for utilization, GB/s (1e9 bytes/s). 0 = measure: host memory bandwidth as the bytes per
+  // second one rank's memcpy moves while every rank copies at once (the shared-memory transport
+  // is made of such copies).
+  double peak_gbps = 0;
+};
+
+// Returns 0. Throws ft::Error on bad arguments (naming the flag) or a wrong allreduce result.
+int run_bandwidth(Communicator& comm, const BandwidthArgs& args);
+
+}  // namespace ft

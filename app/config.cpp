@@ -1,0 +1,215 @@
+// Strict config reading: YAML file → schema-checked values → `--set` overrides → cross-field
+// checks. Every error names where the value came from (file:line:col or the override).
+#include "app/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "app/config_schema.h"
+#include "core/check.h"
+
+namespace ft {
+using namespace config_schema;
+
+namespace {
+
+std::string location(const std::string& origin, const YAML::Mark& mark) {
+  if (mark.is_null()) return origin;
+  return detail::concat(origin, ":", mark.line + 1, ":", mark.column + 1);
+}
+
+std::string parent_of(const std::string& dotted) {
+  size_t dot = dotted.rfind('.');
+  return dot == std::string::npos ? "" : dotted.substr(0, dot);
+}
+
+const char* kind_of(const YAML::Node& node) {
+  if (node.IsNull()) return "no value";
+  if (node.IsMap()) return "a map";
+  if (node.IsSequence()) return "a list";
+  return "a single value";
+}
+
+// "valid keys in 'model': arch, n_layer, ..." for a section ("" = the top level).
+std::string valid_keys_text(const std::string& section) {
+  const std::vector<std::string> valid = children(section);
+  if (section.empty()) return "valid sections: " + join(valid, ", ");
+  if (valid.empty()) return "section '" + section + "' has no keys yet";
+  return "valid keys in '" + section + "': " + join(valid, ", ");
+}
+
+// The field whose last name is `name`, if any: a key put in the wrong section is a common slip.
+const Field* field_named(const std::string& name) {
+  for (const Field& field : fields())
+    if (field.key.size() > name.size() && field.key.compare(field.key.size() - name.size(), name.size(), name) == 0 &&
+        field.key[field.key.size() - name.size() - 1] == '.')
+      return &field;
+  return nullptr;
+}
+
+// Applies one source of values after another to a Config, remembering where each key was set
+// so cross-field errors can point at both culprits.
+class Reader {
+ public:
+  explicit Reader(std::string origin) : origin_(std::move(origin)) { config_.source_path = origin_; }
+
+  void read_document(const std::string& text) {
+    std::vector<YAML::Node> documents;
+    try {
+      documents = YAML::LoadAll(text);
+    } catch (const YAML::Exception& error) {
+      FT_FAIL(location(origin_, error.mark), ": YAML syntax error: ", error.msg);
+    }
+    if (documents.empty() || (documents.size() == 1 && documents[0].IsNull()))
+      FT_FAIL(origin_, ": config file is empty (it has no keys, only comments or blank lines)");
+    if (documents.size() > 1)
+      FT_FAIL(origin_, ": expected one YAML document, found ", documents.size(), " (remove the '---' separators)");
+    const YAML::Node& root = documents[0];
+    if (!root.IsMap())
+      FT_FAIL(location(origin_, root.Mark()), ": the top level must be a map of sections, got ", kind_of(root),
+              "; ", valid_keys_text(""));
+    read_section(root, "");
+  }
+
+  void apply_override(const std::string& assignment) {
+    const std::string where = "--set '" + assignment + "'";
+    const size_t equals = assignment.find('=');
+    if (equals == std::string::npos || equals == 0)
+      FT_FAIL(where, ": expected section.key=value, e.g. --set model.n_layer=6");
+    const std::string key = assignment.substr(0, equals);
+    if (is_section(key)) FT_FAIL(where, ": '", key, "' is a section, not a key; ", valid_keys_text(key));
+    const Field* field = find_field(key);
+    if (field == nullptr) {
+      std::vector<std::string> all_keys;
+      for (const Field& known : fields()) all_keys.push_back(known.key);
+      const Field* moved = field_named(key.substr(key.rfind('.') + 1));
+      std::string section = parent_of(key);
+      while (!section.empty() && !is_section(section)) section = parent_of(section);
+      FT_FAIL(where, ": unknown key '", key, "'", did_you_mean(moved ? moved->key : nearest(key, all_keys)), "; ",
+              valid_keys_text(section));
+    }
+    const std::string problem = assign_value(*field, config_, assignment.substr(equals + 1), false);
+    if (!problem.empty()) FT_FAIL(where, ": ", key, ": ", problem);
+    set_at_[key] = where;
+  }
+
+  void validate() const {
+    const Config& c = config_;
+    auto require = [&](bool ok, const std::string& message) {
+      if (!ok) FT_FAIL(origin_, ": invalid config: ", message);
+    };
+    if (c.model.arch == "gpt") {
+      require(c.model.d_model % c.model.n_head == 0,
+              show("model.d_model") + " must be divisible by " + show("model.n_head") +
+                  " so that every attention head gets the same width");
+      require(c.model.vocab_size == 256,
+              show("model.vocab_size") + " must be 256 for gpt: the model reads raw bytes");
+      require(c.model.seq_len >= 2, show("model.seq_len") +
+                                        " must be at least 2 for gpt: a sequence needs inputs and next-byte targets");
+      require(c.data.augment == "none", show("data.augment") + " applies only to model.arch resnet; use none for gpt");
+      require(c.inference.top_k <= c.model.vocab_size,
+              show("inference.top_k") + " must not exceed " + show("model.vocab_size"));
+    }
+    require(c.optim.warmup_steps <= c.train.steps,
+            show("optim.warmup_steps") + " must not exceed " + show("train.steps"));
+    require(c.optim.min_lr <= c.optim.lr, show("optim.min_lr") + " must not exceed " + show("optim.lr"));
+    require(c.comm.first_bucket_mb <= c.comm.bucket_mb,
+            show("comm.first_bucket_mb") + " must not exceed " + show("comm.bucket_mb"));
+    require(c.comm.emulate.bandwidth_gbps > 0 || c.comm.emulate.latency_us == 0,
+            show("comm.emulate.latency_us") + " requires comm.emulate.bandwidth_gbps > 0, got " +
+                show("comm.emulate.bandwidth_gbps") + ": bandwidth 0 turns emulation off, so the latency would be silently ignored; "
+                "set both to emulate a slow link, or both to 0");
+    require(c.comm.backend != "nccl" || c.train.device == "cuda",
+            show("comm.backend") + " requires train.device = cuda, got " + show("train.device"));
+  }
+
+  Config take() { return std::move(config_); }
+
+ private:
+  void read_section(const YAML::Node& map, const std::string& section) {
+    std::map<std::string, YAML::Mark> first_seen;
+    for (const auto& entry : map) {
+      const YAML::Node& key_node = entry.first;
+      const YAML::Node& value = entry.second;
+      const std::string where = location(origin_, key_node.Mark());
+      if (!key_node.IsScalar()) FT_FAIL(where, ": keys must be plain names; ", valid_keys_text(section));
+      const std::string& key = key_node.Scalar();
+      const std::string dotted = section.empty() ? key : section + "." + key;
+      auto [previous, fresh] = first_seen.emplace(key, key_node.Mark());
+      if (!fresh)
+        FT_FAIL(where, ": duplicate key '", dotted, "' (first set at line ", previous->second.line + 1, ")");
+      if (is_section(dotted)) {
+        if (value.IsNull()) continue;  // "fusion:" with nothing under it is an empty section
+        if (!value.IsMap())
+          FT_FAIL(where, ": section '", dotted, "' must be a map of keys, got ", kind_of(value), "; ",
+                  valid_keys_text(dotted));
+        read_section(value, dotted);
+      } else if (const Field* field = find_field(dotted)) {
+        const bool is_string = std::holds_alternative<std::string* (*)(Config&)>(field->ref);
+        if (!value.IsScalar())
+          FT_FAIL(where, ": ", dotted, ": expected ", describe_allowed(*field), ", got ", kind_of(value),
+                  value.IsNull() && is_string ? " (write \"\" for an empty string)" : "");
+        const std::string value_at = location(origin_, value.Mark());
+        const std::string problem = assign_value(*field, config_, value.Scalar(), value.Tag() == "!");
+        if (!problem.empty()) FT_FAIL(value_at, ": ", dotted, ": ", problem);
+        set_at_[dotted] = value_at;
+      } else {
+        FT_FAIL(where, ": ", unknown_key_text(section, key));
+      }
+    }
+  }
+
+  static std::string unknown_key_text(const std::string& section, const std::string& key) {
+    std::string text = section.empty() ? "unknown section '" + key + "'"
+                                       : "unknown key '" + key + "' in section '" + section + "'";
+    if (const Field* moved = field_named(key))
+      text += "; '" + key + "' belongs in section '" + parent_of(moved->key) + "'";
+    else
+      text += did_you_mean(nearest(key, children(section)));
+    return text + "; " + valid_keys_text(section);
+  }
+
+  // "model.d_model = 100 (gpt.yaml:4:12)": the value and where it was set.
+  std::string show(const std::string& key) const {
+    auto source = set_at_.find(key);
+    return key + " = " + format_value(*find_field(key), config_) + " (" +
+           (source == set_at_.end() ? "default" : source->second) + ")";
+  }
+
+  std::string origin_;
+  Config config_;
+  std::map<std::string, std::string> set_at_;  // dotted key -> file:line:col or --set '...'
+};
+
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides) {
+  Reader reader(origin);
+  reader.read_document(yaml_text);
+  for (const std::string& assignment : overrides) reader.apply_override(assignment);
+  reader.validate();
+  return reader.take();
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (!fs::exists(path, error))
+    FT_FAIL(path, ": config file not found (working directory: ", fs::current_path(error).string(), ")");
+  if (fs::is_directory(path, error)) FT_FAIL(path, ": is a directory, not a config file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) FT_FAIL(path, ": cannot open config file: ", std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) FT_FAIL(path, ": error while reading config file");
+  return parse_config(text.str(), path, overrides);
+}
+
+}  // namespace ft

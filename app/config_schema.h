@@ -1,0 +1,62 @@
+// Internal to app/config*.cpp: the one table describing every config key (where it lives in
+// Config, its type, what values it allows, a one-line doc) and the helpers that read, write and
+// describe a key through that table. Not part of the public API; include app/config.h instead.
+// Thread safety: the table is built once (static local) and read-only afterwards.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "app/config.h"
+
+namespace ft::config_schema {
+
+// Where a key's value lives inside a Config; the alternative also gives the key's type.
+using FieldRef = std::variant<int* (*)(Config&), uint64_t* (*)(Config&), float* (*)(Config&),
+                              double* (*)(Config&), bool* (*)(Config&), std::string* (*)(Config&)>;
+
+// What a key accepts. Numbers use [lo, hi] with optional open ends; strings use `choices`
+// (empty = free text) and `nonempty`; bools accept exactly true/false.
+struct Allowed {
+  double lo = 0, hi = 0;
+  bool lo_open = false, hi_open = false;
+  std::vector<std::string> choices;
+  bool nonempty = false;
+};
+
+struct Field {
+  std::string key;  // dotted, e.g. "comm.emulate.latency_us"
+  FieldRef ref;
+  Allowed allowed;
+  std::string doc;
+};
+
+struct Section {
+  std::string name;  // dotted, e.g. "comm.emulate"
+  std::string doc;
+};
+
+// Schema order is declaration order; every listing (flatten, YAML, docs) follows it.
+const std::vector<Field>& fields();
+const std::vector<Section>& sections();  // parents come before their subsections
+
+const Field* find_field(const std::string& key);  // nullptr if unknown
+bool is_section(const std::string& name);
+// Short names of the keys and subsections directly inside `section` ("" = the top level).
+std::vector<std::string> children(const std::string& section);
+
+std::string type_name(const Field& field);         // int, uint64, float, bool, string
+std::string describe_allowed(const Field& field);  // "an integer in [1, 64]", "one of: adamw, sgd"
+std::string format_value(const Field& field, const Config& config);  // plain text, unquoted
+// Parses `text` into the field. `quoted` says the YAML scalar was quoted, which only strings
+// accept. Returns "" on success, else what is wrong ("expected ..., got '...'").
+std::string assign_value(const Field& field, Config& config, const std::string& text, bool quoted);
+
+size_t edit_distance(const std::string& a, const std::string& b);
+// The candidate closest to `word`; "" if none is close enough to be a plausible typo.
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
+std::string did_you_mean(const std::string& suggestion);  // " (did you mean '...'?)" or ""
+std::string join(const std::vector<std::string>& items, const std::string& separator);
+
+}  // namespace ft::config_schema

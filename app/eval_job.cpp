@@ -1,0 +1,59 @@
+// `fusiontrain eval`: loads a checkpoint and reports loss and bits per byte (GPT, over the
+// validation split or a given text file) or test accuracy and loss (ResNet).
+#include <omp.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "app/jobs.h"
+#include "app/trainer.h"
+#include "core/check.h"
+
+namespace ft {
+
+int run_eval(const EvalArgs& args) {
+  FT_CHECK(!args.checkpoint_path.empty(), "eval needs --checkpoint FILE");
+  const Config config = args.config_path.empty()
+                            ? checkpoint_config(args.checkpoint_path, args.overrides)
+                            : load_config(args.config_path, args.overrides);
+  omp_set_num_threads(resolve_threads(config.train.threads));
+  std::unique_ptr<Task> task = make_task(config, 0, 1);
+  ParamStore params;
+  task->register_params(params);
+  params.allocate();
+  load_checkpoint_params(args.checkpoint_path, params);
+  GraphCache graphs([&task](int batch) { return task->build_graph(batch); }, params);
+  const EvalResult result =
+      args.data_path.empty()
+          ? task->evaluate(graphs, config.train.batch_size, 0)
+          : evaluate_text_file(config, graphs, args.data_path);
+  const std::string source = args.data_path.empty()
+                                 ? (config.model.arch == "gpt" ? "validation split of " +
+                                                                     config.data.path
+                                                               : "Fashion-MNIST test set")
+                                 : args.data_path;
+  nlohmann::json row = {{"type", "eval"},          {"checkpoint", args.checkpoint_path},
+                        {"data", source},          {"loss", result.loss},
+                        {"examples", result.examples}};
+  if (result.accuracy >= 0) {
+    row["accuracy"] = result.accuracy;
+    std::printf("eval %s on %s: loss %.4f | accuracy %.2f%% (%lld images)\n",
+                args.checkpoint_path.c_str(), source.c_str(), result.loss, 100 * result.accuracy,
+                static_cast<long long>(result.examples));
+  } else {
+    row["bits_per_byte"] = result.bits_per_byte;
+    std::printf("eval %s on %s: loss %.4f | %.4f bits/byte (%lld windows)\n",
+                args.checkpoint_path.c_str(), source.c_str(), result.loss, result.bits_per_byte,
+                static_cast<long long>(result.examples));
+  }
+  if (!args.json_path.empty()) {
+    std::ofstream json(args.json_path);
+    FT_CHECK(json.good(), "cannot open --json file '", args.json_path, "' for writing");
+    json << row.dump() << "\n";
+  }
+  return 0;
+}
+
+}  // namespace ft

@@ -1,0 +1,192 @@
+#include "app/task.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+#include "core/image_data.h"
+#include "core/text_data.h"
+#include "model/gpt.h"
+#include "model/resnet.h"
+
+namespace ft {
+
+GraphRun& GraphCache::get(int batch) {
+  auto it = runs_.find(batch);
+  if (it != runs_.end()) return *it->second;
+  auto run = std::make_unique<GraphRun>();
+  run->graph = builder_(batch);
+  run->executor = std::make_unique<Executor>(run->graph, params_);
+  run->workspace = run->executor->make_workspace();
+  return *runs_.emplace(batch, std::move(run)).first->second;
+}
+
+namespace {
+
+GptShape gpt_shape(const ModelConfig& model) {
+  return GptShape{model.n_layer, model.n_head,  model.d_model, model.seq_len,
+                  model.vocab_size, model.dropout, model.qk_norm};
+}
+
+void load_tokens(const TokenBatch& batch, Workspace& ws) {
+  ws.tokens = batch.inputs;
+  ws.targets = batch.targets;
+}
+
+// Mean loss over every window of `bytes`, in batches of `batch` (a smaller graph takes the rest).
+EvalResult evaluate_windows(GraphCache& graphs, const uint8_t* bytes, size_t num_bytes,
+                            int seq_len, int batch, int max_batches) {
+  const size_t windows = count_eval_windows(num_bytes, seq_len);
+  FT_CHECK(windows > 0, "evaluation text is shorter than one window of ", seq_len + 1, " bytes");
+  TokenBatch tokens;
+  double loss_sum = 0.0;
+  size_t done = 0;
+  for (int batches = 0; done < windows && (max_batches == 0 || batches < max_batches); ++batches) {
+    eval_window_batch(bytes, num_bytes, seq_len, done, batch, &tokens);
+    GraphRun& run = graphs.get(tokens.batch);
+    run.workspace.training = false;
+    load_tokens(tokens, run.workspace);
+    run.executor->forward(run.workspace);
+    loss_sum += static_cast<double>(run.executor->loss(run.workspace)) * tokens.batch;
+    done += tokens.batch;
+  }
+  EvalResult result;
+  result.loss = loss_sum / done;
+  result.bits_per_byte = result.loss / std::log(2.0);
+  result.examples = static_cast<int64_t>(done);
+  return result;
+}
+
+class GptTask : public Task {
+ public:
+  GptTask(const Config& config, int rank, int world_size)
+      : config_(config),
+        shape_(gpt_shape(config.model)),
+        data_(TextDataset::load(config.data.path, config.data.val_fraction)),
+        batcher_(data_, rank, world_size, config.train.batch_size, config.model.seq_len,
+                 config.data.shuffle, config.train.seed) {}
+
+  void register_params(ParamStore& params) override { ids_ = register_gpt_params(shape_, params); }
+  Graph build_graph(int batch) const override { return build_gpt_graph(shape_, batch, ids_); }
+
+  void next_train_batch(Workspace& ws, const Graph&) override {
+    batcher_.next(&batch_);
+    load_tokens(batch_, ws);
+  }
+
+  void skip_train_batches(int64_t count) override {
+    for (int64_t i = 0; i < count; ++i) batcher_.next(&batch_);
+  }
+
+  EvalResult evaluate(GraphCache& graphs, int batch, int max_batches) override {
+    return evaluate_windows(graphs, data_.val_bytes(), data_.val_size(), config_.model.seq_len,
+                            batch, max_batches);
+  }
+
+  int64_t items_per_batch() const override {
+    return static_cast<int64_t>(config_.train.batch_size) * config_.model.seq_len;
+  }
+  const char* item_unit() const override { return "tokens"; }
+
+ private:
+  Config config_;
+  GptShape shape_;
+  TextDataset data_;
+  TextBatcher batcher_;
+  GptParamIds ids_;
+  TokenBatch batch_;
+};
+
+class ResnetTask : public Task {
+ public:
+  ResnetTask(const Config& config, int rank, int world_size)
+      : config_(config),
+        shape_{config.model.resnet_blocks, config.model.resnet_width},
+        train_(ImageDataset::load_fashion_mnist(config.data.mnist_dir, true)),
+        test_(ImageDataset::load_fashion_mnist(config.data.mnist_dir, false)),
+        stats_(fashion_mnist_train_stats(train_)),
+        batcher_(train_, stats_, rank, world_size, config.train.batch_size, config.data.shuffle,
+                 config.data.augment == "flip", config.train.seed) {}
+
+  void register_params(ParamStore& params) override {
+    ids_ = register_resnet_params(shape_, params);
+  }
+  Graph build_graph(int batch) const override { return build_resnet_graph(shape_, batch, ids_); }
+
+  void next_train_batch(Workspace& ws, const Graph& graph) override {
+    batcher_.next(&batch_);
+    load_images(batch_, ws, graph);
+  }
+
+  void skip_train_batches(int64_t count) override {
+    for (int64_t i = 0; i < count; ++i) batcher_.next(&batch_);
+  }
+
+  EvalResult evaluate(GraphCache& graphs, int batch, int max_batches) override {
+    int limit = test_.size();
+    if (config_.data.test_limit > 0) limit = std::min(limit, config_.data.test_limit);
+    double loss_sum = 0.0;
+    int64_t correct = 0, done = 0;
+    for (int batches = 0; done < limit && (max_batches == 0 || batches < max_batches); ++batches) {
+      image_eval_batch(test_, stats_, static_cast<int>(done),
+                       std::min<int>(batch, limit - static_cast<int>(done)), &batch_);
+      GraphRun& run = graphs.get(batch_.batch);
+      run.workspace.training = false;
+      load_images(batch_, run.workspace, run.graph);
+      run.executor->forward(run.workspace);
+      loss_sum += static_cast<double>(run.executor->loss(run.workspace)) * batch_.batch;
+      const float* logits = run.workspace.values[run.graph.output].data();
+      const int classes = static_cast<int>(run.graph.shape(run.graph.output).back());
+      for (int row = 0; row < batch_.batch; ++row) {
+        const float* row_logits = logits + static_cast<int64_t>(row) * classes;
+        const int predicted =
+            static_cast<int>(std::max_element(row_logits, row_logits + classes) - row_logits);
+        correct += predicted == batch_.labels[row];
+      }
+      done += batch_.batch;
+    }
+    EvalResult result;
+    result.loss = loss_sum / done;
+    result.accuracy = static_cast<double>(correct) / done;
+    result.examples = done;
+    return result;
+  }
+
+  int64_t items_per_batch() const override { return config_.train.batch_size; }
+  const char* item_unit() const override { return "images"; }
+
+ private:
+  static void load_images(const ImageBatch& batch, Workspace& ws, const Graph& graph) {
+    Tensor& input = ws.values[graph.input];
+    FT_CHECK(static_cast<int64_t>(batch.images.size()) == input.numel(), "image batch of ",
+             batch.images.size(), " floats for an input of ", shape_str(input.shape()));
+    std::memcpy(input.data(), batch.images.data(), input.bytes());
+    ws.targets = batch.labels;
+  }
+
+  Config config_;
+  ResnetShape shape_;
+  ImageDataset train_, test_;
+  ChannelStats stats_;
+  ImageBatcher batcher_;
+  ResnetParamIds ids_;
+  ImageBatch batch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Task> make_task(const Config& config, int rank, int world_size) {
+  if (config.model.arch == "gpt") return std::make_unique<GptTask>(config, rank, world_size);
+  if (config.model.arch == "resnet") return std::make_unique<ResnetTask>(config, rank, world_size);
+  FT_FAIL("model.arch '", config.model.arch, "' is not one of: gpt, resnet");
+}
+
+EvalResult evaluate_text_file(const Config& config, GraphCache& graphs, const std::string& path) {
+  FT_CHECK(config.model.arch == "gpt", "--data applies to GPT checkpoints only");
+  const TextDataset text = TextDataset::load(path, 0.0f);
+  return evaluate_windows(graphs, text.train_bytes(), text.train_size(), config.model.seq_len,
+                          config.train.batch_size, 0);
+}
+
+}  // namespace ft

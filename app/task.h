@@ -1,0 +1,69 @@
+// Task: what differs between the two models for training and evaluation: which parameters exist,
+// how a graph of a given batch size is built, where batches come from, and what evaluation
+// reports. The Trainer drives a Task; it never names GPT or ResNet itself.
+// Thread safety: a Task is owned and used by the training thread.
+#pragma once
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "app/config.h"
+#include "model/executor.h"
+#include "model/graph.h"
+#include "model/params.h"
+
+namespace ft {
+
+struct EvalResult {
+  double loss = 0.0;           // mean cross-entropy (nats)
+  double accuracy = -1.0;      // classification only
+  double bits_per_byte = -1.0; // byte-level text only
+  int64_t examples = 0;        // windows or images evaluated
+};
+
+// A graph, its executor and buffers for one batch size; built on first use.
+struct GraphRun {
+  Graph graph;
+  std::unique_ptr<Executor> executor;
+  Workspace workspace;
+};
+
+class GraphCache {
+ public:
+  using Builder = std::function<Graph(int batch)>;
+  GraphCache(Builder builder, ParamStore& params) : builder_(std::move(builder)), params_(params) {}
+  GraphRun& get(int batch);
+
+ private:
+  Builder builder_;
+  ParamStore& params_;
+  std::map<int, std::unique_ptr<GraphRun>> runs_;
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  // Registers every parameter and buffer under its canonical name.
+  virtual void register_params(ParamStore& params) = 0;
+  // REQUIRES: register_params was called.
+  virtual Graph build_graph(int batch) const = 0;
+  // Loads the next training batch of this rank into `ws` (tokens/targets, or the input image).
+  virtual void next_train_batch(Workspace& ws, const Graph& graph) = 0;
+  // Advances the training data stream by `count` batches without using them (resume replays
+  // the stream, so any rank's position is recovered from the step count alone).
+  virtual void skip_train_batches(int64_t count) = 0;
+  // Forward over up to max_batches evaluation batches (0 = all), in eval mode.
+  virtual EvalResult evaluate(GraphCache& graphs, int batch, int max_batches) = 0;
+  // Tokens (GPT) or images (ResNet) in one training batch of this rank.
+  virtual int64_t items_per_batch() const = 0;
+  virtual const char* item_unit() const = 0;
+};
+
+// Builds the task `config.model.arch` names, loading its data shard for `rank` of `world_size`.
+std::unique_ptr<Task> make_task(const Config& config, int rank, int world_size);
+
+// GPT only: evaluates every window of a text file (eval job's --data).
+EvalResult evaluate_text_file(const Config& config, GraphCache& graphs, const std::string& path);
+
+}  // namespace ft

@@ -1,0 +1,168 @@
+// `fusiontrain train`: the training loop with progress lines, periodic evaluation, JSON Lines
+// metrics and atomic checkpoints.
+#include <omp.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "app/jobs.h"
+#include "app/trainer.h"
+#include "core/check.h"
+#include "core/safetensors.h"
+#include "core/timer.h"
+
+namespace ft {
+namespace {
+
+std::string human_rate(double per_second) {
+  char text[32];
+  if (per_second >= 1e6) std::snprintf(text, sizeof(text), "%.2fM", per_second / 1e6);
+  else if (per_second >= 1e3) std::snprintf(text, sizeof(text), "%.1fk", per_second / 1e3);
+  else std::snprintf(text, sizeof(text), "%.0f", per_second);
+  return text;
+}
+
+nlohmann::json step_json(const StepStats& stats, int64_t items) {
+  nlohmann::json row = {{"type", "step"},       {"step", stats.step},
+                        {"loss", stats.loss},     {"lr", stats.lr},
+                        {"grad_norm", stats.grad_norm}, {"step_ms", stats.step_ms},
+                        {"compute_ms", stats.compute_ms}, {"items", items},
+                        {"comm_ms", stats.comm.comm_ms}, {"exposed_comm_ms", stats.comm.exposed_ms},
+                        {"allreduce_calls", stats.comm.allreduce_calls},
+                        {"bytes_reduced", stats.comm.bytes_reduced},
+                        {"buckets", stats.comm.bucket_bytes.size()},
+                        {"bucket_bytes", stats.comm.bucket_bytes},
+                        {"extra_comm_memory_bytes", stats.comm.extra_memory_bytes}};
+  if (stats.comm.emulated) row["link"] = "emulated link";
+  return row;
+}
+
+nlohmann::json eval_json(const EvalResult& result, int step) {
+  nlohmann::json row = {{"type", "eval"}, {"step", step}, {"loss", result.loss},
+                        {"examples", result.examples}};
+  if (result.accuracy >= 0) row["accuracy"] = result.accuracy;
+  if (result.bits_per_byte >= 0) row["bits_per_byte"] = result.bits_per_byte;
+  return row;
+}
+
+void print_eval(const EvalResult& result, int step) {
+  if (result.accuracy >= 0)
+    std::printf("eval  step %d | test loss %.4f | test accuracy %.2f%% (%lld images)\n", step,
+                result.loss, 100.0 * result.accuracy, static_cast<long long>(result.examples));
+  else
+    std::printf("eval  step %d | val loss %.4f | %.4f bits/byte (%lld windows)\n", step,
+                result.loss, result.bits_per_byte, static_cast<long long>(result.examples));
+  std::fflush(stdout);
+}
+
+std::string checkpoint_path(const Config& config, int step) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "step_%06d.safetensors", step);
+  return (std::filesystem::path(config.train.checkpoint_dir) / name).string();
+}
+
+}  // namespace
+
+int resolve_threads(int configured_threads) {
+  if (configured_threads > 0) return configured_threads;
+  const char* local_size_env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int local_ranks = local_size_env ? std::max(1, std::atoi(local_size_env)) : 1;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / local_ranks);
+}
+
+int run_train(const TrainArgs& args, Communicator* comm) {
+  const Config config = load_config(args.config_path, args.overrides);
+  const bool is_root = comm == nullptr || comm->rank() == 0;
+  const int world_size = comm ? comm->size() : 1;
+  omp_set_num_threads(resolve_threads(config.train.threads));
+  if (is_root) {
+    const std::string resolved = config_to_yaml(config);
+    std::printf("# resolved config (%s), %d rank(s), %d thread(s) per rank\n%s\n",
+                config.source_path.c_str(), world_size, omp_get_max_threads(), resolved.c_str());
+    write_file_atomic((std::filesystem::path(config.train.run_dir) / "config.yaml").string(),
+                      resolved);
+  }
+  std::ofstream json;
+  if (is_root && !args.json_path.empty()) {
+    json.open(args.json_path);
+    FT_CHECK(json.good(), "cannot open --json file '", args.json_path, "' for writing");
+  }
+
+  Trainer trainer(config, comm);
+  const int64_t items_per_step = trainer.items_per_step();
+  const int total_steps = config.train.steps;
+  const int first_step = trainer.step();
+  double train_ms = 0.0;
+  float last_loss = 0.0f;
+  EvalResult last_eval;
+  bool evaluated = false;
+  const auto evaluate = [&](int step) {
+    if (!is_root) return;
+    last_eval = trainer.evaluate(config.train.eval_batches);
+    evaluated = true;
+    print_eval(last_eval, step);
+    if (json.is_open()) json << eval_json(last_eval, step).dump() << "\n" << std::flush;
+  };
+  std::string last_checkpoint;
+
+  while (trainer.step() < total_steps) {
+    const StepStats stats = trainer.train_step();
+    train_ms += stats.step_ms;
+    last_loss = stats.loss;
+    const int step = stats.step;
+    if (is_root && json.is_open()) json << step_json(stats, items_per_step).dump() << "\n";
+    const bool log_now = step == first_step + 1 || step == total_steps ||
+                         (config.train.log_every > 0 && step % config.train.log_every == 0);
+    if (is_root && log_now) {
+      const double ms_per_step = train_ms / (step - first_step);
+      const double eta_s = ms_per_step * (total_steps - step) / 1e3;
+      std::printf("step %d/%d | loss %.4f | lr %.2e | %.1f ms/step | %s %s/s | ETA %.1fs", step,
+                  total_steps, stats.loss, stats.lr, stats.step_ms,
+                  human_rate(items_per_step / (stats.step_ms / 1e3)).c_str(),
+                  trainer.task().item_unit(), eta_s);
+      if (world_size > 1)
+        std::printf(" | comm %.1f ms, exposed %.1f ms, %lld allreduce, %zu buckets%s",
+                    stats.comm.comm_ms, stats.comm.exposed_ms,
+                    static_cast<long long>(stats.comm.allreduce_calls),
+                    stats.comm.bucket_bytes.size(), stats.comm.emulated ? " [emulated link]" : "");
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    if (config.train.eval_every > 0 && step % config.train.eval_every == 0 && step != total_steps)
+      evaluate(step);
+    if (config.train.checkpoint_every > 0 && step % config.train.checkpoint_every == 0 &&
+        step != total_steps) {
+      last_checkpoint = checkpoint_path(config, step);
+      trainer.save_checkpoint(last_checkpoint);
+    }
+  }
+  evaluate(trainer.step());
+  last_checkpoint = checkpoint_path(config, trainer.step());
+  trainer.save_checkpoint(last_checkpoint);
+
+  if (is_root) {
+    const int steps_run = trainer.step() - first_step;
+    const double ms_per_step = steps_run > 0 ? train_ms / steps_run : 0.0;
+    std::printf("done: %d steps in %.1fs | %.1f ms/step | %s %s/s | final loss %.4f | checkpoint %s\n",
+                steps_run, train_ms / 1e3, ms_per_step,
+                human_rate(steps_run > 0 ? items_per_step / (ms_per_step / 1e3) : 0).c_str(),
+                trainer.task().item_unit(), last_loss, last_checkpoint.c_str());
+    if (json.is_open()) {
+      nlohmann::json summary = {{"type", "summary"},     {"steps", steps_run},
+                                {"ms_per_step", ms_per_step}, {"final_loss", last_loss},
+                                {"items_per_step", items_per_step}, {"world_size", world_size},
+                                {"checkpoint", last_checkpoint}};
+      if (evaluated) summary["eval"] = eval_json(last_eval, trainer.step());
+      json << summary.dump() << "\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace ft

@@ -1,0 +1,115 @@
+#include "app/trainer.h"
+
+#include "comm/startup.h"
+#include "core/check.h"
+#include "core/rng.h"
+#include "core/timer.h"
+
+namespace ft {
+namespace {
+
+OptimizerOptions optimizer_options(const OptimConfig& optim) {
+  OptimizerOptions options;
+  options.name = optim.name;
+  options.beta1 = optim.beta1;
+  options.beta2 = optim.beta2;
+  options.eps = optim.eps;
+  options.weight_decay = optim.weight_decay;
+  options.momentum = optim.momentum;
+  options.nesterov = optim.nesterov;
+  return options;
+}
+
+GradSyncOptions grad_sync_options(const CommConfig& comm) {
+  GradSyncOptions options;
+  options.bucketing = comm.bucketing;
+  options.bucket_mb = comm.bucket_mb;
+  options.first_bucket_mb = comm.first_bucket_mb;
+  options.bucket_view = comm.bucket_view;
+  options.overlap = comm.overlap;
+  options.reorder_buckets = comm.reorder_buckets;
+  options.emulate.latency_us = comm.emulate.latency_us;
+  options.emulate.bandwidth_gbps = comm.emulate.bandwidth_gbps;
+  return options;
+}
+
+}  // namespace
+
+Trainer::Trainer(const Config& config, Communicator* comm) : config_(config), comm_(comm) {
+  FT_CHECK(config.train.device == "cpu",
+           "train.device: cuda is not implemented for training yet; use cpu");
+  const int rank = comm ? comm->rank() : 0;
+  world_size_ = comm ? comm->size() : 1;
+  task_ = make_task(config, rank, world_size_);
+  task_->register_params(params_);
+  params_.allocate();
+  params_.initialize(config.train.seed);
+  graphs_ = std::make_unique<GraphCache>([this](int batch) { return task_->build_graph(batch); },
+                                         params_);
+  train_run_ = &graphs_->get(config.train.batch_size);
+  optimizer_ = make_optimizer(optimizer_options(config.optim), params_);
+  schedule_ = LrSchedule{config.optim.lr, config.optim.min_lr, config.optim.warmup_steps,
+                         config.train.steps};
+  if (comm != nullptr) {
+    check_same_config(*comm, flatten_config(config), config.source_path);
+    broadcast_parameters(*comm, params_);
+    grad_sync_ = std::make_unique<GradSync>(*comm, params_, executor().grad_ready_order(),
+                                            grad_sync_options(config.comm));
+  }
+  if (!config.train.resume.empty()) load_checkpoint(config.train.resume);
+}
+
+Trainer::~Trainer() = default;
+
+int64_t Trainer::items_per_step() const {
+  return task_->items_per_batch() * config_.train.grad_accum * world_size_;
+}
+
+StepStats Trainer::train_step() {
+  const double start_ms = now_ms();
+  Workspace& ws = train_run_->workspace;
+  Executor& executor = *train_run_->executor;
+  const int micro_batches = config_.train.grad_accum;
+  params_.zero_grads();
+  StepStats stats;
+  double loss_sum = 0.0;
+  for (int micro = 0; micro < micro_batches; ++micro) {
+    ws.training = true;
+    // Masks depend only on (seed, step, micro-batch), so a resumed run draws the same ones.
+    ws.dropout_seed = mix_u64(config_.train.seed ^ mix_u64(static_cast<uint64_t>(step_) *
+                                                             micro_batches + micro + 1));
+    task_->next_train_batch(ws, train_run_->graph);
+    executor.forward(ws);
+    loss_sum += executor.loss(ws);
+    if (grad_sync_) {
+      grad_sync_->begin_backward(micro == micro_batches - 1);
+      executor.backward(ws, [this](ParamId id) { grad_sync_->on_grad_ready(id); });
+    } else {
+      executor.backward(ws);
+    }
+  }
+  const float grad_scale = 1.0f / static_cast<float>(world_size_ * micro_batches);
+  if (grad_sync_) {
+    grad_sync_->finish(grad_scale);
+    stats.comm = grad_sync_->last_stats();
+  } else if (micro_batches > 1) {
+    Tensor& grads = params_.flat_grads();
+    float* grad = grads.data();
+    for (int64_t i = 0; i < grads.numel(); ++i) grad[i] *= grad_scale;
+  }
+  stats.grad_norm = clip_grad_norm(params_, config_.optim.grad_clip);
+  stats.lr = schedule_.at(step_);
+  optimizer_->step(params_, stats.lr);
+  ++step_;
+  stats.step = step_;
+  stats.loss = static_cast<float>(loss_sum / micro_batches);
+  stats.step_ms = now_ms() - start_ms;
+  stats.compute_ms = stats.step_ms - stats.comm.exposed_ms;
+  return stats;
+}
+
+EvalResult Trainer::evaluate(int max_batches) {
+  return task_->evaluate(*graphs_, config_.train.batch_size, max_batches);
+}
+
+}  // namespace ft

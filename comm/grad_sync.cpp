@@ -1,0 +1,167 @@
+#include "comm/grad_sync.h"
+
+#include <cstring>
+
+#include "comm/startup.h"
+#include "core/check.h"
+#include "core/timer.h"
+
+namespace ft {
+
+GradSync::GradSync(Communicator& comm, ParamStore& params, std::vector<ParamId> ready_order,
+                   GradSyncOptions options)
+    : comm_(comm), params_(params), options_(options) {
+  FT_CHECK(params.allocated(), "GradSync needs an allocated ParamStore");
+  FT_CHECK(params.flat_grads().device() == Device::kCpu,
+           "GradSync reduces host gradients (copy-in and scale run on the CPU); flat_grads is "
+           "on cuda");
+  FT_CHECK(!options.bucketing || (options.bucket_mb > 0 && options.first_bucket_mb > 0),
+           "bucket_mb and first_bucket_mb must be > 0, got ", options.bucket_mb, " and ",
+           options.first_bucket_mb);
+  FT_CHECK(options.emulate.latency_us >= 0 && options.emulate.bandwidth_gbps >= 0,
+           "emulated link latency_us and bandwidth_gbps must be >= 0, got ",
+           options.emulate.latency_us, " and ", options.emulate.bandwidth_gbps);
+  build_buckets(ready_order);
+  if (comm.size() > 1 && !options.bucket_view) {
+    fusion_ = Tensor::empty({params.num_trainable_floats()});
+  }
+  if (comm.size() > 1 && options.overlap) comm_thread_ = std::make_unique<CommThread>();
+  check_same_layout_on_all_ranks();
+}
+
+// The comm thread goes first (it is the last member declared), so no job outlives the buckets
+// and the fusion buffer it touches.
+GradSync::~GradSync() = default;
+
+void GradSync::build_buckets(const std::vector<ParamId>& order) {
+  buckets_ = options_.bucketing
+                 ? assign_buckets(params_, order, options_.bucket_mb, options_.first_bucket_mb)
+                 : single_param_buckets(params_, order);
+  bucket_of_param_.assign(static_cast<size_t>(params_.size()), -1);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (ParamId id : buckets_[b].params) bucket_of_param_[id] = static_cast<int>(b);
+  }
+  pending_params_.assign(buckets_.size(), 0);
+  tickets_.assign(buckets_.size(), 0);
+  bucket_comm_ms_.assign(buckets_.size(), 0.0);
+  announced_.assign(static_cast<size_t>(params_.size()), false);
+}
+
+void GradSync::check_same_layout_on_all_ranks() {
+  if (same_on_all_ranks(comm_, bucket_signature(buckets_))) return;
+  FT_FAIL("gradient buckets differ across ranks (rank ", comm_.rank(), " has ", buckets_.size(),
+          " buckets): every rank must build the same model with the same bucket options");
+}
+
+void GradSync::begin_backward(bool communicate) {
+  FT_CHECK(!(in_backward_ && communicating_),
+           "begin_backward called again before finish() of a communicating backward");
+  in_backward_ = true;
+  communicating_ = communicate;
+  next_launch_ = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    pending_params_[b] = static_cast<int>(buckets_[b].params.size());
+    tickets_[b] = 0;
+    bucket_comm_ms_[b] = 0.0;
+  }
+  announced_.assign(announced_.size(), false);
+  observed_order_.clear();
+}
+
+void GradSync::on_grad_ready(ParamId id) {
+  FT_CHECK(in_backward_, "on_grad_ready outside begin_backward() ... finish()");
+  FT_CHECK(id >= 0 && id < params_.size() && bucket_of_param_[id] >= 0,
+           "on_grad_ready for param id ", id, ", which is not a trainable parameter");
+  if (!communicating_) return;
+  FT_CHECK(!announced_[id], "gradient of '", params_[id].name, "' announced twice in a backward");
+  announced_[id] = true;
+  if (options_.reorder_buckets && !reordered_) observed_order_.push_back(id);
+  --pending_params_[bucket_of_param_[id]];
+  if (options_.overlap) launch_ready_buckets();
+}
+
+void GradSync::launch_ready_buckets() {
+  const int count = static_cast<int>(buckets_.size());
+  while (next_launch_ < count && pending_params_[next_launch_] == 0) launch(next_launch_++);
+}
+
+void GradSync::launch(int bucket) {
+  if (comm_thread_) {
+    tickets_[bucket] = comm_thread_->submit([this, bucket] { reduce_bucket(bucket); });
+  } else {
+    reduce_bucket(bucket);
+  }
+}
+
+void GradSync::reduce_bucket(int bucket) {
+  if (comm_.size() == 1) return;
+  const Bucket& range = buckets_[bucket];
+  float* data = params_.flat_grads().data() + range.offset;
+  if (fusion_.defined() && fusion_.numel() > 0) {
+    float* fused = fusion_.data() + range.offset;
+    std::memcpy(fused, data, static_cast<size_t>(range.count) * sizeof(float));
+    data = fused;
+  }
+  const double start_ms = now_ms();
+  comm_.allreduce(data, static_cast<size_t>(range.count), ReduceOp::kSum);
+  emulate_link_delay(options_.emulate, range.count * static_cast<int64_t>(sizeof(float)), now_ms());
+  bucket_comm_ms_[bucket] = now_ms() - start_ms;
+}
+
+void GradSync::scale_bucket(int bucket, float scale) {
+  const Bucket& range = buckets_[bucket];
+  float* grads = params_.flat_grads().data() + range.offset;
+  if (comm_.size() > 1 && !options_.bucket_view) {
+    const float* fused = fusion_.data() + range.offset;
+    for (int64_t i = 0; i < range.count; ++i) grads[i] = fused[i] * scale;
+  } else if (scale != 1.0f) {
+    for (int64_t i = 0; i < range.count; ++i) grads[i] *= scale;
+  }
+}
+
+void GradSync::finish(float scale) {
+  const double start_ms = now_ms();
+  FT_CHECK(in_backward_, "GradSync::finish without begin_backward");
+  in_backward_ = false;
+  if (!communicating_) {
+    stats_ = CommStepStats();
+    return;
+  }
+  communicating_ = false;
+  // Launch order is still bucket order: everything before next_launch_ is already out.
+  const int count = static_cast<int>(buckets_.size());
+  while (next_launch_ < count) launch(next_launch_++);
+
+  CommStepStats stats;
+  const bool reduced = comm_.size() > 1;
+  for (int b = 0; b < count; ++b) {
+    if (tickets_[b] != 0) comm_thread_->wait(tickets_[b]);
+    scale_bucket(b, scale);
+    const int64_t bytes = buckets_[b].count * static_cast<int64_t>(sizeof(float));
+    stats.bucket_bytes.push_back(bytes);
+    stats.comm_ms += bucket_comm_ms_[b];
+    if (reduced) {
+      ++stats.allreduce_calls;
+      stats.bytes_reduced += bytes;
+    }
+  }
+  stats.exposed_ms = now_ms() - start_ms;
+  stats.extra_memory_bytes = static_cast<int64_t>(fusion_.bytes());
+  stats.emulated = reduced && options_.emulate.enabled();
+  stats_ = std::move(stats);
+
+  if (options_.reorder_buckets && !reordered_) rebuild_in_observed_order();
+}
+
+void GradSync::rebuild_in_observed_order() {
+  reordered_ = true;
+  std::vector<ParamId> order = complete_order(params_, observed_order_);
+  // Ranks may observe different orders (threads, timing); rank 0's is the one everyone uses.
+  std::vector<float> order_floats(order.begin(), order.end());
+  comm_.broadcast(order_floats.data(), order_floats.size(), 0);
+  order.assign(order_floats.begin(), order_floats.end());
+  build_buckets(order);
+  check_same_layout_on_all_ranks();
+}
+
+}  // namespace ft

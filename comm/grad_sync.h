@@ -1,0 +1,107 @@
+// GradSync: the data-parallel reducer (DDP-style). It groups gradients into buckets over
+// ParamStore::flat_grads, and launches each bucket's allreduce as soon as its last gradient is
+// announced final by the executor, so communication overlaps the rest of backward. finish() leaves
+// flat_grads = scale * (sum over ranks of the local gradients).
+//
+// Launch order: buckets launch in one fixed order shared by every rank (the bucket list, checked
+// identical across ranks at construction), and bucket i launches only once it is complete AND
+// buckets 0..i-1 have launched, so ranks always issue the same collective sequence: no deadlock.
+//
+// No gradient is read or written while its bucket is in flight, because: a param is announced only
+// once its gradient is final for this backward (the executor writes it no more); nothing else
+// writes gradients until the optimizer, which runs after finish() has waited for every bucket;
+// grad-accumulation micro-batches (communicate = false) launch nothing, so their += never races.
+// Scaling happens in finish(), on the training thread, right after each bucket completes.
+//
+// bucket_view = false copies each bucket into a fusion buffer laid out like flat_grads (so it costs
+// one gradient-sized buffer, reported in extra_memory_bytes), reduces there, and copies back with
+// the scale folded into the copy. bucket_view = true reduces flat_grads in place (no extra memory).
+//
+// Overlap runs the collectives on a CommThread (see comm/comm_thread.h for the MPI threading
+// contract). REQUIRES: nobody else uses `comm` between begin_backward(true) and finish().
+// Gradients must be host memory (the MPI path); see the check in the constructor.
+// Thread safety: every public method is called by the training thread.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/buckets.h"
+#include "comm/comm_thread.h"
+#include "comm/communicator.h"
+#include "comm/emulated_link.h"
+#include "model/params.h"
+
+namespace ft {
+
+struct GradSyncOptions {
+  bool bucketing = true;         // false: one allreduce per parameter tensor (unfused baseline)
+  double bucket_mb = 4;          // MiB cap of every bucket but the first
+  double first_bucket_mb = 1;    // MiB cap of the first bucket, so communication starts early
+  bool bucket_view = true;       // true: reduce flat_grads in place; false: through a fusion buffer
+  bool overlap = true;           // true: launch each bucket during backward, on a comm thread
+  bool reorder_buckets = false;  // after the first step, rebuild buckets in rank 0's observed order
+  EmulatedLink emulate;          // added on top of every real allreduce
+};
+
+struct CommStepStats {
+  double comm_ms = 0;     // sum of allreduce durations (emulated delay included)
+  double exposed_ms = 0;  // from finish() entry until it returns (waits, scale / copy-out)
+  int64_t allreduce_calls = 0;
+  int64_t bytes_reduced = 0;          // payload bytes over all allreduces
+  std::vector<int64_t> bucket_bytes;  // payload of each bucket, in launch order
+  int64_t extra_memory_bytes = 0;     // fusion buffer (bucket_view = false), else 0
+  bool emulated = false;              // numbers include an emulated link: say so in any output
+};
+
+class GradSync {
+ public:
+  // REQUIRES: comm and params outlive this; params allocated. ready_order =
+  // executor.grad_ready_order(). Collective: every rank constructs it (layouts are compared).
+  GradSync(Communicator& comm, ParamStore& params, std::vector<ParamId> ready_order,
+           GradSyncOptions options);
+  ~GradSync();
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  // Before each micro-batch's backward. communicate = false for all but the last micro-batch of
+  // gradient accumulation: such a backward launches nothing, and finish() after it is a no-op.
+  void begin_backward(bool communicate);
+  // Executor callback: `id`'s gradient is final for this backward.
+  void on_grad_ready(ParamId id);
+  // After backward returns: launches what remains (params never announced count as final now),
+  // waits for every bucket and scales. Collective when communicating.
+  void finish(float scale);
+
+  const CommStepStats& last_stats() const { return stats_; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+
+ private:
+  void build_buckets(const std::vector<ParamId>& order);
+  void check_same_layout_on_all_ranks();
+  void launch_ready_buckets();
+  void launch(int bucket);
+  void reduce_bucket(int bucket);  // the communication part: copy-in, allreduce, link delay
+  void scale_bucket(int bucket, float scale);
+  void rebuild_in_observed_order();
+
+  Communicator& comm_;
+  ParamStore& params_;
+  GradSyncOptions options_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_param_;    // by ParamId; -1 for buffers
+  std::vector<int> pending_params_;     // by bucket: params not yet announced in this backward
+  std::vector<bool> announced_;         // by ParamId, this backward
+  std::vector<int64_t> tickets_;        // by bucket: CommThread ticket, 0 = not launched
+  std::vector<double> bucket_comm_ms_;  // by bucket, written by whoever ran the allreduce
+  int next_launch_ = 0;
+  bool in_backward_ = false;
+  bool communicating_ = false;
+  bool reordered_ = false;
+  std::vector<ParamId> observed_order_;      // ready order of the first communicating backward
+  Tensor fusion_;                            // bucket_view = false only; same layout as flat_grads
+  std::unique_ptr<CommThread> comm_thread_;  // overlap with more than one rank only
+  CommStepStats stats_;
+};
+
+}  // namespace ft

@@ -1,0 +1,41 @@
+// MpiCommunicator: the Communicator backend for host (CPU) buffers over MPI. It works on a private
+// duplicate of MPI_COMM_WORLD so its collectives never match anyone else's. Counts above INT_MAX
+// are split into chunks, since MPI counts are int. kAverage is a sum followed by one scale pass.
+// Thread safety: MPI calls happen on whichever thread calls in; callers serialise them (the
+// runtime grants MPI_THREAD_SERIALIZED), as the Communicator contract already requires.
+#pragma once
+#include <mpi.h>
+
+#include "comm/communicator.h"
+
+namespace ft {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // REQUIRES: MPI is initialised (an MpiRuntime is alive) and outlives this object.
+  MpiCommunicator();
+  ~MpiCommunicator() override;  // frees the duplicated communicators; never throws
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  // Rank among the processes on this node (MPI_COMM_TYPE_SHARED).
+  int local_rank() const override { return local_rank_; }
+  const char* backend_name() const override { return "mpi"; }
+
+  void allreduce(float* buffer, size_t count, ReduceOp op) override;
+  std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count, ReduceOp op) override;
+  void broadcast(float* buffer, size_t count, int root) override;
+  void barrier() override;
+
+  MPI_Comm mpi_comm() const { return comm_; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  int local_rank_ = 0;
+};
+
+}  // namespace ft

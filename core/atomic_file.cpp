@@ -1,0 +1,145 @@
+#include "core/atomic_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <system_error>
+
+#include "core/check.h"
+
+namespace ft {
+namespace {
+
+std::string errno_text(int err) {
+  return std::generic_category().message(err);
+}
+
+std::string parent_directory(const std::string& path) {
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return parent.empty() ? std::string(".") : parent.string();
+}
+
+}  // namespace
+
+AtomicFileWriter::AtomicFileWriter(const std::string& path)
+    : path_(path), temp_path_(path + ".tmp." + std::to_string(::getpid())) {
+  if (path.empty() || std::filesystem::path(path).filename().empty())
+    FT_FAIL("cannot write '", path, "': not a file path (empty or ends with '/')");
+  std::error_code ec;
+  std::filesystem::create_directories(parent_directory(path), ec);
+  if (ec)
+    FT_FAIL("cannot write '", path, "': creating directory '", parent_directory(path),
+            "' failed: ", ec.message());
+  // O_TRUNC, not O_EXCL: a temp file left by a crashed run whose pid was reused must not block us.
+  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd_ < 0) {
+    int err = errno;
+    FT_FAIL("cannot write '", path, "': creating temp file '", temp_path_,
+            "' failed: ", errno_text(err));
+  }
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (finished_) return;
+  if (fd_ >= 0) ::close(fd_);
+  ::unlink(temp_path_.c_str());
+}
+
+void AtomicFileWriter::fail(const std::string& what, int err) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(temp_path_.c_str());
+  finished_ = true;
+  FT_FAIL("cannot write '", path_, "': ", what, " failed: ", errno_text(err));
+}
+
+void AtomicFileWriter::append(const void* data, size_t size) {
+  FT_CHECK(fd_ >= 0 && !finished_, "append to '", path_, "' after commit or failure");
+  const char* cursor = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t written = ::write(fd_, cursor, size);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      fail("writing temp file '" + temp_path_ + "'", errno);
+    }
+    cursor += written;
+    size -= static_cast<size_t>(written);
+  }
+}
+
+void AtomicFileWriter::commit() {
+  FT_CHECK(fd_ >= 0 && !finished_, "commit of '", path_, "' called twice or after failure");
+  if (::fsync(fd_) != 0) fail("fsync of temp file '" + temp_path_ + "'", errno);
+  // close() can be the first to report a deferred write error (e.g. on NFS).
+  int close_result = ::close(fd_);
+  fd_ = -1;
+  if (close_result != 0) fail("closing temp file '" + temp_path_ + "'", errno);
+  if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
+    fail("renaming '" + temp_path_ + "' over it", errno);
+  finished_ = true;
+
+  // Without this the rename itself may be lost on power failure.
+  std::string directory = parent_directory(path_);
+  int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) {
+    int err = errno;
+    FT_FAIL("cannot write '", path_, "': opening directory '", directory,
+            "' for fsync failed: ", errno_text(err));
+  }
+  int sync_result = ::fsync(dir_fd);
+  int sync_errno = errno;
+  ::close(dir_fd);
+  // EINVAL/ENOTSUP: the filesystem cannot sync directories at all; the data itself is safe.
+  if (sync_result != 0 && sync_errno != EINVAL && sync_errno != ENOTSUP)
+    FT_FAIL("cannot write '", path_, "': fsync of directory '", directory,
+            "' failed: ", errno_text(sync_errno));
+}
+
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  AtomicFileWriter writer(path);
+  writer.append(bytes.data(), bytes.size());
+  writer.commit();
+}
+
+std::string read_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    FT_FAIL("cannot read '", path, "': ", errno_text(err));
+  }
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    int err = errno;
+    ::close(fd);
+    FT_FAIL("cannot read '", path, "': fstat failed: ", errno_text(err));
+  }
+  // Size from fstat, then read until EOF: files in /proc report 0, and a file may still grow.
+  std::string bytes(info.st_size > 0 ? static_cast<size_t>(info.st_size) : 0, '\0');
+  size_t filled = 0;
+  char overflow[1 << 16];
+  for (;;) {
+    bool into_overflow = filled == bytes.size();
+    char* target = into_overflow ? overflow : &bytes[filled];
+    size_t room = into_overflow ? sizeof(overflow) : bytes.size() - filled;
+    ssize_t got = ::read(fd, target, room);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      FT_FAIL("cannot read '", path, "': ", errno_text(err));
+    }
+    if (got == 0) break;
+    if (into_overflow) {
+      bytes.append(overflow, static_cast<size_t>(got));
+    }
+    filled += static_cast<size_t>(got);
+  }
+  ::close(fd);
+  bytes.resize(filled);
+  return bytes;
+}
+
+}  // namespace ft

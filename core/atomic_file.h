@@ -1,0 +1,48 @@
+// Whole-file I/O that never leaves a half-written file at the destination: bytes go to
+// "<path>.tmp.<pid>", are fsync'ed, renamed over `path`, and the directory is fsync'ed, so a crash
+// leaves either the old file or the new one. Every failure throws ft::Error naming the path and
+// the OS reason (errno text).
+// Thread safety: calls on distinct paths are safe from any thread; two threads of one process must
+// not write the same path at once (they would share the temp name).
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace ft {
+
+// Streams bytes into a temp file and publishes them at `path` only on commit(). Lets a large
+// checkpoint be written piece by piece without first assembling it in memory.
+// If destroyed without a successful commit(), the temp file is removed and `path` is untouched.
+class AtomicFileWriter {
+ public:
+  // Creates missing parent directories and opens "<path>.tmp.<pid>" (truncating a stale one).
+  explicit AtomicFileWriter(const std::string& path);
+  ~AtomicFileWriter();  // never throws
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  // REQUIRES: commit() has not been called; `data` holds `size` readable bytes (null when size 0).
+  void append(const void* data, size_t size);
+  // fsync the file, rename it over `path`, fsync the directory. REQUIRES: called at most once.
+  void commit();
+
+  const std::string& path() const { return path_; }
+  const std::string& temp_path() const { return temp_path_; }
+
+ private:
+  // Closes and removes the temp file, then throws ft::Error for `what` with errno `err`.
+  [[noreturn]] void fail(const std::string& what, int err);
+
+  std::string path_;
+  std::string temp_path_;
+  int fd_ = -1;
+  bool finished_ = false;  // committed or failed: the destructor has nothing to clean up
+};
+
+// Writes `bytes` to `path` atomically (see above). Creates missing parent directories.
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+// Returns the whole content of `path`; throws ft::Error naming the path when it cannot be read.
+std::string read_file(const std::string& path);
+
+}  // namespace ft

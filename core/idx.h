@@ -1,0 +1,21 @@
+// Reader for IDX files (the MNIST / Fashion-MNIST container), gzip-compressed or raw.
+// Only the unsigned-byte element type (0x08) is accepted; every malformed input (bad magic, bad
+// dims, truncated or oversized payload, corrupt gzip stream) throws ft::Error naming the file.
+// Thread safety: read_idx is reentrant; each call opens its own file handle.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ft {
+
+struct IdxArray {
+  std::vector<int32_t> dims;  // outermost first, e.g. {60000, 28, 28}
+  std::vector<uint8_t> data;  // row-major, size == product(dims)
+};
+
+// Reads `path`; zlib decompresses transparently when the file is gzip, and passes raw files through.
+// Payload larger than 2^31 - 1 elements is rejected before any allocation.
+IdxArray read_idx(const std::string& path);
+
+}  // namespace ft

@@ -1,0 +1,46 @@
+// Executor: runs a Graph forward, then backward in reverse op order, and announces each trainable
+// parameter's gradient the moment it is final (after the backward of its first user in forward
+// order, which handles tied weights such as wte). Data parallelism hangs its buckets on that call.
+// Thread safety: one thread drives an Executor; the ready callback runs on that thread.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "core/timer.h"
+#include "model/graph.h"
+
+namespace ft {
+
+using GradReadyFn = std::function<void(ParamId)>;
+
+class Executor {
+ public:
+  // REQUIRES: params allocated; graph and params outlive the executor.
+  Executor(Graph& graph, ParamStore& params);
+
+  // Buffers for every value and gradient of the graph.
+  Workspace make_workspace() const;
+
+  void forward(Workspace& ws);
+  // Zeroes activation gradients, seeds d(loss) = 1, runs backward ops in reverse. Parameter
+  // gradients accumulate (+=): the caller zeroes them once per optimizer step.
+  void backward(Workspace& ws, const GradReadyFn& on_grad_ready = nullptr);
+
+  float loss(const Workspace& ws) const { return ws.values[graph_.loss].data()[0]; }
+
+  // Trainable params in the order their gradients become final in backward.
+  const std::vector<ParamId>& grad_ready_order() const { return grad_ready_order_; }
+
+  void set_profiling(bool on) { profiling_ = on; }
+  TimeTable& op_times() { return op_times_; }
+
+ private:
+  Graph& graph_;
+  ParamStore& params_;
+  std::vector<std::vector<ParamId>> ready_after_op_;  // per op index
+  std::vector<ParamId> grad_ready_order_;
+  bool profiling_ = false;
+  TimeTable op_times_;
+};
+
+}  // namespace ft

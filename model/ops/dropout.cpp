@@ -1,0 +1,66 @@
+// Inverted dropout with a counter-based mask (see dropout.h for the contract).
+#include "model/ops/dropout.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+#include "core/rng.h"
+#include "model/ops/op_checks.h"
+
+namespace ft {
+
+void dropout_forward(float* y, uint8_t* keep_mask, const float* x, float p, uint64_t seed,
+                     int64_t numel) {
+  const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for if (numel > 65536)
+  for (int64_t i = 0; i < numel; ++i) {
+    const bool keep = hash_uniform(seed, static_cast<uint64_t>(i)) >= p;
+    keep_mask[i] = keep ? 1 : 0;
+    y[i] = keep ? x[i] * scale : 0.0f;
+  }
+}
+
+// y = x * keep / (1 - p) is linear in x with a fixed mask: dx = dy * keep / (1 - p).
+void dropout_backward(float* dx, const float* dy, const uint8_t* keep_mask, float p, int64_t numel) {
+  const float scale = 1.0f / (1.0f - p);
+  for (int64_t i = 0; i < numel; ++i) dx[i] += keep_mask[i] ? dy[i] * scale : 0.0f;
+}
+
+DropoutOp::DropoutOp(int64_t numel, float p, uint64_t salt) : numel_(numel), p_(p), salt_(salt) {
+  FT_CHECK(numel > 0, "DropoutOp: non-positive numel ", numel);
+  FT_CHECK(std::isfinite(p) && p >= 0.0f && p < 1.0f, "DropoutOp: dropout probability ", p,
+           " is outside [0, 1)");
+}
+
+void DropoutOp::check_wiring(const Workspace& ws) const {
+  expect_arity(*this, 1, 1, 0);
+  expect_numel(ws.values[inputs[0]], numel_, *this, "input x");
+  expect_numel(ws.values[outputs[0]], numel_, *this, "output y");
+}
+
+void DropoutOp::forward(Workspace& ws, ParamStore&) {
+  check_wiring(ws);
+  const float* x = ws.values[inputs[0]].data();
+  float* y = ws.values[outputs[0]].data();
+  masked_ = ws.training && p_ > 0.0f;
+  if (!masked_) {
+    std::copy(x, x + numel_, y);
+    return;
+  }
+  keep_mask_.resize(numel_);
+  dropout_forward(y, keep_mask_.data(), x, p_, ws.dropout_seed ^ salt_, numel_);
+}
+
+void DropoutOp::backward(Workspace& ws, ParamStore&) {
+  check_wiring(ws);
+  float* dx = ws.grads[inputs[0]].data();
+  const float* dy = ws.grads[outputs[0]].data();
+  if (!masked_) {
+    for (int64_t i = 0; i < numel_; ++i) dx[i] += dy[i];
+    return;
+  }
+  dropout_backward(dx, dy, keep_mask_.data(), p_, numel_);
+}
+
+}  // namespace ft

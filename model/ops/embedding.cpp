@@ -1,0 +1,72 @@
+// Token + position embedding lookup. Backward scatters rows into the tables; repeated tokens add
+// into the same wte row, so that scatter stays serial.
+#include "model/ops/embedding.h"
+
+#include "core/check.h"
+#include "model/ops/op_checks.h"
+
+namespace ft {
+
+void embedding_forward(float* x, const int32_t* tokens, const float* wte, const float* wpe,
+                       int batch, int seq_len, int channels, int64_t vocab) {
+  const int64_t rows = static_cast<int64_t>(batch) * seq_len;
+  for (int64_t row = 0; row < rows; ++row)
+    FT_CHECK(tokens[row] >= 0 && tokens[row] < vocab, "embedding: token ", tokens[row],
+             " at position ", row, " is outside the vocabulary [0, ", vocab, ")");
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* token_row = wte + static_cast<int64_t>(tokens[row]) * channels;
+    const float* position_row = wpe + (row % seq_len) * channels;
+    float* x_row = x + row * channels;
+    for (int c = 0; c < channels; ++c) x_row[c] = token_row[c] + position_row[c];
+  }
+}
+
+// x[b,t] = wte[tok[b,t]] + wpe[t] is a sum of two row lookups, so each table row receives the sum
+// of dx over every (b, t) that looked it up.
+void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tokens, int batch,
+                        int seq_len, int channels) {
+  const int64_t rows = static_cast<int64_t>(batch) * seq_len;
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* dx_row = dx + row * channels;
+    float* dtoken_row = dwte + static_cast<int64_t>(tokens[row]) * channels;
+    float* dposition_row = dwpe + (row % seq_len) * channels;
+    for (int c = 0; c < channels; ++c) {
+      dtoken_row[c] += dx_row[c];
+      dposition_row[c] += dx_row[c];
+    }
+  }
+}
+
+EmbeddingOp::EmbeddingOp(int batch, int seq_len, int channels)
+    : batch_(batch), seq_len_(seq_len), channels_(channels) {
+  FT_CHECK(batch > 0 && seq_len > 0 && channels > 0, "EmbeddingOp: non-positive shape batch=",
+           batch, " seq_len=", seq_len, " channels=", channels);
+}
+
+void EmbeddingOp::check_wiring(const Workspace& ws, const ParamStore& params) const {
+  expect_arity(*this, 0, 1, 2);
+  const int64_t rows = static_cast<int64_t>(batch_) * seq_len_;
+  FT_CHECK(static_cast<int64_t>(ws.tokens.size()) == rows, "embedding '", name, "': ",
+           ws.tokens.size(), " tokens in the workspace, expected batch*seq_len = ", rows);
+  expect_numel(ws.values[outputs[0]], rows * channels_, *this, "output x");
+  const Tensor& wte = params[this->params[0]].value;
+  FT_CHECK(wte.dim() == 2 && wte.size(1) == channels_, "embedding '", name, "': wte has shape ",
+           shape_str(wte.shape()), ", expected [vocab, ", channels_, "]");
+  expect_numel(params[this->params[1]].value, static_cast<int64_t>(seq_len_) * channels_, *this,
+               "wpe");
+}
+
+void EmbeddingOp::forward(Workspace& ws, ParamStore& params) {
+  check_wiring(ws, params);
+  const Tensor& wte = params[this->params[0]].value;
+  embedding_forward(ws.values[outputs[0]].data(), ws.tokens.data(), wte.data(),
+                    params[this->params[1]].value.data(), batch_, seq_len_, channels_, wte.size(0));
+}
+
+void EmbeddingOp::backward(Workspace& ws, ParamStore& params) {
+  check_wiring(ws, params);
+  embedding_backward(params[this->params[0]].grad.data(), params[this->params[1]].grad.data(),
+                     ws.grads[outputs[0]].data(), ws.tokens.data(), batch_, seq_len_, channels_);
+}
+
+}  // namespace ft

@@ -1,0 +1,21 @@
+// GlobalAvgPoolOp: the mean of each channel plane, y[b,c] = 1/(H W) sum_{h,w} x[b,c,h,w].
+// Inputs {x [B,C,H,W]}, outputs {y [B,C]}, no params.
+// Thread safety: one training thread per op; loops are parallel with OpenMP.
+#pragma once
+#include "model/graph.h"
+
+namespace ft {
+
+class GlobalAvgPoolOp : public Op {
+ public:
+  GlobalAvgPoolOp(int batch, int channels, int height, int width);
+
+  const char* kind() const override { return "global_avg_pool"; }
+  void forward(Workspace& ws, ParamStore& params) override;
+  void backward(Workspace& ws, ParamStore& params) override;
+
+ private:
+  int batch_, channels_, height_, width_;
+};
+
+}  // namespace ft

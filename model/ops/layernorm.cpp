@@ -1,0 +1,63 @@
+// LayerNorm over channels, one row per token. Rows are independent in forward and in the input
+// gradient (parallel over rows); the weight/bias gradients reduce over rows (serial).
+#include "model/ops/layernorm.h"
+
+#include "core/check.h"
+#include "model/ops/layernorm_math.h"
+#include "model/ops/op_checks.h"
+
+namespace ft {
+
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight,
+                       const float* bias, int64_t rows, int64_t channels) {
+#pragma omp parallel for if (rows * channels > 65536)
+  for (int64_t row = 0; row < rows; ++row)
+    layernorm_row_forward(y + row * channels, mean + row, rstd + row, x + row * channels, weight,
+                          bias, channels, kLayerNormEps);
+}
+
+void layernorm_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
+                        const float* weight, const float* mean, const float* rstd, int64_t rows,
+                        int64_t channels) {
+#pragma omp parallel for if (rows * channels > 65536)
+  for (int64_t row = 0; row < rows; ++row)
+    layernorm_row_backward_input(dx + row * channels, dy + row * channels, x + row * channels,
+                                 weight, mean[row], rstd[row], channels);
+  for (int64_t row = 0; row < rows; ++row)
+    layernorm_row_backward_params(dweight, dbias, dy + row * channels, x + row * channels,
+                                  mean[row], rstd[row], channels);
+}
+
+LayerNormOp::LayerNormOp(int64_t rows, int64_t channels) : rows_(rows), channels_(channels) {
+  FT_CHECK(rows > 0 && channels > 0, "LayerNormOp: non-positive shape rows=", rows,
+           " channels=", channels);
+}
+
+void LayerNormOp::check_wiring(const Workspace& ws, const ParamStore& params) const {
+  expect_arity(*this, 1, 1, 2);
+  expect_numel(ws.values[inputs[0]], rows_ * channels_, *this, "input x");
+  expect_numel(ws.values[outputs[0]], rows_ * channels_, *this, "output y");
+  expect_numel(params[this->params[0]].value, channels_, *this, "weight");
+  expect_numel(params[this->params[1]].value, channels_, *this, "bias");
+}
+
+void LayerNormOp::forward(Workspace& ws, ParamStore& params) {
+  check_wiring(ws, params);
+  mean_.resize(rows_);
+  rstd_.resize(rows_);
+  layernorm_forward(ws.values[outputs[0]].data(), mean_.data(), rstd_.data(),
+                    ws.values[inputs[0]].data(), params[this->params[0]].value.data(),
+                    params[this->params[1]].value.data(), rows_, channels_);
+}
+
+void LayerNormOp::backward(Workspace& ws, ParamStore& params) {
+  check_wiring(ws, params);
+  FT_CHECK(static_cast<int64_t>(mean_.size()) == rows_, "layernorm '", name,
+           "': backward before forward");
+  layernorm_backward(ws.grads[inputs[0]].data(), params[this->params[0]].grad.data(),
+                     params[this->params[1]].grad.data(), ws.grads[outputs[0]].data(),
+                     ws.values[inputs[0]].data(), params[this->params[0]].value.data(),
+                     mean_.data(), rstd_.data(), rows_, channels_);
+}
+
+}  // namespace ft

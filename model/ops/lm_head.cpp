@@ -1,0 +1,38 @@
+// Tied LM head: a bias-free linear layer whose weight is the embedding table, so the math is
+// linear_forward / linear_backward (model/ops/linear.h) with W = wte [V, C].
+#include "model/ops/lm_head.h"
+
+#include "core/check.h"
+#include "model/ops/linear.h"
+#include "model/ops/op_checks.h"
+
+namespace ft {
+
+TiedLmHeadOp::TiedLmHeadOp(int64_t rows, int64_t channels, int64_t vocab)
+    : rows_(rows), channels_(channels), vocab_(vocab) {
+  FT_CHECK(rows > 0 && channels > 0 && vocab > 0, "TiedLmHeadOp: non-positive shape rows=", rows,
+           " channels=", channels, " vocab=", vocab);
+}
+
+void TiedLmHeadOp::check_wiring(const Workspace& ws, const ParamStore& params) const {
+  expect_arity(*this, 1, 1, 1);
+  expect_numel(ws.values[inputs[0]], rows_ * channels_, *this, "input x");
+  expect_numel(ws.values[outputs[0]], rows_ * vocab_, *this, "output logits");
+  expect_numel(params[this->params[0]].value, vocab_ * channels_, *this, "wte");
+}
+
+void TiedLmHeadOp::forward(Workspace& ws, ParamStore& params) {
+  check_wiring(ws, params);
+  linear_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
+                 params[this->params[0]].value.data(), nullptr, rows_, channels_, vocab_);
+}
+
+// logits = x wte^T  =>  dx += dlogits wte, dwte += dlogits^T x (added to the embedding's share).
+void TiedLmHeadOp::backward(Workspace& ws, ParamStore& params) {
+  check_wiring(ws, params);
+  linear_backward(ws.grads[inputs[0]].data(), params[this->params[0]].grad.data(), nullptr,
+                  ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
+                  params[this->params[0]].value.data(), rows_, channels_, vocab_);
+}
+
+}  // namespace ft

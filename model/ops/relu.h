@@ -1,0 +1,23 @@
+// ReluOp: y = max(x, 0) elementwise.
+// Inputs {x [numel]}, outputs {y [numel]} (any shape of that size), no params.
+// Thread safety: one training thread per op; loops are parallel with OpenMP.
+#pragma once
+#include <cstdint>
+
+#include "model/graph.h"
+
+namespace ft {
+
+class ReluOp : public Op {
+ public:
+  explicit ReluOp(int64_t numel);
+
+  const char* kind() const override { return "relu"; }
+  void forward(Workspace& ws, ParamStore& params) override;
+  void backward(Workspace& ws, ParamStore& params) override;
+
+ private:
+  int64_t numel_;
+};
+
+}  // namespace ft

@@ -1,0 +1,45 @@
+// Residual connection: out = a + b. The gradient of a sum passes unchanged to both summands.
+#include "model/ops/residual.h"
+
+#include "core/check.h"
+#include "model/ops/op_checks.h"
+
+namespace ft {
+
+void residual_forward(float* out, const float* a, const float* b, int64_t numel) {
+  for (int64_t i = 0; i < numel; ++i) out[i] = a[i] + b[i];
+}
+
+// d(a + b)/da = d(a + b)/db = 1, so each input receives dout unchanged.
+void residual_backward(float* da, float* db, const float* dout, int64_t numel) {
+  for (int64_t i = 0; i < numel; ++i) {
+    da[i] += dout[i];
+    db[i] += dout[i];
+  }
+}
+
+ResidualAddOp::ResidualAddOp(int64_t numel) : numel_(numel) {
+  FT_CHECK(numel > 0, "ResidualAddOp: non-positive numel ", numel);
+}
+
+void ResidualAddOp::check_wiring(const Workspace& ws) const {
+  expect_arity(*this, 2, 1, 0);
+  FT_CHECK(inputs[0] != inputs[1], "residual '", name, "': both inputs are value ", inputs[0]);
+  expect_numel(ws.values[inputs[0]], numel_, *this, "input a");
+  expect_numel(ws.values[inputs[1]], numel_, *this, "input b");
+  expect_numel(ws.values[outputs[0]], numel_, *this, "output");
+}
+
+void ResidualAddOp::forward(Workspace& ws, ParamStore&) {
+  check_wiring(ws);
+  residual_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
+                   ws.values[inputs[1]].data(), numel_);
+}
+
+void ResidualAddOp::backward(Workspace& ws, ParamStore&) {
+  check_wiring(ws);
+  residual_backward(ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
+                    ws.grads[outputs[0]].data(), numel_);
+}
+
+}  // namespace ft

@@ -1,0 +1,26 @@
+// Residual connection: out = a + b, elementwise over `numel` floats. Inputs {a, b}, outputs {out}.
+// Thread safety: an op instance belongs to one training thread.
+#pragma once
+#include <cstdint>
+
+#include "model/graph.h"
+
+namespace ft {
+
+void residual_forward(float* out, const float* a, const float* b, int64_t numel);
+// da += dout; db += dout.
+void residual_backward(float* da, float* db, const float* dout, int64_t numel);
+
+class ResidualAddOp : public Op {
+ public:
+  explicit ResidualAddOp(int64_t numel);
+  const char* kind() const override { return "residual"; }
+  void forward(Workspace& ws, ParamStore& params) override;
+  void backward(Workspace& ws, ParamStore& params) override;
+
+ private:
+  void check_wiring(const Workspace& ws) const;
+  int64_t numel_;
+};
+
+}  // namespace ft

@@ -1,0 +1,89 @@
+#include "model/params.h"
+
+#include <cstring>
+
+#include "core/check.h"
+#include "core/rng.h"
+
+namespace ft {
+
+ParamId ParamStore::add_entry(Param param) {
+  FT_CHECK(!allocated_, "parameter '", param.name, "' registered after allocate()");
+  FT_CHECK(index_.count(param.name) == 0, "parameter '", param.name, "' registered twice");
+  const ParamId id = static_cast<ParamId>(params_.size());
+  index_.emplace(param.name, id);
+  params_.push_back(std::move(param));
+  return id;
+}
+
+ParamId ParamStore::add(const std::string& name, const Shape& shape, ParamInit init,
+                        float init_std, bool weight_decay) {
+  Param param;
+  param.name = name;
+  param.shape = shape;
+  param.init = init;
+  param.init_std = init_std;
+  param.weight_decay = weight_decay;
+  return add_entry(std::move(param));
+}
+
+ParamId ParamStore::add_buffer(const std::string& name, const Shape& shape, ParamInit init) {
+  Param param;
+  param.name = name;
+  param.shape = shape;
+  param.init = init;
+  param.weight_decay = false;
+  param.trainable = false;
+  return add_entry(std::move(param));
+}
+
+void ParamStore::allocate() {
+  FT_CHECK(!allocated_, "allocate() called twice");
+  int64_t trainable_floats = 0, buffer_floats = 0;
+  for (Param& param : params_) {
+    int64_t& cursor = param.trainable ? trainable_floats : buffer_floats;
+    param.offset = cursor;
+    cursor += shape_numel(param.shape);
+  }
+  flat_values_ = Tensor::zeros({trainable_floats});
+  flat_grads_ = Tensor::zeros({trainable_floats});
+  flat_buffers_ = Tensor::zeros({buffer_floats});
+  for (Param& param : params_) {
+    if (param.trainable) {
+      param.value = Tensor::wrap(flat_values_.data() + param.offset, param.shape);
+      param.grad = Tensor::wrap(flat_grads_.data() + param.offset, param.shape);
+    } else {
+      param.value = Tensor::wrap(flat_buffers_.data() + param.offset, param.shape);
+    }
+  }
+  allocated_ = true;
+}
+
+void ParamStore::initialize(uint64_t seed) {
+  FT_CHECK(allocated_, "initialize() before allocate()");
+  Rng rng(seed);
+  for (Param& param : params_) {
+    float* values = param.value.data();
+    const int64_t count = param.value.numel();
+    switch (param.init) {
+      case ParamInit::kNormal:
+        for (int64_t i = 0; i < count; ++i) values[i] = param.init_std * rng.normal();
+        break;
+      case ParamInit::kOnes:
+        param.value.fill(1.0f);
+        break;
+      case ParamInit::kZeros:
+        param.value.fill(0.0f);
+        break;
+    }
+  }
+}
+
+void ParamStore::zero_grads() { flat_grads_.fill(0.0f); }
+
+ParamId ParamStore::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? -1 : it->second;
+}
+
+}  // namespace ft

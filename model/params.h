@@ -1,0 +1,69 @@
+// ParamStore: every parameter and buffer of a model, under its canonical name. Trainable values
+// live in one flat buffer and their gradients in another (registration order), so comm/ can reduce
+// gradients in contiguous bucket slices and the optimizer can sweep them as one array.
+// Buffers (BatchNorm running statistics) live apart: saved in checkpoints, never reduced.
+// Thread safety: not synchronised; the training thread owns it.
+#pragma once
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace ft {
+
+using ParamId = int;
+
+enum class ParamInit { kNormal, kOnes, kZeros };
+
+struct Param {
+  std::string name;
+  Shape shape;
+  ParamInit init = ParamInit::kZeros;
+  float init_std = 0.0f;      // for kNormal
+  bool weight_decay = true;   // false for biases and normalisation weights
+  bool trainable = true;      // false for buffers: no gradient, not reduced
+  int64_t offset = 0;         // floats into the flat value (and grad) buffer of its kind
+  Tensor value;
+  Tensor grad;                // undefined for buffers
+};
+
+class ParamStore {
+ public:
+  ParamStore() = default;
+  ParamStore(const ParamStore&) = delete;
+  ParamStore& operator=(const ParamStore&) = delete;
+
+  // REQUIRES: before allocate(); names are unique.
+  ParamId add(const std::string& name, const Shape& shape, ParamInit init, float init_std,
+              bool weight_decay);
+  ParamId add_buffer(const std::string& name, const Shape& shape, ParamInit init);
+
+  // Lays out the flat buffers; views in Param::value/grad are valid afterwards.
+  void allocate();
+  // Deterministic initialisation from `seed`, in registration order.
+  void initialize(uint64_t seed);
+  void zero_grads();
+
+  int size() const { return static_cast<int>(params_.size()); }
+  Param& operator[](ParamId id) { return params_[id]; }
+  const Param& operator[](ParamId id) const { return params_[id]; }
+  // -1 when absent.
+  ParamId find(const std::string& name) const;
+  bool allocated() const { return allocated_; }
+
+  Tensor& flat_values() { return flat_values_; }  // trainable values, [num_trainable_floats]
+  Tensor& flat_grads() { return flat_grads_; }    // their gradients, same layout
+  Tensor& flat_buffers() { return flat_buffers_; }
+  int64_t num_trainable_floats() const { return flat_values_.numel(); }
+
+ private:
+  ParamId add_entry(Param param);
+
+  std::vector<Param> params_;
+  std::unordered_map<std::string, ParamId> index_;
+  Tensor flat_values_, flat_grads_, flat_buffers_;
+  bool allocated_ = false;
+};
+
+}  // namespace ft

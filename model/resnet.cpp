@@ -1,0 +1,199 @@
+#include "model/resnet.h"
+
+#include <cmath>
+#include <string>
+
+#include "core/check.h"
+#include "model/ops/batchnorm.h"
+#include "model/ops/conv2d.h"
+#include "model/ops/cross_entropy.h"
+#include "model/ops/global_avg_pool.h"
+#include "model/ops/linear.h"
+#include "model/ops/relu.h"
+#include "model/ops/residual.h"
+
+namespace ft {
+namespace {
+
+constexpr int kStages = 3;
+
+int stage_width(const ResnetShape& shape, int stage) { return shape.width << stage; }
+
+// Kaiming normal, fan_out mode with the ReLU gain, as torchvision initialises ResNet convs.
+ParamId add_conv(ParamStore& params, const std::string& name, int out_channels, int in_channels,
+                 int kernel) {
+  const float init_std = std::sqrt(2.0f / static_cast<float>(out_channels * kernel * kernel));
+  return params.add(name, {out_channels, in_channels, kernel, kernel}, ParamInit::kNormal,
+                    init_std, /*weight_decay=*/true);
+}
+
+BatchNormParamIds add_batchnorm(ParamStore& params, const std::string& prefix, int channels) {
+  BatchNormParamIds ids;
+  ids.weight = params.add(prefix + ".weight", {channels}, ParamInit::kOnes, 0.0f, false);
+  ids.bias = params.add(prefix + ".bias", {channels}, ParamInit::kZeros, 0.0f, false);
+  ids.running_mean = params.add_buffer(prefix + ".running_mean", {channels}, ParamInit::kZeros);
+  ids.running_var = params.add_buffer(prefix + ".running_var", {channels}, ParamInit::kOnes);
+  return ids;
+}
+
+void check_shape(const ResnetShape& shape) {
+  FT_CHECK(shape.blocks_per_stage >= 1 && shape.width >= 1 && shape.image_size >= 4 &&
+               shape.in_channels >= 1 && shape.classes >= 2,
+           "resnet: bad shape blocks_per_stage=", shape.blocks_per_stage, " width=", shape.width,
+           " image_size=", shape.image_size, " in_channels=", shape.in_channels,
+           " classes=", shape.classes,
+           " (need blocks_per_stage >= 1, width >= 1, image_size >= 4, classes >= 2)");
+}
+
+// Appends ops to a graph while tracking the current activation's channels and spatial size.
+class ResnetGraphBuilder {
+ public:
+  explicit ResnetGraphBuilder(int batch) : batch_(batch) {}
+
+  Graph& graph() { return graph_; }
+
+  ValueId conv(const std::string& name, ValueId x, ParamId weight, int in_channels,
+               int out_channels, int size, int kernel, int stride, int padding) {
+    const int out_size = (size + 2 * padding - kernel) / stride + 1;
+    const ValueId y = graph_.add_value(name, {batch_, out_channels, out_size, out_size});
+    Conv2dOp& op = graph_.add_op<Conv2dOp>(name, {x}, {y}, {weight}, batch_, in_channels,
+                                           out_channels, size, size, kernel, stride, padding);
+    op.needs_input_grad = x != graph_.input;
+    return y;
+  }
+
+  ValueId batchnorm(const std::string& name, ValueId x, const BatchNormParamIds& ids) {
+    const Shape shape = graph_.shape(x);
+    const ValueId y = graph_.add_value(name, shape);
+    graph_.add_op<BatchNorm2dOp>(name, {x}, {y},
+                                 {ids.weight, ids.bias, ids.running_mean, ids.running_var},
+                                 batch_, static_cast<int>(shape[1]), static_cast<int>(shape[2]),
+                                 static_cast<int>(shape[3]));
+    return y;
+  }
+
+  ValueId relu(const std::string& name, ValueId x) {
+    const Shape shape = graph_.shape(x);
+    const ValueId y = graph_.add_value(name, shape);
+    graph_.add_op<ReluOp>(name, {x}, {y}, {}, shape_numel(shape));
+    return y;
+  }
+
+  ValueId add(const std::string& name, ValueId a, ValueId b) {
+    const Shape shape = graph_.shape(a);
+    FT_CHECK(shape == graph_.shape(b), "resnet: residual '", name, "' adds ", shape_str(shape),
+             " and ", shape_str(graph_.shape(b)));
+    const ValueId y = graph_.add_value(name, shape);
+    graph_.add_op<ResidualAddOp>(name, {a, b}, {y}, {}, shape_numel(shape));
+    return y;
+  }
+
+  ValueId basic_block(const std::string& prefix, ValueId x, const BasicBlockParamIds& ids,
+                      int in_channels, int out_channels, int size, int stride) {
+    const int out_size = (size + 2 - 3) / stride + 1;
+    ValueId h =
+        conv(prefix + ".conv1", x, ids.conv1, in_channels, out_channels, size, 3, stride, 1);
+    h = batchnorm(prefix + ".bn1", h, ids.bn1);
+    h = relu(prefix + ".relu1", h);
+    h = conv(prefix + ".conv2", h, ids.conv2, out_channels, out_channels, out_size, 3, 1, 1);
+    h = batchnorm(prefix + ".bn2", h, ids.bn2);
+    ValueId shortcut = x;
+    if (ids.has_downsample) {
+      shortcut = conv(prefix + ".downsample.0", x, ids.downsample_conv, in_channels, out_channels,
+                      size, 1, stride, 0);
+      shortcut = batchnorm(prefix + ".downsample.1", shortcut, ids.downsample_bn);
+    }
+    h = add(prefix + ".add", h, shortcut);
+    return relu(prefix + ".relu2", h);
+  }
+
+ private:
+  Graph graph_;
+  int batch_;
+};
+
+}  // namespace
+
+ResnetParamIds register_resnet_params(const ResnetShape& shape, ParamStore& params) {
+  check_shape(shape);
+  ResnetParamIds ids;
+  ids.conv1 = add_conv(params, "conv1.weight", shape.width, shape.in_channels, 3);
+  ids.bn1 = add_batchnorm(params, "bn1", shape.width);
+  int in_channels = shape.width;
+  for (int stage = 0; stage < kStages; ++stage) {
+    const int out_channels = stage_width(shape, stage);
+    std::vector<BasicBlockParamIds> blocks;
+    for (int block = 0; block < shape.blocks_per_stage; ++block) {
+      const std::string prefix =
+          "layer" + std::to_string(stage + 1) + "." + std::to_string(block);
+      BasicBlockParamIds b;
+      b.conv1 = add_conv(params, prefix + ".conv1.weight", out_channels, in_channels, 3);
+      b.bn1 = add_batchnorm(params, prefix + ".bn1", out_channels);
+      b.conv2 = add_conv(params, prefix + ".conv2.weight", out_channels, out_channels, 3);
+      b.bn2 = add_batchnorm(params, prefix + ".bn2", out_channels);
+      b.has_downsample = block == 0 && stage > 0;
+      if (b.has_downsample) {
+        b.downsample_conv =
+            add_conv(params, prefix + ".downsample.0.weight", out_channels, in_channels, 1);
+        b.downsample_bn = add_batchnorm(params, prefix + ".downsample.1", out_channels);
+      }
+      blocks.push_back(b);
+      in_channels = out_channels;
+    }
+    ids.layers.push_back(std::move(blocks));
+  }
+  // nn.Linear's default init is uniform(+-1/sqrt(in)); a normal with that std is close enough.
+  const int features = stage_width(shape, kStages - 1);
+  ids.fc_weight = params.add("fc.weight", {shape.classes, features}, ParamInit::kNormal,
+                             1.0f / std::sqrt(static_cast<float>(features)), true);
+  ids.fc_bias = params.add("fc.bias", {shape.classes}, ParamInit::kZeros, 0.0f, false);
+  return ids;
+}
+
+Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamIds& ids) {
+  check_shape(shape);
+  FT_CHECK(batch >= 1, "resnet: batch must be positive, got ", batch);
+  FT_CHECK(static_cast<int>(ids.layers.size()) == kStages, "resnet: parameter ids hold ",
+           ids.layers.size(), " stages, expected ", kStages);
+  ResnetGraphBuilder builder(batch);
+  Graph& graph = builder.graph();
+  graph.input = graph.add_value("images",
+                                {batch, shape.in_channels, shape.image_size, shape.image_size});
+  int size = shape.image_size;
+  ValueId h = builder.conv("conv1", graph.input, ids.conv1, shape.in_channels, shape.width, size,
+                           3, 1, 1);
+  h = builder.batchnorm("bn1", h, ids.bn1);
+  h = builder.relu("relu", h);
+  int in_channels = shape.width;
+  for (int stage = 0; stage < kStages; ++stage) {
+    const int out_channels = stage_width(shape, stage);
+    FT_CHECK(static_cast<int>(ids.layers[stage].size()) == shape.blocks_per_stage,
+             "resnet: parameter ids hold ", ids.layers[stage].size(), " blocks in stage ",
+             stage + 1, ", shape says ", shape.blocks_per_stage);
+    for (int block = 0; block < shape.blocks_per_stage; ++block) {
+      const int stride = (block == 0 && stage > 0) ? 2 : 1;
+      const std::string prefix =
+          "layer" + std::to_string(stage + 1) + "." + std::to_string(block);
+      h = builder.basic_block(prefix, h, ids.layers[stage][block], in_channels, out_channels, size,
+                              stride);
+      size = (size - 1) / stride + 1;
+      in_channels = out_channels;
+    }
+  }
+  const ValueId pooled = graph.add_value("avgpool", {batch, in_channels});
+  graph.add_op<GlobalAvgPoolOp>("avgpool", {h}, {pooled}, {}, batch, in_channels, size, size);
+  graph.output = graph.add_value("fc", {batch, shape.classes});
+  graph.add_op<LinearOp>("fc", {pooled}, {graph.output}, {ids.fc_weight, ids.fc_bias}, batch,
+                         in_channels, shape.classes, true);
+  graph.loss = graph.add_value("loss", {1});
+  graph.add_op<SoftmaxCrossEntropyOp>("loss", {graph.output}, {graph.loss}, {}, batch,
+                                      shape.classes);
+  return std::move(builder.graph());
+}
+
+Graph build_resnet(const ResnetShape& shape, int batch, ParamStore& params) {
+  const ResnetParamIds ids = register_resnet_params(shape, params);
+  return build_resnet_graph(shape, batch, ids);
+}
+
+}  // namespace ft

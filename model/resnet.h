@@ -1,0 +1,60 @@
+// The CIFAR-style ResNet-(6n+2) for 28x28 grey images (He et al. 2016, section 4.2), with
+// torchvision parameter names so checkpoints line up with a PyTorch reference:
+//   stem   conv1 3x3 (in -> w) -> bn1 -> relu                               28x28
+//   layer1 n BasicBlocks, width w, stride 1                                 28x28
+//   layer2 n BasicBlocks, width 2w; block 0 has stride 2 and a 1x1 conv+BN shortcut   14x14
+//   layer3 n BasicBlocks, width 4w; same                                      7x7
+//   head   global average pool -> fc (4w -> classes) -> softmax cross-entropy on ws.targets
+// BasicBlock: conv3x3 -> BN -> ReLU -> conv3x3 -> BN, + shortcut, -> ReLU.
+// Registration (parameter order) is separate from graph building, so one ParamStore can serve
+// graphs of several batch sizes (training and evaluation).
+// Thread safety: builders are pure functions of their arguments; the results belong to the caller.
+#pragma once
+#include <vector>
+
+#include "model/graph.h"
+#include "model/params.h"
+
+namespace ft {
+
+struct ResnetShape {
+  int blocks_per_stage;  // n: depth is 6n + 2
+  int width;             // w: channels of the first stage
+  int image_size = 28;
+  int in_channels = 1;
+  int classes = 10;
+};
+
+struct BatchNormParamIds {
+  ParamId weight = -1, bias = -1;
+  ParamId running_mean = -1, running_var = -1;  // buffers
+};
+
+struct BasicBlockParamIds {
+  ParamId conv1 = -1;
+  BatchNormParamIds bn1;
+  ParamId conv2 = -1;
+  BatchNormParamIds bn2;
+  bool has_downsample = false;
+  ParamId downsample_conv = -1;  // when has_downsample
+  BatchNormParamIds downsample_bn;
+};
+
+struct ResnetParamIds {
+  ParamId conv1 = -1;
+  BatchNormParamIds bn1;
+  std::vector<std::vector<BasicBlockParamIds>> layers;  // [stage][block], 3 stages
+  ParamId fc_weight = -1, fc_bias = -1;
+};
+
+// REQUIRES: params not yet allocated; blocks_per_stage >= 1, width >= 1, image_size >= 4.
+ResnetParamIds register_resnet_params(const ResnetShape& shape, ParamStore& params);
+
+// graph.input = images [batch, in_channels, image_size, image_size] (the caller fills it),
+// graph.output = logits [batch, classes], graph.loss = mean cross-entropy [1].
+Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamIds& ids);
+
+// register_resnet_params + build_resnet_graph.
+Graph build_resnet(const ResnetShape& shape, int batch, ParamStore& params);
+
+}  // namespace ft

@@ -1,0 +1,210 @@
+// Data parallelism is exact: N ranks with batch b each must train like one process with batch N*b.
+// For a tiny GPT, every combination of bucketing / bucket_view / overlap after 5 steps matches a
+// local big-batch run (the union of every rank's batches, computed here without communication),
+// and so does gradient accumulation. ResNet's BatchNorm uses per-rank statistics, so there each
+// combination is compared with the plainest N-rank run instead.
+// ctest runs this under mpirun with 2 and 3 ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "app/config.h"
+#include "app/task.h"
+#include "app/trainer.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "comm/mpi/mpi_test_main.h"
+#include "core/image_data.h"
+#include "model/optimizer.h"
+
+namespace ft {
+namespace {
+
+constexpr int kSteps = 5;
+
+// SGD without clipping keeps the update proportional to the gradient, so a wrong scale shows.
+const char* const kSgdYaml =
+    "optim: {name: sgd, lr: 0.2, min_lr: 0.0, warmup_steps: 0, momentum: 0.9,\n"
+    "        weight_decay: 0.0, grad_clip: 0}\n";
+
+const std::string kGptYaml =
+    std::string("model: {arch: gpt, n_layer: 1, n_head: 2, d_model: 32, seq_len: 16}\n"
+                "train: {steps: 5, batch_size: 2, seed: 11, eval_every: 0}\n"
+                "comm: {bucket_mb: 0.02, first_bucket_mb: 0.005}\n") +
+    kSgdYaml + "data: {path: \"" + FT_SOURCE_DIR + "/data/moby_dick.txt\"}\n";
+
+const std::string kResnetYaml =
+    std::string("model: {arch: resnet, resnet_blocks: 1, resnet_width: 4}\n"
+                "train: {steps: 5, batch_size: 4, seed: 5, eval_every: 0}\n"
+                "comm: {bucket_mb: 0.005, first_bucket_mb: 0.001}\n") +
+    kSgdYaml + "data: {mnist_dir: \"" + kFashionMnistDir + "\"}\n";
+
+struct Mode {
+  bool bucketing, bucket_view, overlap;
+};
+
+std::vector<Mode> all_modes() {
+  std::vector<Mode> modes;
+  for (bool bucketing : {false, true}) {
+    for (bool view : {false, true}) {
+      for (bool overlap : {false, true}) modes.push_back({bucketing, view, overlap});
+    }
+  }
+  return modes;
+}
+
+std::string describe(const Mode& mode) {
+  return std::string("bucketing=") + (mode.bucketing ? "on" : "off") +
+         " bucket_view=" + (mode.bucket_view ? "on" : "off") +
+         " overlap=" + (mode.overlap ? "on" : "off");
+}
+
+Config make_config(const std::string& yaml, const Mode& mode, int grad_accum) {
+  auto flag = [](bool on) { return on ? std::string("true") : std::string("false"); };
+  return parse_config(
+      yaml, "mpi_dp_equivalence_test",
+      {"comm.bucketing=" + flag(mode.bucketing), "comm.bucket_view=" + flag(mode.bucket_view),
+       "comm.overlap=" + flag(mode.overlap), "train.grad_accum=" + std::to_string(grad_accum)});
+}
+
+struct Trained {
+  std::vector<float> values;
+  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> tensors;  // name, offset, numel
+  int64_t allreduce_calls = 0;
+};
+
+Trained snapshot(ParamStore& params) {
+  Trained trained;
+  const Tensor& values = params.flat_values();
+  trained.values.assign(values.data(), values.data() + values.numel());
+  for (ParamId id = 0; id < params.size(); ++id) {
+    if (!params[id].trainable) continue;
+    trained.tensors.push_back(
+        {params[id].name, {params[id].offset, shape_numel(params[id].shape)}});
+  }
+  return trained;
+}
+
+Trained train_data_parallel(const Config& config, Communicator& comm) {
+  Trainer trainer(config, &comm);
+  int64_t calls = 0;
+  for (int step = 0; step < kSteps; ++step) calls += trainer.train_step().comm.allreduce_calls;
+  Trained trained = snapshot(trainer.params());
+  trained.allreduce_calls = calls;
+  return trained;
+}
+
+// The Trainer's step on one process, fed the union of what every rank's shard yields (all
+// micro-batches of every rank) as one batch: what N ranks must reproduce.
+Trained train_big_batch(const Config& config, int ranks) {
+  std::unique_ptr<Task> model = make_task(config, 0, 1);
+  ParamStore params;
+  model->register_params(params);
+  params.allocate();
+  params.initialize(config.train.seed);
+  const int micro_batches = config.train.grad_accum;
+  GraphCache graphs([&](int batch) { return model->build_graph(batch); }, params);
+  GraphRun& run = graphs.get(ranks * micro_batches * config.train.batch_size);
+  std::vector<std::unique_ptr<Task>> shards;
+  for (int rank = 0; rank < ranks; ++rank) shards.push_back(make_task(config, rank, ranks));
+  OptimizerOptions options;
+  options.name = config.optim.name;
+  options.momentum = config.optim.momentum;
+  options.nesterov = config.optim.nesterov;
+  options.weight_decay = config.optim.weight_decay;
+  std::unique_ptr<Optimizer> optimizer = make_optimizer(options, params);
+  const LrSchedule schedule{config.optim.lr, config.optim.min_lr, config.optim.warmup_steps,
+                            config.train.steps};
+  Workspace shard_batch;
+  const Graph no_graph;  // GPT batches need no graph
+  for (int step = 0; step < kSteps; ++step) {
+    Workspace& ws = run.workspace;
+    ws.tokens.clear();
+    ws.targets.clear();
+    for (auto& shard : shards) {
+      for (int micro = 0; micro < micro_batches; ++micro) {
+        shard->next_train_batch(shard_batch, no_graph);
+        ws.tokens.insert(ws.tokens.end(), shard_batch.tokens.begin(), shard_batch.tokens.end());
+        ws.targets.insert(ws.targets.end(), shard_batch.targets.begin(), shard_batch.targets.end());
+      }
+    }
+    ws.training = true;
+    params.zero_grads();
+    run.executor->forward(ws);
+    run.executor->backward(ws);
+    clip_grad_norm(params, config.optim.grad_clip);
+    optimizer->step(params, schedule.at(step));
+  }
+  return snapshot(params);
+}
+
+// Largest per-tensor ||a - b|| / ||b||, and the tensor it occurs in.
+std::pair<double, std::string> worst_relative_error(const Trained& a, const Trained& b) {
+  std::pair<double, std::string> worst{0.0, "(none)"};
+  if (a.values.size() != b.values.size()) return {INFINITY, "(different parameter counts)"};
+  for (const auto& [name, range] : b.tensors) {
+    double diff = 0, norm = 0;
+    for (int64_t i = range.first; i < range.first + range.second; ++i) {
+      diff += std::pow(static_cast<double>(a.values[i]) - b.values[i], 2);
+      norm += std::pow(static_cast<double>(b.values[i]), 2);
+    }
+    const double relative = std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+    if (!(relative <= worst.first)) worst = {relative, name};
+  }
+  return worst;
+}
+
+// Parameters really moved, so equality after training means something.
+double relative_change(const Trained& trained, const Config& config) {
+  std::unique_ptr<Task> model = make_task(config, 0, 1);
+  ParamStore params;
+  model->register_params(params);
+  params.allocate();
+  params.initialize(config.train.seed);
+  return worst_relative_error(trained, snapshot(params)).first;
+}
+
+TEST(DpEquivalence, GptEveryModeMatchesBigBatch) {
+  MpiCommunicator comm;
+  const Config reference_config = make_config(kGptYaml, {false, true, false}, 1);
+  const Trained reference = train_big_batch(reference_config, comm.size());
+  EXPECT_GT(relative_change(reference, reference_config), 1e-3);
+  for (const Mode& mode : all_modes()) {
+    const Trained trained = train_data_parallel(make_config(kGptYaml, mode, 1), comm);
+    const auto [error, tensor] = worst_relative_error(trained, reference);
+    EXPECT_LE(error, 1e-5) << describe(mode) << ": worst tensor " << tensor;
+    EXPECT_GT(trained.allreduce_calls, 0) << describe(mode);
+  }
+}
+
+TEST(DpEquivalence, GptGradAccumulationMatchesBigBatch) {
+  MpiCommunicator comm;
+  const int micro_batches = 3;
+  const Config config = make_config(kGptYaml, {true, true, true}, micro_batches);
+  const Trained reference = train_big_batch(config, comm.size());
+  const Trained trained = train_data_parallel(config, comm);
+  const auto [error, tensor] = worst_relative_error(trained, reference);
+  EXPECT_LE(error, 1e-5) << "grad_accum " << micro_batches << ": worst tensor " << tensor;
+}
+
+TEST(DpEquivalence, ResnetEveryModeMatchesPlainDataParallel) {
+  MpiCommunicator comm;
+  const Config plain_config = make_config(kResnetYaml, {false, true, false}, 1);
+  const Trained plain = train_data_parallel(plain_config, comm);
+  EXPECT_GT(relative_change(plain, plain_config), 1e-3);
+  for (const Mode& mode : all_modes()) {
+    if (!mode.bucketing && mode.bucket_view && !mode.overlap) continue;  // the plain run itself
+    const Trained trained = train_data_parallel(make_config(kResnetYaml, mode, 1), comm);
+    const auto [error, tensor] = worst_relative_error(trained, plain);
+    EXPECT_LE(error, 1e-6) << describe(mode) << ": worst tensor " << tensor;
+  }
+}
+
+}  // namespace
+}  // namespace ft
+
+int main(int argc, char** argv) {
+  return ft::run_mpi_gtest(argc, argv);
+}
