@@ -24,8 +24,8 @@ void validate_gpt_shape(const GptShape& shape) {
   if (shape.n_head < 1) FT_FAIL("model.n_head = ", shape.n_head, ": must be >= 1");
   if (shape.d_model < 1) FT_FAIL("model.d_model = ", shape.d_model, ": must be >= 1");
   if (shape.d_model % shape.n_head != 0)
-    FT_FAIL("model.d_model = ", shape.d_model, ": must be divisible by model.n_head = ",
-            shape.n_head);
+    FT_FAIL("model.d_model = ", shape.d_model,
+            ": must be divisible by model.n_head = ", shape.n_head);
   if (shape.seq_len < 1) FT_FAIL("model.seq_len = ", shape.seq_len, ": must be >= 1");
   if (shape.vocab_size < 1) FT_FAIL("model.vocab_size = ", shape.vocab_size, ": must be >= 1");
   if (!(shape.dropout >= 0.0f && shape.dropout < 1.0f))
@@ -62,10 +62,14 @@ GptParamIds register_gpt_params(const GptShape& shape, ParamStore& params) {
     block.c_attn_weight = add_matrix(params, prefix + "attn.c_attn.weight", 3 * C, C, kInitStd);
     block.c_attn_bias = add_vector(params, prefix + "attn.c_attn.bias", 3 * C, ParamInit::kZeros);
     if (shape.qk_norm) {
-      block.q_norm_weight = add_vector(params, prefix + "attn.q_norm.weight", head_dim, ParamInit::kOnes);
-      block.q_norm_bias = add_vector(params, prefix + "attn.q_norm.bias", head_dim, ParamInit::kZeros);
-      block.k_norm_weight = add_vector(params, prefix + "attn.k_norm.weight", head_dim, ParamInit::kOnes);
-      block.k_norm_bias = add_vector(params, prefix + "attn.k_norm.bias", head_dim, ParamInit::kZeros);
+      block.q_norm_weight =
+          add_vector(params, prefix + "attn.q_norm.weight", head_dim, ParamInit::kOnes);
+      block.q_norm_bias =
+          add_vector(params, prefix + "attn.q_norm.bias", head_dim, ParamInit::kZeros);
+      block.k_norm_weight =
+          add_vector(params, prefix + "attn.k_norm.weight", head_dim, ParamInit::kOnes);
+      block.k_norm_bias =
+          add_vector(params, prefix + "attn.k_norm.bias", head_dim, ParamInit::kZeros);
     }
     block.attn_proj_weight = add_matrix(params, prefix + "attn.c_proj.weight", C, C, proj_std);
     block.attn_proj_bias = add_vector(params, prefix + "attn.c_proj.bias", C, ParamInit::kZeros);
@@ -116,8 +120,8 @@ class GptGraphBuilder {
   ValueId dropout(const std::string& name, ValueId x) {
     if (shape_.dropout == 0.0f) return x;
     const ValueId y = activation(name, shape_.d_model);
-    // Salts are spread by a 64-bit mix so that (step seed ^ salt) of one op never equals that of
-    // another op at a nearby step seed, whatever sequence of seeds the trainer uses.
+    // Salts are spread by a 64-bit mix: with small salts, (seed ^ salt) of one op at step seed s
+    // would equal another op's at a nearby seed (s ^ 1 ...), repeating masks across steps.
     const uint64_t salt = mix_u64(0x6470u + dropout_count_++);
     graph_.add_op<DropoutOp>(name, {x}, {y}, {}, rows_ * shape_.d_model, shape_.dropout, salt);
     return y;
@@ -142,8 +146,9 @@ class GptGraphBuilder {
 Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids) {
   validate_gpt_shape(shape);
   FT_CHECK(batch >= 1, "build_gpt_graph: batch ", batch, " must be >= 1");
-  FT_CHECK(static_cast<int>(ids.blocks.size()) == shape.n_layer, "build_gpt_graph: ",
-           ids.blocks.size(), " registered blocks, shape has n_layer = ", shape.n_layer);
+  FT_CHECK(static_cast<int>(ids.blocks.size()) == shape.n_layer,
+           "build_gpt_graph: ", ids.blocks.size(),
+           " registered blocks, shape has n_layer = ", shape.n_layer);
   const int64_t C = shape.d_model, V = shape.vocab_size;
   GptGraphBuilder builder(shape, batch);
   Graph& graph = builder.graph();
@@ -165,10 +170,10 @@ Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids) 
                                  block.c_attn_bias);
     if (shape.qk_norm) {
       const ValueId normed = builder.activation(prefix + "attn.qk_norm", 3 * C);
-      graph.add_op<QkNormOp>(prefix + "attn.qk_norm", {qkv}, {normed},
-                             {block.q_norm_weight, block.q_norm_bias, block.k_norm_weight,
-                              block.k_norm_bias},
-                             batch, shape.seq_len, shape.d_model, shape.n_head);
+      graph.add_op<QkNormOp>(
+          prefix + "attn.qk_norm", {qkv}, {normed},
+          {block.q_norm_weight, block.q_norm_bias, block.k_norm_weight, block.k_norm_bias}, batch,
+          shape.seq_len, shape.d_model, shape.n_head);
       qkv = normed;
     }
     const ValueId attended = builder.activation(prefix + "attn.attention", C);
@@ -180,8 +185,8 @@ Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids) 
                          builder.dropout(prefix + "attn.dropout", attn_out));
 
     const ValueId ln_2 = builder.layernorm(prefix + "ln_2", x, block.ln_2_weight, block.ln_2_bias);
-    const ValueId fc = builder.linear(prefix + "mlp.c_fc", ln_2, C, 4 * C, block.fc_weight,
-                                      block.fc_bias);
+    const ValueId fc =
+        builder.linear(prefix + "mlp.c_fc", ln_2, C, 4 * C, block.fc_weight, block.fc_bias);
     const ValueId activated = builder.activation(prefix + "mlp.gelu", 4 * C);
     graph.add_op<GeluOp>(prefix + "mlp.gelu", {fc}, {activated}, {}, builder.rows() * 4 * C);
     const ValueId mlp_out = builder.linear(prefix + "mlp.c_proj", activated, 4 * C, C,

@@ -14,7 +14,7 @@ namespace {
 
 struct CheckedTensor {
   std::string name;
-  float* values;          // perturbed in place
+  float* values;  // perturbed in place
   std::vector<float> analytic;
 };
 
@@ -57,8 +57,8 @@ GradcheckReport gradcheck(Graph& graph, ParamStore& params, Workspace& ws,
     Param& param = params[id];
     if (!param.trainable) continue;
     const float* grad = param.grad.data();
-    tensors.push_back({param.name, param.value.data(),
-                       std::vector<float>(grad, grad + param.grad.numel())});
+    tensors.push_back(
+        {param.name, param.value.data(), std::vector<float>(grad, grad + param.grad.numel())});
   }
   for (ValueId id : input_values) {
     const float* grad = ws.grads[id].data();
@@ -86,11 +86,12 @@ GradcheckReport gradcheck(Graph& graph, ParamStore& params, Workspace& ws,
       const double far_minus = loss_at(entry, original - 2.0f * options.eps);
       *entry = original;
       const double h = (static_cast<double>(original + options.eps) -
-                        static_cast<double>(original - options.eps)) / 2.0;
+                        static_cast<double>(original - options.eps)) /
+                       2.0;
       const double numeric = (8.0 * (near_plus - near_minus) - (far_plus - far_minus)) / (12.0 * h);
       const double analytic = tensor.analytic[index];
-      const double denominator = std::max({std::fabs(analytic), std::fabs(numeric),
-                                           static_cast<double>(options.floor)});
+      const double denominator =
+          std::max({std::fabs(analytic), std::fabs(numeric), static_cast<double>(options.floor)});
       const float rel_error = static_cast<float>(std::fabs(analytic - numeric) / denominator);
       ++report.entries_checked;
       report.max_abs_grad = std::max(report.max_abs_grad, static_cast<float>(std::fabs(analytic)));
@@ -116,8 +117,8 @@ WeightedSumLossOp::WeightedSumLossOp(int64_t numel, uint64_t seed) {
 
 void WeightedSumLossOp::forward(Workspace& ws, ParamStore&) {
   const Tensor& x = ws.values[inputs.at(0)];
-  FT_CHECK(x.numel() == weights_.numel(), "weighted_sum_loss '", name, "': input has ",
-           x.numel(), " elements, expected ", weights_.numel());
+  FT_CHECK(x.numel() == weights_.numel(), "weighted_sum_loss '", name, "': input has ", x.numel(),
+           " elements, expected ", weights_.numel());
   double sum = 0.0;
   for (int64_t i = 0; i < x.numel(); ++i)
     sum += static_cast<double>(x.data()[i]) * weights_.data()[i];

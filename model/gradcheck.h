@@ -25,7 +25,7 @@ struct GradcheckOptions {
   // so h ~ 1e-2 keeps round-off near 1e-5 |L| and truncation negligible for O(1) curvature.
   float eps = 1e-2f;
   // Denominator floor of the relative error: entries whose true gradient is below the numeric
-  // noise (u |L| / eps) cannot be checked relatively; the floor compares them absolutely instead.
+  // noise (~1.5 u |L| / eps) cannot be checked relatively; the floor compares them absolutely.
   float floor = 1e-3f;
   // Entries per tensor: the one with the largest analytic gradient plus random others
   // (every entry when the tensor is smaller).
@@ -35,7 +35,7 @@ struct GradcheckOptions {
 
 struct GradcheckReport {
   float max_rel_error = 0.0f;
-  std::string worst;         // "<tensor>[index]: analytic a, numeric n" of the worst entry
+  std::string worst;  // "<tensor>[index]: analytic a, numeric n" of the worst entry
   int entries_checked = 0;
   float max_abs_grad = 0.0f;  // largest |analytic| checked: a near-zero value means a vacuous pass
 };

@@ -1,8 +1,6 @@
 // Tests for model/gpt.h: the parameter table (names, shapes, init, weight decay), qk_norm
 // parameters, a whole-model finite-difference gradient check with and without qk_norm, the tied
 // wte gradient, and train/eval graphs sharing one ParamStore.
-#include "model/gpt.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 #include "core/check.h"
 #include "core/rng.h"
 #include "model/executor.h"
+#include "model/gpt.h"
 #include "model/gradcheck.h"
 
 namespace ft {
@@ -49,7 +48,8 @@ void randomize(ParamStore& params, uint64_t seed) {
     const bool norm_weight = param.init == ParamInit::kOnes;
     const float mean = norm_weight ? 1.0f : 0.0f;
     const float std = param.shape.size() >= 2 ? 0.3f : 0.2f;
-    for (int64_t i = 0; i < param.value.numel(); ++i) param.value.data()[i] = mean + std * rng.normal();
+    for (int64_t i = 0; i < param.value.numel(); ++i)
+      param.value.data()[i] = mean + std * rng.normal();
   }
 }
 
@@ -64,13 +64,18 @@ TEST(GptParamsTest, NamesShapesAndInitMatchTheTable) {
   std::vector<Row> expected = {{"wte.weight", {32, 16}}, {"wpe.weight", {8, 16}}};
   for (int i = 0; i < 2; ++i) {
     const std::string h = "h." + std::to_string(i) + ".";
-    const std::vector<Row> block = {
-        {h + "ln_1.weight", {16}},          {h + "ln_1.bias", {16}},
-        {h + "attn.c_attn.weight", {48, 16}}, {h + "attn.c_attn.bias", {48}},
-        {h + "attn.c_proj.weight", {16, 16}}, {h + "attn.c_proj.bias", {16}},
-        {h + "ln_2.weight", {16}},          {h + "ln_2.bias", {16}},
-        {h + "mlp.c_fc.weight", {64, 16}},  {h + "mlp.c_fc.bias", {64}},
-        {h + "mlp.c_proj.weight", {16, 64}}, {h + "mlp.c_proj.bias", {16}}};
+    const std::vector<Row> block = {{h + "ln_1.weight", {16}},
+                                    {h + "ln_1.bias", {16}},
+                                    {h + "attn.c_attn.weight", {48, 16}},
+                                    {h + "attn.c_attn.bias", {48}},
+                                    {h + "attn.c_proj.weight", {16, 16}},
+                                    {h + "attn.c_proj.bias", {16}},
+                                    {h + "ln_2.weight", {16}},
+                                    {h + "ln_2.bias", {16}},
+                                    {h + "mlp.c_fc.weight", {64, 16}},
+                                    {h + "mlp.c_fc.bias", {64}},
+                                    {h + "mlp.c_proj.weight", {16, 64}},
+                                    {h + "mlp.c_proj.bias", {16}}};
     expected.insert(expected.end(), block.begin(), block.end());
   }
   expected.push_back({"ln_f.weight", {16}});
@@ -159,7 +164,9 @@ void check_model_gradients(bool qk_norm, float dropout) {
   EXPECT_EQ(report.entries_checked, expected_entries);
 }
 
-TEST(GptModelTest, GradientsMatchFiniteDifferences) { check_model_gradients(false, 0.0f); }
+TEST(GptModelTest, GradientsMatchFiniteDifferences) {
+  check_model_gradients(false, 0.0f);
+}
 TEST(GptModelTest, GradientsMatchFiniteDifferencesWithQkNormAndDropout) {
   check_model_gradients(true, 0.1f);
 }
@@ -198,8 +205,10 @@ TEST(GptModelTest, TiedWteGradientIsTheSumOfBothUses) {
   // Rerun each user's backward alone on the activation gradients the full backward left behind.
   Op* users[2] = {nullptr, nullptr};
   for (auto& op : graph.ops)
-    if (std::string(op->kind()) == "embedding") users[0] = op.get();
-    else if (std::string(op->kind()) == "lm_head") users[1] = op.get();
+    if (std::string(op->kind()) == "embedding")
+      users[0] = op.get();
+    else if (std::string(op->kind()) == "lm_head")
+      users[1] = op.get();
   ASSERT_TRUE(users[0] && users[1]);
   std::vector<float> parts[2];
   for (int u = 0; u < 2; ++u) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/mpi/fold_allreduce.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_test_main.h"
 #include "comm/startup.h"
@@ -78,6 +79,68 @@ TEST(MpiComm, AsyncAllreduceThenWait) {
   for (size_t i = 0; i < count; i += 997) {
     EXPECT_EQ(first[i], expected_sum(comm.size(), i));
     EXPECT_FLOAT_EQ(second[i], expected_sum(comm.size(), i) / comm.size());
+  }
+}
+
+// Values whose sums round differently under different association, known on every rank.
+float messy_value(int rank, size_t i) {
+  uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(rank) << 40);
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  const float unit = static_cast<float>(x & 0xffffff) / 16777216.0f;
+  return (unit - 0.5f) * (1.0f + static_cast<float>((x >> 24) % 1000));
+}
+
+std::vector<float> messy_values(int rank, size_t count) {
+  std::vector<float> values(count);
+  for (size_t i = 0; i < count; ++i) values[i] = messy_value(rank, i);
+  return values;
+}
+
+// Every element must be ((x_0 + x_1) + x_2) + ..., whether the buffer goes whole or in pieces
+// (small pieces take the gather path, large ones the exchange, the largest spans two segments).
+TEST(MpiComm, FixedOrderSumIsALeftFoldWhateverTheSplit) {
+  MpiCommunicator comm;
+  EXPECT_EQ(comm.reduction(), MpiReduction::kFixedOrder);
+  const size_t count = FoldAllreduce::kSegmentFloats + 12345;
+  // Folded from stored values: inlining messy_value into the sum would let the compiler fuse its
+  // multiply with the add (one rounding fewer) and the reference would no longer be a plain fold.
+  std::vector<float> fold(count, 0.0f);
+  for (int r = 0; r < comm.size(); ++r) {
+    const std::vector<float> values = messy_values(r, count);
+    for (size_t i = 0; i < count; ++i) fold[i] += values[i];
+  }
+  std::vector<float> whole = messy_values(comm.rank(), count);
+  comm.allreduce(whole.data(), count, ReduceOp::kSum);
+  std::vector<float> pieces = messy_values(comm.rank(), count);
+  size_t begin = 0;
+  for (size_t piece : {size_t{1}, size_t{7}, size_t{2000}, size_t{99999}}) {
+    comm.allreduce(pieces.data() + begin, piece, ReduceOp::kSum);
+    begin += piece;
+  }
+  auto handle = comm.allreduce_async(pieces.data() + begin, count - begin, ReduceOp::kSum);
+  while (!handle->test()) {
+  }
+  size_t whole_mismatches = 0, piece_mismatches = 0;
+  for (size_t i = 0; i < count; ++i) {
+    whole_mismatches += whole[i] != fold[i];
+    piece_mismatches += pieces[i] != fold[i];
+  }
+  EXPECT_EQ(whole_mismatches, 0u);
+  EXPECT_EQ(piece_mismatches, 0u);
+}
+
+TEST(MpiComm, NativeReductionSums) {
+  MpiCommunicator comm(MpiReduction::kNative);
+  const size_t count = 5000;
+  std::vector<float> sum = rank_values(comm.rank(), count);
+  comm.allreduce(sum.data(), count, ReduceOp::kSum);
+  std::vector<float> average = rank_values(comm.rank(), count);
+  comm.allreduce_async(average.data(), count, ReduceOp::kAverage)->wait();
+  for (size_t i = 0; i < count; i += 101) {
+    EXPECT_EQ(sum[i], expected_sum(comm.size(), i));
+    EXPECT_FLOAT_EQ(average[i], expected_sum(comm.size(), i) / comm.size());
   }
 }
 

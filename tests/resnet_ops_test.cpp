@@ -6,6 +6,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -108,10 +109,11 @@ struct NaiveConv {
   }
 };
 
-class ConvTest : public ::testing::TestWithParam<ConvCase> {};
+// Every case runs on plain layouts and on oneDNN's blocked ones (with reorders).
+class ConvTest : public ::testing::TestWithParam<std::tuple<ConvCase, ConvLayout>> {};
 
 TEST_P(ConvTest, ForwardAndBackwardMatchNaiveConvolution) {
-  const ConvCase c = GetParam();
+  const auto [c, layout] = GetParam();
   const NaiveConv naive(c);
   SingleOpGraph g({c.batch, c.in_channels, c.height, c.width},
                   {c.batch, c.out_channels, naive.out_h, naive.out_w});
@@ -119,6 +121,7 @@ TEST_P(ConvTest, ForwardAndBackwardMatchNaiveConvolution) {
                                       ParamInit::kNormal, 0.5f, true);
   Conv2dOp& op = g.add<Conv2dOp>({weight}, c.batch, c.in_channels, c.out_channels, c.height,
                                  c.width, c.kernel, c.stride, c.padding);
+  op.layout = layout;
   ASSERT_EQ(op.out_height(), naive.out_h);
   ASSERT_EQ(op.out_width(), naive.out_w);
   g.finish(11);
@@ -126,6 +129,11 @@ TEST_P(ConvTest, ForwardAndBackwardMatchNaiveConvolution) {
   const float* w = g.params[weight].value.data();
 
   g.executor->forward(g.ws);
+  if (layout == ConvLayout::kPlain) {
+    EXPECT_FALSE(op.uses_blocked_layout());
+  } else if (c.in_channels >= 8) {
+    EXPECT_TRUE(op.uses_blocked_layout());
+  }
   std::vector<double> y(g.ws.values[g.y].numel(), 0.0);
   naive.for_each_tap([&](int64_t xi, int64_t wi, int64_t yi) { y[yi] += double(x[xi]) * w[wi]; });
   for (size_t i = 0; i < y.size(); ++i)
@@ -157,14 +165,15 @@ TEST_P(ConvTest, ForwardAndBackwardMatchNaiveConvolution) {
 // error at any step: a large eps (0.1) shrinks the float round-off of the loss (~u |L| / eps, about
 // 1e-5 here) far below the 1% tolerance, while any indexing bug is an O(1) error.
 TEST_P(ConvTest, GradcheckInputAndWeight) {
-  const ConvCase c = GetParam();
+  const auto [c, layout] = GetParam();
   const NaiveConv naive(c);
   SingleOpGraph g({c.batch, c.in_channels, c.height, c.width},
                   {c.batch, c.out_channels, naive.out_h, naive.out_w});
   const ParamId weight = g.params.add("weight", {c.out_channels, c.in_channels, c.kernel, c.kernel},
                                       ParamInit::kNormal, 0.5f, true);
   g.add<Conv2dOp>({weight}, c.batch, c.in_channels, c.out_channels, c.height, c.width, c.kernel,
-                  c.stride, c.padding);
+                  c.stride, c.padding)
+      .layout = layout;
   g.finish(21);
   GradcheckOptions options;
   options.eps = 0.1f;
@@ -175,24 +184,32 @@ TEST_P(ConvTest, GradcheckInputAndWeight) {
   EXPECT_LT(backward_accumulation_error(*g.op, g.ws, g.params), 1e-5f);
 }
 
+const ConvCase kConvCases[] = {
+    {2, 3, 4, 7, 6, 3, 1, 1},  // stride 1, padding 1 (same size)
+    {2, 3, 4, 7, 6, 3, 1, 0},  // stride 1, padding 0
+    {2, 3, 4, 7, 6, 3, 2, 1},  // stride 2, padding 1, odd height
+    {2, 3, 4, 8, 8, 3, 2, 0},  // stride 2, padding 0, floor drops a row
+    {2, 3, 5, 8, 7, 1, 2, 0},  // the 1x1 downsample shortcut
+    {1, 1, 2, 5, 5, 3, 1, 1},  // the stem: one input channel
+    // The shapes of a width-4 ResNet at batch 4, where oneDNN may pick other kernels.
+    {4, 1, 4, 28, 28, 3, 1, 1},
+    {4, 4, 4, 28, 28, 3, 1, 1},
+    {4, 4, 8, 28, 28, 3, 2, 1},
+    {4, 4, 8, 28, 28, 1, 2, 0},
+    {4, 8, 16, 14, 14, 3, 2, 1},
+    {4, 16, 16, 7, 7, 3, 1, 1},
+};
+
 INSTANTIATE_TEST_SUITE_P(
     StridesAndPaddings, ConvTest,
-    ::testing::Values(ConvCase{2, 3, 4, 7, 6, 3, 1, 1},   // stride 1, padding 1 (same size)
-                      ConvCase{2, 3, 4, 7, 6, 3, 1, 0},   // stride 1, padding 0
-                      ConvCase{2, 3, 4, 7, 6, 3, 2, 1},   // stride 2, padding 1, odd height
-                      ConvCase{2, 3, 4, 8, 8, 3, 2, 0},   // stride 2, padding 0, floor drops a row
-                      ConvCase{2, 3, 5, 8, 7, 1, 2, 0},   // the 1x1 downsample shortcut
-                      ConvCase{1, 1, 2, 5, 5, 3, 1, 1},   // the stem: one input channel
-                      // The shapes of a width-4 ResNet at batch 4, where oneDNN may pick other
-                      // kernels than for the small cases.
-                      ConvCase{4, 1, 4, 28, 28, 3, 1, 1}, ConvCase{4, 4, 4, 28, 28, 3, 1, 1},
-                      ConvCase{4, 4, 8, 28, 28, 3, 2, 1}, ConvCase{4, 4, 8, 28, 28, 1, 2, 0},
-                      ConvCase{4, 8, 16, 14, 14, 3, 2, 1}, ConvCase{4, 16, 16, 7, 7, 3, 1, 1}),
-    [](const ::testing::TestParamInfo<ConvCase>& info) {
-      const ConvCase& c = info.param;
+    ::testing::Combine(::testing::ValuesIn(kConvCases),
+                       ::testing::Values(ConvLayout::kPlain, ConvLayout::kBlocked)),
+    [](const ::testing::TestParamInfo<std::tuple<ConvCase, ConvLayout>>& info) {
+      const ConvCase& c = std::get<0>(info.param);
       return "k" + std::to_string(c.kernel) + "s" + std::to_string(c.stride) + "p" +
              std::to_string(c.padding) + "h" + std::to_string(c.height) + "w" +
-             std::to_string(c.width) + "c" + std::to_string(c.in_channels);
+             std::to_string(c.width) + "c" + std::to_string(c.in_channels) +
+             (std::get<1>(info.param) == ConvLayout::kPlain ? "_plain" : "_blocked");
     });
 
 TEST(Conv2dOp, RejectsKernelLargerThanPaddedInput) {

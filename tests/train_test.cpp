@@ -90,3 +90,25 @@ TEST(Resume, CheckpointOfAnotherShapeIsAClearError) {
 
 }  // namespace
 }  // namespace ft
+
+namespace ft {
+namespace {
+
+TEST(TrainSmoke, Resnet8BeatsEightyPercentOnFashionMnist) {
+  // The bar: > 80% test accuracy within at most 600 steps of batch 64. CI evaluates the
+  // first 2000 test images to stay short.
+  const Config config = load_config(source_path("configs/resnet8.yaml"),
+                                    {"train.threads=1", "data.test_limit=2000"});
+  ASSERT_LE(config.train.steps, 600);
+  ASSERT_EQ(config.train.batch_size, 64);
+  Trainer trainer(config, nullptr);
+  while (trainer.step() < config.train.steps) trainer.train_step();
+  const EvalResult result = trainer.evaluate(0);
+  std::printf("resnet8 after %d steps: test accuracy %.4f, loss %.4f on %lld images\n",
+              trainer.step(), result.accuracy, result.loss, static_cast<long long>(result.examples));
+  EXPECT_EQ(result.examples, 2000);
+  EXPECT_GT(result.accuracy, 0.80);
+}
+
+}  // namespace
+}  // namespace ft

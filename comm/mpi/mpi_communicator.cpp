@@ -1,9 +1,9 @@
 #include "comm/mpi/mpi_communicator.h"
 
 #include <algorithm>
-#include <climits>
-#include <vector>
 
+#include "comm/mpi/fold_allreduce.h"
+#include "comm/mpi/mpi_check.h"
 #include "core/check.h"
 
 namespace ft {
@@ -13,49 +13,51 @@ namespace {
 // MPI counts are int; bigger buffers go in chunks of this many floats (1 GiB each).
 constexpr size_t kMaxChunk = size_t{1} << 28;
 
-// Returns MPI's own text for `code` so a failure names what went wrong.
-std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  return std::string(text, static_cast<size_t>(length));
-}
-
-#define FT_MPI_CHECK(call)                                                          \
-  do {                                                                              \
-    const int ft_mpi_code = (call);                                                 \
-    FT_CHECK(ft_mpi_code == MPI_SUCCESS, #call, ": ", mpi_error_text(ft_mpi_code)); \
-  } while (0)
-
 void scale(float* buffer, size_t count, float factor) {
   for (size_t i = 0; i < count; ++i) buffer[i] *= factor;
 }
 
+// An in-flight allreduce: native requests, or a FoldAllreduce with its own scratch area.
 class MpiHandle final : public CommHandle {
  public:
-  MpiHandle(std::vector<MPI_Request> requests, float* buffer, size_t count, float post_scale)
-      : requests_(std::move(requests)), buffer_(buffer), count_(count), post_scale_(post_scale) {}
-  // The buffer may not be released while MPI still writes it, so an unwaited handle waits here.
+  MpiHandle(float* buffer, size_t count, float post_scale)
+      : buffer_(buffer), count_(count), post_scale_(post_scale) {}
+
+  // MPI may still be writing the buffer, so an unwaited handle finishes here; never throws.
   ~MpiHandle() override {
-    if (!done_)
-      MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+    try {
+      wait();
+    } catch (...) {
+    }
   }
 
   void wait() override {
     if (done_) return;
-    FT_MPI_CHECK(
-        MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+    if (fold_) {
+      fold_->progress(true);
+    } else {
+      FT_MPI_CHECK(
+          MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+    }
     complete();
   }
 
   bool test() override {
     if (done_) return true;
     int flag = 0;
-    FT_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
-                             MPI_STATUSES_IGNORE));
+    if (fold_) {
+      flag = fold_->progress(false) ? 1 : 0;
+    } else {
+      FT_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
+                               MPI_STATUSES_IGNORE));
+    }
     if (flag) complete();
     return done_;
   }
+
+  std::vector<MPI_Request> requests_;
+  std::vector<float> scratch_;
+  std::unique_ptr<FoldAllreduce> fold_;
 
  private:
   void complete() {
@@ -63,7 +65,6 @@ class MpiHandle final : public CommHandle {
     done_ = true;
   }
 
-  std::vector<MPI_Request> requests_;
   float* buffer_;
   size_t count_;
   float post_scale_;
@@ -72,7 +73,7 @@ class MpiHandle final : public CommHandle {
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator() {
+MpiCommunicator::MpiCommunicator(MpiReduction reduction) : reduction_(reduction) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   FT_CHECK(initialized, "MpiCommunicator needs MPI initialised first (create an MpiRuntime)");
@@ -95,9 +96,13 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::allreduce(float* buffer, size_t count, ReduceOp op) {
   FT_CHECK(buffer != nullptr || count == 0, "allreduce of ", count, " floats at nullptr");
-  for (size_t begin = 0; begin < count; begin += kMaxChunk) {
-    const int chunk = static_cast<int>(std::min(kMaxChunk, count - begin));
-    FT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buffer + begin, chunk, MPI_FLOAT, MPI_SUM, comm_));
+  if (reduction_ == MpiReduction::kFixedOrder) {
+    FoldAllreduce(comm_, next_sequence_++, buffer, count, &scratch_).progress(true);
+  } else {
+    for (size_t begin = 0; begin < count; begin += kMaxChunk) {
+      const int chunk = static_cast<int>(std::min(kMaxChunk, count - begin));
+      FT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buffer + begin, chunk, MPI_FLOAT, MPI_SUM, comm_));
+    }
   }
   if (op == ReduceOp::kAverage) scale(buffer, count, 1.0f / static_cast<float>(size_));
 }
@@ -105,15 +110,21 @@ void MpiCommunicator::allreduce(float* buffer, size_t count, ReduceOp op) {
 std::unique_ptr<CommHandle> MpiCommunicator::allreduce_async(float* buffer, size_t count,
                                                              ReduceOp op) {
   FT_CHECK(buffer != nullptr || count == 0, "allreduce_async of ", count, " floats at nullptr");
-  std::vector<MPI_Request> requests;
+  const float post_scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
+  auto handle = std::make_unique<MpiHandle>(buffer, count, post_scale);
+  if (reduction_ == MpiReduction::kFixedOrder) {
+    handle->fold_ =
+        std::make_unique<FoldAllreduce>(comm_, next_sequence_++, buffer, count, &handle->scratch_);
+    handle->fold_->progress(false);  // posts the first messages
+    return handle;
+  }
   for (size_t begin = 0; begin < count; begin += kMaxChunk) {
     const int chunk = static_cast<int>(std::min(kMaxChunk, count - begin));
-    requests.emplace_back();
+    handle->requests_.emplace_back();
     FT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buffer + begin, chunk, MPI_FLOAT, MPI_SUM, comm_,
-                                &requests.back()));
+                                &handle->requests_.back()));
   }
-  const float post_scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
-  return std::make_unique<MpiHandle>(std::move(requests), buffer, count, post_scale);
+  return handle;
 }
 
 void MpiCommunicator::broadcast(float* buffer, size_t count, int root) {

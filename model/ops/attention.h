@@ -1,7 +1,8 @@
 // Causal multi-head self-attention over a fused qkv activation.
 //   qkv [B, T, 3C]: per token q = [0, C), k = [C, 2C), v = [2C, 3C); head h owns columns
 //   [h*hd, (h+1)*hd) inside each, hd = C / NH.
-//   y[b, t, h*hd:(h+1)*hd] = sum_{s <= t} softmax_s(q_t · k_s / sqrt(hd)) v_s      (heads concatenated)
+//   y[b, t, h*hd:(h+1)*hd] = sum_{s <= t} softmax_s(q_t · k_s / sqrt(hd)) v_s      (heads
+//   concatenated)
 // Inputs {qkv}, outputs {y [B, T, C]}. Forward saves the probabilities [B, NH, T, T] (zero above
 // the diagonal). Every matmul is one head-batched oneDNN gemm per sequence, addressing the heads
 // in place through leading dimension 3C and batch stride hd.

@@ -58,8 +58,8 @@ void SoftmaxCrossEntropyOp::check_wiring(const Workspace& ws) const {
   expect_arity(*this, 1, 1, 0);
   expect_numel(ws.values[inputs[0]], rows_ * classes_, *this, "input logits");
   expect_numel(ws.values[outputs[0]], 1, *this, "output loss");
-  FT_CHECK(static_cast<int64_t>(ws.targets.size()) == rows_, "cross_entropy '", name, "': ",
-           ws.targets.size(), " targets in the workspace, expected ", rows_);
+  FT_CHECK(static_cast<int64_t>(ws.targets.size()) == rows_, "cross_entropy '", name,
+           "': ", ws.targets.size(), " targets in the workspace, expected ", rows_);
 }
 
 void SoftmaxCrossEntropyOp::forward(Workspace& ws, ParamStore&) {
@@ -71,7 +71,8 @@ void SoftmaxCrossEntropyOp::forward(Workspace& ws, ParamStore&) {
 
 void SoftmaxCrossEntropyOp::backward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
-  FT_CHECK(probs_.numel() == rows_ * classes_, "cross_entropy '", name, "': backward before forward");
+  FT_CHECK(probs_.numel() == rows_ * classes_, "cross_entropy '", name,
+           "': backward before forward");
   softmax_cross_entropy_backward(ws.grads[inputs[0]].data(), ws.grads[outputs[0]].data()[0],
                                  probs_.data(), ws.targets.data(), rows_, classes_);
 }

@@ -22,7 +22,8 @@ void dropout_forward(float* y, uint8_t* keep_mask, const float* x, float p, uint
 }
 
 // y = x * keep / (1 - p) is linear in x with a fixed mask: dx = dy * keep / (1 - p).
-void dropout_backward(float* dx, const float* dy, const uint8_t* keep_mask, float p, int64_t numel) {
+void dropout_backward(float* dx, const float* dy, const uint8_t* keep_mask, float p,
+                      int64_t numel) {
   const float scale = 1.0f / (1.0f - p);
   for (int64_t i = 0; i < numel; ++i) dx[i] += keep_mask[i] ? dy[i] * scale : 0.0f;
 }

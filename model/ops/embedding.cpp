@@ -39,15 +39,16 @@ void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t
 
 EmbeddingOp::EmbeddingOp(int batch, int seq_len, int channels)
     : batch_(batch), seq_len_(seq_len), channels_(channels) {
-  FT_CHECK(batch > 0 && seq_len > 0 && channels > 0, "EmbeddingOp: non-positive shape batch=",
-           batch, " seq_len=", seq_len, " channels=", channels);
+  FT_CHECK(batch > 0 && seq_len > 0 && channels > 0,
+           "EmbeddingOp: non-positive shape batch=", batch, " seq_len=", seq_len,
+           " channels=", channels);
 }
 
 void EmbeddingOp::check_wiring(const Workspace& ws, const ParamStore& params) const {
   expect_arity(*this, 0, 1, 2);
   const int64_t rows = static_cast<int64_t>(batch_) * seq_len_;
-  FT_CHECK(static_cast<int64_t>(ws.tokens.size()) == rows, "embedding '", name, "': ",
-           ws.tokens.size(), " tokens in the workspace, expected batch*seq_len = ", rows);
+  FT_CHECK(static_cast<int64_t>(ws.tokens.size()) == rows, "embedding '", name,
+           "': ", ws.tokens.size(), " tokens in the workspace, expected batch*seq_len = ", rows);
   expect_numel(ws.values[outputs[0]], rows * channels_, *this, "output x");
   const Tensor& wte = params[this->params[0]].value;
   FT_CHECK(wte.dim() == 2 && wte.size(1) == channels_, "embedding '", name, "': wte has shape ",

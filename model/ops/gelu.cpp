@@ -1,4 +1,4 @@
-// GELU, tanh approximation, with the constants of core/math/gelu.h and a vectorisable tanh.
+// GELU, tanh approximation, through the host/device helpers of core/math/gelu.h.
 #include "model/ops/gelu.h"
 
 #include "core/check.h"
@@ -9,23 +9,13 @@ namespace ft {
 
 void gelu_forward(float* y, const float* x, int64_t numel) {
 #pragma omp parallel for if (numel > 262144)
-  for (int64_t i = 0; i < numel; ++i) {
-    const float v = x[i];
-    const float t = tanh_rational(kGeluScale * (v + kGeluCubic * v * v * v));
-    y[i] = 0.5f * v * (1.0f + t);
-  }
+  for (int64_t i = 0; i < numel; ++i) y[i] = gelu_tanh(x[i]);
 }
 
-// With t = tanh(u), u = s (x + c x^3):
-//   gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) s (1 + 3 c x^2),  and dx = dy * gelu'(x).
+// Chain rule through an elementwise map: dx = dy * gelu'(x); gelu' is derived in core/math/gelu.h.
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t numel) {
 #pragma omp parallel for if (numel > 262144)
-  for (int64_t i = 0; i < numel; ++i) {
-    const float v = x[i];
-    const float t = tanh_rational(kGeluScale * (v + kGeluCubic * v * v * v));
-    const float du_dx = kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
-    dx[i] += dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du_dx);
-  }
+  for (int64_t i = 0; i < numel; ++i) dx[i] += dy[i] * gelu_tanh_grad(x[i]);
 }
 
 GeluOp::GeluOp(int64_t numel) : numel_(numel) {

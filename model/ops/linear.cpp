@@ -30,7 +30,7 @@ void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, c
     args.accumulate = true;
     gemm(dx, dy, weight, args);
   }
-  //                dW = dy^T x        ([out, rows] · [rows, in]); dy is stored [rows, out] = [K, M]
+  //                dW = dy^T x        ([out, rows] · [rows, in]; dy stored [rows, out] = [K, M])
   {
     GemmArgs args;
     args.m = out_features;
@@ -51,8 +51,8 @@ void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, c
 
 LinearOp::LinearOp(int64_t rows, int64_t in_features, int64_t out_features, bool has_bias)
     : rows_(rows), in_features_(in_features), out_features_(out_features), has_bias_(has_bias) {
-  FT_CHECK(rows > 0 && in_features > 0 && out_features > 0, "LinearOp: non-positive shape rows=",
-           rows, " in=", in_features, " out=", out_features);
+  FT_CHECK(rows > 0 && in_features > 0 && out_features > 0,
+           "LinearOp: non-positive shape rows=", rows, " in=", in_features, " out=", out_features);
 }
 
 void LinearOp::check_wiring(const Workspace& ws, const ParamStore& params) const {

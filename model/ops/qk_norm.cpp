@@ -27,7 +27,8 @@ void QkNormOp::check_wiring(const Workspace& ws, const ParamStore& params) const
   expect_numel(ws.values[inputs[0]], tokens_ * 3 * channels_, *this, "input qkv");
   expect_numel(ws.values[outputs[0]], tokens_ * 3 * channels_, *this, "output qkv_normed");
   const char* roles[4] = {"q_norm.weight", "q_norm.bias", "k_norm.weight", "k_norm.bias"};
-  for (int i = 0; i < 4; ++i) expect_numel(params[this->params[i]].value, head_dim_, *this, roles[i]);
+  for (int i = 0; i < 4; ++i)
+    expect_numel(params[this->params[i]].value, head_dim_, *this, roles[i]);
 }
 
 void QkNormOp::forward(Workspace& ws, ParamStore& params) {
@@ -52,10 +53,10 @@ void QkNormOp::forward(Workspace& ws, ParamStore& params) {
       const int64_t slice = token * n_head_ + head;
       const int64_t q_offset = static_cast<int64_t>(head) * head_dim_;
       const int64_t k_offset = channels_ + q_offset;
-      layernorm_row_forward(out_row + q_offset, &q_mean_[slice], &q_rstd_[slice],
-                            in_row + q_offset, q_weight, q_bias, head_dim_, kLayerNormEps);
-      layernorm_row_forward(out_row + k_offset, &k_mean_[slice], &k_rstd_[slice],
-                            in_row + k_offset, k_weight, k_bias, head_dim_, kLayerNormEps);
+      layernorm_row_forward(out_row + q_offset, &q_mean_[slice], &q_rstd_[slice], in_row + q_offset,
+                            q_weight, q_bias, head_dim_, kLayerNormEps);
+      layernorm_row_forward(out_row + k_offset, &k_mean_[slice], &k_rstd_[slice], in_row + k_offset,
+                            k_weight, k_bias, head_dim_, kLayerNormEps);
     }
     std::copy(in_row + 2 * channels_, in_row + row_width, out_row + 2 * channels_);
   }

@@ -1,0 +1,116 @@
+#include "comm/mpi/fold_allreduce.h"
+
+#include <algorithm>
+
+#include "comm/mpi/mpi_check.h"
+#include "core/check.h"
+
+namespace ft {
+
+namespace {
+
+// out = ((parts[0] + parts[1]) + parts[2]) + ..., parts laid out `stride` floats apart.
+void fold_in_rank_order(float* out, const float* parts, size_t length, size_t stride, int ranks) {
+  std::copy_n(parts, length, out);
+  for (int r = 1; r < ranks; ++r) {
+    const float* part = parts + static_cast<size_t>(r) * stride;
+    for (size_t i = 0; i < length; ++i) out[i] += part[i];
+  }
+}
+
+// Two tags per operation (scatter, gather), cycling below the guaranteed MPI_TAG_UB of 32767.
+constexpr int64_t kTagCycle = 16000;
+
+}  // namespace
+
+FoldAllreduce::FoldAllreduce(MPI_Comm comm, int64_t sequence, float* buffer, size_t count,
+                             std::vector<float>* scratch)
+    : comm_(comm),
+      tag_base_(static_cast<int>(sequence % kTagCycle) * 2),
+      buffer_(buffer),
+      count_(count),
+      scratch_(scratch) {
+  MPI_Comm_rank(comm, &rank_);
+  MPI_Comm_size(comm, &ranks_);
+  send_all_ = count * static_cast<size_t>(ranks_) <= kSendAllFloats;
+  chunk_begin_.resize(ranks_ + 1);
+  if (count == 0 || ranks_ == 1) phase_ = Phase::kDone;
+}
+
+FoldAllreduce::~FoldAllreduce() = default;
+
+void FoldAllreduce::post(float* data, size_t count, int peer, int tag, bool send) {
+  requests_.emplace_back();
+  const int length = static_cast<int>(count);  // <= kSegmentFloats
+  if (send) {
+    FT_MPI_CHECK(MPI_Isend(data, length, MPI_FLOAT, peer, tag, comm_, &requests_.back()));
+  } else {
+    FT_MPI_CHECK(MPI_Irecv(data, length, MPI_FLOAT, peer, tag, comm_, &requests_.back()));
+  }
+}
+
+void FoldAllreduce::post_scatter() {
+  segment_count_ = std::min(kSegmentFloats, count_ - segment_begin_);
+  float* segment = buffer_ + segment_begin_;
+  // Chunk r is [chunk_begin_[r], chunk_begin_[r + 1]); rank r folds it. Sending everything is the
+  // case of one chunk that every rank folds.
+  for (int r = 0; r <= ranks_; ++r) {
+    chunk_begin_[r] = send_all_ ? (r == 0 ? 0 : segment_count_) : segment_count_ * r / ranks_;
+  }
+  const size_t mine_begin = send_all_ ? 0 : chunk_begin_[rank_];
+  const size_t mine = send_all_ ? segment_count_ : chunk_begin_[rank_ + 1] - mine_begin;
+  scratch_->resize(mine * ranks_);
+  requests_.clear();
+  for (int peer = 0; peer < ranks_; ++peer) {
+    if (peer == rank_) continue;
+    const size_t begin = send_all_ ? 0 : chunk_begin_[peer];
+    const size_t length = send_all_ ? segment_count_ : chunk_begin_[peer + 1] - begin;
+    post(scratch_->data() + peer * mine, mine, peer, tag_base_, false);
+    post(segment + begin, length, peer, tag_base_, true);
+  }
+  std::copy_n(segment + mine_begin, mine, scratch_->data() + rank_ * mine);
+  phase_ = Phase::kScatter;
+}
+
+void FoldAllreduce::fold_and_post_gather() {
+  float* segment = buffer_ + segment_begin_;
+  const size_t mine_begin = send_all_ ? 0 : chunk_begin_[rank_];
+  const size_t mine = send_all_ ? segment_count_ : chunk_begin_[rank_ + 1] - mine_begin;
+  fold_in_rank_order(segment + mine_begin, scratch_->data(), mine, mine, ranks_);
+  requests_.clear();
+  if (!send_all_) {
+    for (int peer = 0; peer < ranks_; ++peer) {
+      if (peer == rank_) continue;
+      const size_t begin = chunk_begin_[peer];
+      post(segment + begin, chunk_begin_[peer + 1] - begin, peer, tag_base_ + 1, false);
+      post(segment + mine_begin, mine, peer, tag_base_ + 1, true);
+    }
+  }
+  phase_ = Phase::kGather;
+}
+
+bool FoldAllreduce::progress(bool block) {
+  while (phase_ != Phase::kDone) {
+    if (phase_ == Phase::kStart) {
+      post_scatter();
+      continue;
+    }
+    const int pending = static_cast<int>(requests_.size());
+    if (block) {
+      FT_MPI_CHECK(MPI_Waitall(pending, requests_.data(), MPI_STATUSES_IGNORE));
+    } else {
+      int complete = 0;
+      FT_MPI_CHECK(MPI_Testall(pending, requests_.data(), &complete, MPI_STATUSES_IGNORE));
+      if (!complete) return false;
+    }
+    if (phase_ == Phase::kScatter) {
+      fold_and_post_gather();
+    } else {  // kGather: this segment is final everywhere it is needed
+      segment_begin_ += segment_count_;
+      phase_ = segment_begin_ < count_ ? Phase::kStart : Phase::kDone;
+    }
+  }
+  return true;
+}
+
+}  // namespace ft
