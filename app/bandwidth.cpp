@@ -80,13 +80,17 @@ double time_us(Communicator& comm, const Repeats& repeats, Body body) {
   return mean_over_ranks(comm, (now_ms() - start) * 1e3 / repeats.iters);
 }
 
+// User-facing: names the flag and what is allowed, without source locations.
 void check_args(const BandwidthArgs& args) {
-  FT_CHECK(args.min_bytes >= 4, "--min-bytes must be >= 4 (one float), got ", args.min_bytes);
-  FT_CHECK(args.max_bytes >= args.min_bytes, "--max-bytes (", args.max_bytes,
-           ") must be >= --min-bytes (", args.min_bytes, ")");
-  FT_CHECK(args.warmup >= 0, "--warmup must be >= 0, got ", args.warmup);
-  FT_CHECK(args.iters >= 1, "--iters must be >= 1, got ", args.iters);
-  FT_CHECK(args.peak_gbps >= 0, "--peak-gbps must be >= 0 (0 = measure), got ", args.peak_gbps);
+  if (args.min_bytes < 4) FT_FAIL("--min-bytes must be >= 4 (one float), got ", args.min_bytes);
+  if (args.max_bytes < args.min_bytes) {
+    FT_FAIL("--max-bytes (", args.max_bytes, ") must be >= --min-bytes (", args.min_bytes, ")");
+  }
+  if (args.warmup < 0) FT_FAIL("--warmup must be >= 0, got ", args.warmup);
+  if (args.iters < 1) FT_FAIL("--iters must be >= 1, got ", args.iters);
+  if (args.peak_gbps < 0) {
+    FT_FAIL("--peak-gbps must be >= 0 (0 = measure), got ", args.peak_gbps);
+  }
 }
 
 }  // namespace

@@ -43,6 +43,49 @@ std::vector<ParamId> complete_order(const ParamStore& params, const std::vector<
   return result;
 }
 
+namespace {
+
+// Params gathered in ready order; [lo, hi) is the hull of their ranges in flat_grads.
+struct OpenBucket {
+  std::vector<ParamId> params;
+  int64_t lo = 0, hi = 0, floats = 0;
+};
+
+// Appends `open` as one bucket when its params tile their hull; otherwise as its maximal
+// contiguous runs (a hole's param went to an earlier bucket), ordered by when each run's last
+// param becomes ready. Params inside a bucket keep their ready order.
+void emit(const ParamStore& params, const OpenBucket& open, std::vector<Bucket>* buckets) {
+  if (open.params.empty()) return;
+  if (open.floats == open.hi - open.lo) {
+    buckets->push_back(Bucket{open.lo, open.floats, open.params});
+    return;
+  }
+  std::vector<ParamId> by_offset = open.params;
+  std::sort(by_offset.begin(), by_offset.end(),
+            [&](ParamId a, ParamId b) { return params[a].offset < params[b].offset; });
+  std::vector<Bucket> runs;
+  std::vector<int> run_of(static_cast<size_t>(params.size()), -1);
+  for (ParamId id : by_offset) {
+    const int64_t offset = params[id].offset;
+    if (runs.empty() || runs.back().offset + runs.back().count != offset) {
+      runs.push_back(Bucket{offset, 0, {}});
+    }
+    runs.back().count += shape_numel(params[id].shape);
+    run_of[id] = static_cast<int>(runs.size()) - 1;
+  }
+  std::vector<int> finish_order;  // run indices, by the ready position of their last param
+  for (auto it = open.params.rbegin(); it != open.params.rend(); ++it) {
+    const int run = run_of[*it];
+    if (std::find(finish_order.begin(), finish_order.end(), run) == finish_order.end()) {
+      finish_order.insert(finish_order.begin(), run);
+    }
+  }
+  for (ParamId id : open.params) runs[run_of[id]].params.push_back(id);
+  for (int run : finish_order) buckets->push_back(std::move(runs[run]));
+}
+
+}  // namespace
+
 std::vector<Bucket> assign_buckets(const ParamStore& params, const std::vector<ParamId>& order,
                                    double bucket_mb, double first_bucket_mb) {
   FT_CHECK(params.allocated(), "assign_buckets before ParamStore::allocate()");
@@ -52,31 +95,24 @@ std::vector<Bucket> assign_buckets(const ParamStore& params, const std::vector<P
       complete_order(params, order.empty() ? reverse_registration_order(params) : order);
 
   std::vector<Bucket> buckets;
-  Bucket open;
+  OpenBucket open;
   int64_t cap = cap_floats(first_bucket_mb);
-  auto close = [&] {
-    if (open.params.empty()) return;
-    buckets.push_back(std::move(open));
-    open = Bucket();
-    cap = cap_floats(bucket_mb);
-  };
   for (ParamId id : full_order) {
-    const int64_t offset = params[id].offset;
-    const int64_t count = shape_numel(params[id].shape);
-    if (!open.params.empty()) {
-      const bool before = offset + count == open.offset;
-      const bool after = open.offset + open.count == offset;
-      if (!(before || after) || open.count + count > cap) close();
+    const int64_t begin = params[id].offset;
+    const int64_t end = begin + shape_numel(params[id].shape);
+    // The hull bounds what the bucket can grow to once its holes fill, so capping the hull
+    // caps the bucket, and a param inside the hull (filling a hole) always fits.
+    if (!open.params.empty() && std::max(open.hi, end) - std::min(open.lo, begin) > cap) {
+      emit(params, open, &buckets);
+      open = OpenBucket();
+      cap = cap_floats(bucket_mb);
     }
-    if (open.params.empty()) {
-      open.offset = offset;
-    } else if (offset < open.offset) {
-      open.offset = offset;
-    }
-    open.count += count;
+    open.lo = open.params.empty() ? begin : std::min(open.lo, begin);
+    open.hi = open.params.empty() ? end : std::max(open.hi, end);
+    open.floats += end - begin;
     open.params.push_back(id);
   }
-  close();
+  emit(params, open, &buckets);
   return buckets;
 }
 

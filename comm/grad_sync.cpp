@@ -29,8 +29,6 @@ GradSync::GradSync(Communicator& comm, ParamStore& params, std::vector<ParamId> 
   check_same_layout_on_all_ranks();
 }
 
-// The comm thread goes first (it is the last member declared), so no job outlives the buckets
-// and the fusion buffer it touches.
 GradSync::~GradSync() = default;
 
 void GradSync::build_buckets(const std::vector<ParamId>& order) {

@@ -98,10 +98,11 @@ class GradSync {
   bool in_backward_ = false;
   bool communicating_ = false;
   bool reordered_ = false;
-  std::vector<ParamId> observed_order_;      // ready order of the first communicating backward
-  Tensor fusion_;                            // bucket_view = false only; same layout as flat_grads
-  std::unique_ptr<CommThread> comm_thread_;  // overlap with more than one rank only
+  std::vector<ParamId> observed_order_;  // ready order of the first communicating backward
+  Tensor fusion_;                        // bucket_view = false only; same layout as flat_grads
   CommStepStats stats_;
+  // Last, so it is destroyed first: no job outlives the buckets or fusion buffer it touches.
+  std::unique_ptr<CommThread> comm_thread_;  // overlap with more than one rank only
 };
 
 }  // namespace ft

@@ -37,12 +37,13 @@ BatchNormParamIds add_batchnorm(ParamStore& params, const std::string& prefix, i
 }
 
 void check_shape(const ResnetShape& shape) {
-  FT_CHECK(shape.blocks_per_stage >= 1 && shape.width >= 1 && shape.image_size >= 4 &&
+  FT_CHECK(shape.blocks_per_stage >= 1 && shape.width >= 1 && shape.image_size >= 1 &&
                shape.in_channels >= 1 && shape.classes >= 2,
            "resnet: bad shape blocks_per_stage=", shape.blocks_per_stage, " width=", shape.width,
            " image_size=", shape.image_size, " in_channels=", shape.in_channels,
            " classes=", shape.classes,
-           " (need blocks_per_stage >= 1, width >= 1, image_size >= 4, classes >= 2)");
+           " (need blocks_per_stage >= 1, width >= 1, image_size >= 1, in_channels >= 1,"
+           " classes >= 2)");
 }
 
 // Appends ops to a graph while tracking the current activation's channels and spatial size.

@@ -47,7 +47,7 @@ struct ResnetParamIds {
   ParamId fc_weight = -1, fc_bias = -1;
 };
 
-// REQUIRES: params not yet allocated; blocks_per_stage >= 1, width >= 1, image_size >= 4.
+// REQUIRES: params not yet allocated. Throws ft::Error on a non-positive size or classes < 2.
 ResnetParamIds register_resnet_params(const ResnetShape& shape, ParamStore& params);
 
 // graph.input = images [batch, in_channels, image_size, image_size] (the caller fills it),

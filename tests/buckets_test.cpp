@@ -93,23 +93,94 @@ TEST(Buckets, OversizeParamGetsItsOwnBucket) {
   EXPECT_EQ(buckets[2].params, (std::vector<ParamId>{0}));
 }
 
-TEST(Buckets, ScrambledOrderKeepsBucketsContiguous) {
+// A cap of `floats` floats, in MiB.
+double mib(int64_t floats) {
+  return static_cast<double>(floats) * 4 / (1024.0 * 1024.0);
+}
+
+TEST(Buckets, BackwardOrderWithinOpsPacksWholeOps) {
+  ParamStore store;
+  // Like GPT: (weight, bias) per op; backward announces ops in reverse, each op's params in
+  // registration order, so a bucket has a hole (the bias) until the op's last param arrives.
+  fill_store(store, {100, 10, 200, 20, 300, 30});  // ids 0, 1, (2 buffer), 3, 4, 5, 6
+  const std::vector<ParamId> order = {5, 6, 3, 4, 0, 1};
+  const std::vector<Bucket> buckets = assign_buckets(store, order, mib(600), mib(600));
+  expect_partition(store, buckets);
+  ASSERT_EQ(buckets.size(), 2u);
+  EXPECT_EQ(buckets[0].params, (std::vector<ParamId>{5, 6, 3, 4}));
+  EXPECT_EQ(buckets[0].offset, 110);
+  EXPECT_EQ(buckets[0].count, 550);
+  EXPECT_EQ(buckets[1].params, (std::vector<ParamId>{0, 1}));
+}
+
+TEST(Buckets, ScrambledOrderStaysContiguous) {
   ParamStore store;
   fill_store(store, {100, 100, 100, 100, 100, 100});
-  // Trainable ids are 0, 1, 3, 4, 5, 6 (2 is the buffer).
-  const std::vector<ParamId> order = {6, 3, 5, 4, 0, 1};
-  const std::vector<Bucket> buckets = assign_buckets(store, order, 1.0, 1.0);
+  // Trainable ids 0, 1, 3, 4, 5, 6 at offsets 0, 100, ..., 500 (2 is the buffer).
+  // Cap 300: {6}; then 3 and 5 leave a hole that 4 fills; then {0, 1}.
+  std::vector<Bucket> buckets = assign_buckets(store, {6, 3, 5, 4, 0, 1}, mib(300), mib(300));
   expect_partition(store, buckets);
-  // Offsets: 0→0, 1→100, 3→200, 4→300, 5→400, 6→500. 3 is not next to 6, 5 not next to 3;
-  // 4 sits just before 5 and 1 just after 0, so those pairs share a bucket.
-  ASSERT_EQ(buckets.size(), 4u);
+  ASSERT_EQ(buckets.size(), 3u);
   EXPECT_EQ(buckets[0].params, (std::vector<ParamId>{6}));
-  EXPECT_EQ(buckets[1].params, (std::vector<ParamId>{3}));
-  EXPECT_EQ(buckets[2].params, (std::vector<ParamId>{5, 4}));
-  EXPECT_EQ(buckets[3].params, (std::vector<ParamId>{0, 1}));
-  EXPECT_EQ(buckets[3].offset, 0);
-  // Launch order follows the given order.
-  EXPECT_EQ(buckets[0].params[0], order[0]);
+  EXPECT_EQ(buckets[1].params, (std::vector<ParamId>{3, 5, 4}));
+  EXPECT_EQ(buckets[1].offset, 200);
+  EXPECT_EQ(buckets[2].params, (std::vector<ParamId>{0, 1}));
+  // Here {6, 4} closes with 5's hole unfilled, and {5, 3} with 4's (already taken): each splits
+  // into runs, launched in the order they complete (5 is ready before 3).
+  buckets = assign_buckets(store, {6, 4, 0, 5, 3, 1}, mib(300), mib(300));
+  expect_partition(store, buckets);
+  ASSERT_EQ(buckets.size(), 6u);
+  const std::vector<std::vector<ParamId>> expected = {{6}, {4}, {0}, {5}, {3}, {1}};
+  for (size_t b = 0; b < buckets.size(); ++b) EXPECT_EQ(buckets[b].params, expected[b]) << b;
+}
+
+TEST(Buckets, RunsLaunchInCompletionOrder) {
+  ParamStore store;
+  fill_store(store, {100, 100, 100, 100});  // ids 0, 1, 3, 4 at offsets 0, 100, 200, 300
+  // {1, 4} closes (0 would break the cap) with 3's hole unfilled: runs {1} and {4}, in the order
+  // they complete. {0, 3} ends with 1's hole, already taken: runs {0} and {3}.
+  std::vector<Bucket> buckets = assign_buckets(store, {1, 4, 0, 3}, mib(300), mib(300));
+  expect_partition(store, buckets);
+  ASSERT_EQ(buckets.size(), 4u);
+  EXPECT_EQ(buckets[0].params, (std::vector<ParamId>{1}));
+  EXPECT_EQ(buckets[1].params, (std::vector<ParamId>{4}));
+  EXPECT_EQ(buckets[2].params, (std::vector<ParamId>{0}));
+  EXPECT_EQ(buckets[3].params, (std::vector<ParamId>{3}));
+}
+
+// Random sizes, random ready orders, random caps: a valid partition into contiguous ranges, caps
+// hold (but for a lone oversize param), and each bucket completes no later than the next.
+TEST(Buckets, PropertiesHoldForRandomOrders) {
+  uint64_t state = 12345;
+  auto next = [&](uint64_t bound) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (state >> 33) % bound;
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    ParamStore store;
+    std::vector<int64_t> numels(2 + next(12));
+    for (int64_t& numel : numels) numel = 1 + static_cast<int64_t>(next(400));
+    fill_store(store, numels);
+    std::vector<ParamId> order = reverse_registration_order(store);
+    for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[next(i + 1)]);
+    const int64_t cap = 1 + static_cast<int64_t>(next(900));
+    const int64_t first_cap = 1 + static_cast<int64_t>(next(cap));  // config: at most bucket_mb
+    const std::vector<Bucket> buckets = assign_buckets(store, order, mib(cap), mib(first_cap));
+    expect_partition(store, buckets);
+    std::vector<size_t> position(static_cast<size_t>(store.size()));
+    for (size_t i = 0; i < order.size(); ++i) position[order[i]] = i;
+    size_t previous_completion = 0;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      const int64_t limit = b == 0 ? first_cap : cap;
+      if (buckets[b].params.size() > 1) {
+        EXPECT_LE(buckets[b].count, limit) << "trial " << trial;
+      }
+      size_t completion = 0;
+      for (ParamId id : buckets[b].params) completion = std::max(completion, position[id]);
+      EXPECT_GE(completion, previous_completion) << "trial " << trial << " bucket " << b;
+      previous_completion = completion;
+    }
+  }
 }
 
 TEST(Buckets, MissingParamsAreAppendedAndDuplicatesRejected) {

@@ -94,9 +94,15 @@ MpiCommunicator::~MpiCommunicator() {
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
+// With two ranks every algorithm computes x_0 + x_1 (addition commutes exactly), so the native
+// call, with its lower latency, is already size-independent.
+bool MpiCommunicator::folds() const {
+  return reduction_ == MpiReduction::kFixedOrder && size_ > 2;
+}
+
 void MpiCommunicator::allreduce(float* buffer, size_t count, ReduceOp op) {
   FT_CHECK(buffer != nullptr || count == 0, "allreduce of ", count, " floats at nullptr");
-  if (reduction_ == MpiReduction::kFixedOrder) {
+  if (folds()) {
     FoldAllreduce(comm_, next_sequence_++, buffer, count, &scratch_).progress(true);
   } else {
     for (size_t begin = 0; begin < count; begin += kMaxChunk) {
@@ -112,7 +118,7 @@ std::unique_ptr<CommHandle> MpiCommunicator::allreduce_async(float* buffer, size
   FT_CHECK(buffer != nullptr || count == 0, "allreduce_async of ", count, " floats at nullptr");
   const float post_scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
   auto handle = std::make_unique<MpiHandle>(buffer, count, post_scale);
-  if (reduction_ == MpiReduction::kFixedOrder) {
+  if (folds()) {
     handle->fold_ =
         std::make_unique<FoldAllreduce>(comm_, next_sequence_++, buffer, count, &handle->scratch_);
     handle->fold_->progress(false);  // posts the first messages

@@ -1,8 +1,9 @@
 // MpiCommunicator: the Communicator backend for host (CPU) buffers over MPI. It works on a private
 // duplicate of MPI_COMM_WORLD so its collectives never match anyone else's. By default sums are
-// folded in rank order (FoldAllreduce), so results are bitwise independent of how gradients are
-// bucketed; kNative uses MPI_Allreduce, whose rounding depends on the message size with three or
-// more ranks. kAverage is a sum followed by one scale pass.
+// folded in rank order (FoldAllreduce, used from three ranks up; two ranks add exactly one pair,
+// so MPI_Allreduce is already exact there), so results are bitwise independent of how gradients
+// are bucketed; kNative always uses MPI_Allreduce, whose rounding depends on the message size
+// with three or more ranks. kAverage is a sum followed by one scale pass.
 // Thread safety: MPI calls happen on whichever thread calls in; callers serialise them (the
 // runtime grants MPI_THREAD_SERIALIZED), as the Communicator contract already requires.
 #pragma once
@@ -44,6 +45,8 @@ class MpiCommunicator final : public Communicator {
   MpiReduction reduction() const { return reduction_; }
 
  private:
+  bool folds() const;
+
   MpiReduction reduction_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;

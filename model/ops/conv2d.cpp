@@ -86,8 +86,8 @@ struct Conv2dOp::Primitives {
   dnnl::convolution_forward forward;
   dnnl::convolution_backward_data backward_data;
   dnnl::convolution_backward_weights backward_weights;
-  Staged src, weights, dst;                  // forward
-  Staged diff_dst, weights_for_data, diff_src;  // backward data
+  Staged src, weights, dst;                                    // forward
+  Staged diff_dst, weights_for_data, diff_src;                 // backward data
   Staged src_for_weights, diff_dst_for_weights, diff_weights;  // backward weights
   bool blocked = false;
 };
@@ -177,7 +177,7 @@ void Conv2dOp::build_primitives() {
   p->weights = stage(weights_md, descs.forward.weights_desc(), /*is_input=*/true);
   p->dst = stage(dst_md, descs.forward.dst_desc(), /*is_input=*/false);
   p->diff_dst = stage(dst_md, descs.backward_data.diff_dst_desc(), /*is_input=*/true);
-  // Backward data wants the weights with their inner blocks transposed (OIhw8o8i), a small reorder.
+  // On AVX2, backward data wants OIhw8o8i weights where forward took OIhw8i8o: a small reorder.
   p->weights_for_data = stage_again(p->weights, weights_md, descs.backward_data.weights_desc());
   p->diff_src = stage_accumulated(src_md, descs.backward_data.diff_src_desc());
   p->src_for_weights = stage_again(p->src, src_md, descs.backward_weights.src_desc());
