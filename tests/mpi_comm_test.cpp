@@ -1,12 +1,17 @@
-// MpiCommunicator and the start-up checks over real MPI ranks (ctest: mpirun -np 2 and -np 3).
-// Collectives are never skipped by an assertion: checks after them use EXPECT, so a failure on
-// one rank cannot leave the others waiting.
+// MpiCommunicator, the start-up checks and the bandwidth job over real MPI ranks (ctest: mpirun -np
+// 2 and -np 3). Collectives are never skipped by an assertion: checks after them use EXPECT, so a
+// failure on one rank cannot leave the others waiting.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "app/bandwidth.h"
 #include "comm/mpi/fold_allreduce.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_test_main.h"
@@ -234,6 +239,54 @@ TEST(MpiStartup, BroadcastParametersCopiesRankZero) {
     EXPECT_EQ(params.flat_values().data()[i], reference.flat_values().data()[i]);
   }
   for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(params.flat_buffers().data()[i], 7.0f);
+}
+
+TEST(MpiBandwidth, SweepAndFusedTableReachTheJson) {
+  MpiCommunicator comm;
+  BandwidthArgs args;
+  args.min_bytes = 4096;
+  args.max_bytes = 65536;
+  args.warmup = 1;
+  args.iters = 2;
+  args.peak_gbps = 10;  // given, so the test skips the memory-bandwidth probe
+  args.json_path = (std::filesystem::temp_directory_path() /
+                    ("ft_bandwidth_" + std::to_string(getpid()) + ".json"))
+                       .string();
+  EXPECT_EQ(run_bandwidth(comm, args), 0);
+  if (comm.rank() != 0) return;  // only rank 0 writes
+  std::ifstream file(args.json_path);
+  ASSERT_TRUE(file.good()) << args.json_path;
+  const nlohmann::json report = nlohmann::json::parse(file);
+  std::filesystem::remove(args.json_path);
+  EXPECT_EQ(report["ranks"], comm.size());
+  EXPECT_EQ(report["peak_gbps"], 10.0);
+  ASSERT_EQ(report["sweep"].size(), 5u);  // 4, 8, 16, 32, 64 KiB
+  EXPECT_EQ(report["sweep"][4]["bytes"], 65536);
+  const double factor = 2.0 * (comm.size() - 1) / comm.size();
+  for (const auto& row : report["sweep"]) {
+    EXPECT_GT(row["time_us"].get<double>(), 0.0);
+    EXPECT_NEAR(row["busbw_gbps"].get<double>(), row["algbw_gbps"].get<double>() * factor, 1e-9);
+    EXPECT_NEAR(row["utilization"].get<double>(), row["busbw_gbps"].get<double>() / 10.0, 1e-9);
+  }
+  // No listed size fits 4 * s <= 64 KiB, so one row of s = max_bytes / 4.
+  ASSERT_EQ(report["fused"].size(), 1u);
+  const auto& fused = report["fused"][0];
+  EXPECT_EQ(fused["message_bytes"], 16384);
+  EXPECT_NEAR(fused["separate_over_fused"].get<double>(),
+              fused["separate_time_us"].get<double>() / fused["fused_time_us"].get<double>(), 1e-9);
+}
+
+TEST(MpiBandwidth, BadArgumentsNameTheFlag) {
+  MpiCommunicator comm;
+  BandwidthArgs args;
+  args.min_bytes = 8;
+  args.max_bytes = 4;
+  try {
+    run_bandwidth(comm, args);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("--max-bytes"), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace
