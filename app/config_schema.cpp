@@ -87,7 +87,7 @@ std::vector<Field> build_fields() {
       {FT_KEY(data.test_limit), at_least(0), "test images used for evaluation; 0 = all (resnet)"},
 
       {FT_KEY(comm.backend), one_of({"auto", "mpi", "nccl"}), "gradient all-reduce backend; auto picks one for train.device"},
-      {FT_KEY(comm.bucketing), true_or_false(), "all-reduce gradients in buckets instead of one buffer"},
+      {FT_KEY(comm.bucketing), true_or_false(), "fuse gradients into buckets; false = one allreduce per parameter tensor"},
       {FT_KEY(comm.bucket_mb), above_up_to(0, 4096), "bucket size in MB"},
       {FT_KEY(comm.first_bucket_mb), above_up_to(0, 4096), "first bucket size in MB, small so communication starts early; at most bucket_mb"},
       {FT_KEY(comm.bucket_view), true_or_false(), "buckets are views into the gradient buffer, not copies"},

@@ -100,6 +100,7 @@ int run_train(const TrainArgs& args, Communicator* comm) {
   const int first_step = trainer.step();
   double train_ms = 0.0;
   float last_loss = 0.0f;
+  bool emulated_link = false;
   EvalResult last_eval;
   bool evaluated = false;
   const auto evaluate = [&](int step) {
@@ -115,6 +116,7 @@ int run_train(const TrainArgs& args, Communicator* comm) {
     const StepStats stats = trainer.train_step();
     train_ms += stats.step_ms;
     last_loss = stats.loss;
+    emulated_link = emulated_link || stats.comm.emulated;
     const int step = stats.step;
     if (is_root && json.is_open()) json << step_json(stats, items_per_step).dump() << "\n";
     const bool log_now = step == first_step + 1 || step == total_steps ||
@@ -149,15 +151,17 @@ int run_train(const TrainArgs& args, Communicator* comm) {
   if (is_root) {
     const int steps_run = trainer.step() - first_step;
     const double ms_per_step = steps_run > 0 ? train_ms / steps_run : 0.0;
-    std::printf("done: %d steps in %.1fs | %.1f ms/step | %s %s/s | final loss %.4f | checkpoint %s\n",
+    std::printf("done: %d steps in %.1fs | %.1f ms/step | %s %s/s | final loss %.4f | checkpoint %s%s\n",
                 steps_run, train_ms / 1e3, ms_per_step,
                 human_rate(steps_run > 0 ? items_per_step / (ms_per_step / 1e3) : 0).c_str(),
-                trainer.task().item_unit(), last_loss, last_checkpoint.c_str());
+                trainer.task().item_unit(), last_loss, last_checkpoint.c_str(),
+                emulated_link ? " [emulated link]" : "");
     if (json.is_open()) {
       nlohmann::json summary = {{"type", "summary"},     {"steps", steps_run},
                                 {"ms_per_step", ms_per_step}, {"final_loss", last_loss},
                                 {"items_per_step", items_per_step}, {"world_size", world_size},
                                 {"checkpoint", last_checkpoint}};
+      if (emulated_link) summary["link"] = "emulated link";
       if (evaluated) summary["eval"] = eval_json(last_eval, trainer.step());
       json << summary.dump() << "\n";
     }
