@@ -101,6 +101,7 @@ int run_train(const TrainArgs& args, Communicator* comm) {
   double train_ms = 0.0;
   float last_loss = 0.0f;
   bool emulated_link = false;
+  CommStepStats comm_totals;  // summed over steps, for the summary
   EvalResult last_eval;
   bool evaluated = false;
   const auto evaluate = [&](int step) {
@@ -117,6 +118,12 @@ int run_train(const TrainArgs& args, Communicator* comm) {
     train_ms += stats.step_ms;
     last_loss = stats.loss;
     emulated_link = emulated_link || stats.comm.emulated;
+    comm_totals.comm_ms += stats.comm.comm_ms;
+    comm_totals.exposed_ms += stats.comm.exposed_ms;
+    comm_totals.allreduce_calls += stats.comm.allreduce_calls;
+    comm_totals.bytes_reduced += stats.comm.bytes_reduced;
+    comm_totals.bucket_bytes = stats.comm.bucket_bytes;
+    comm_totals.extra_memory_bytes = stats.comm.extra_memory_bytes;
     const int step = stats.step;
     if (is_root && json.is_open()) json << step_json(stats, items_per_step).dump() << "\n";
     const bool log_now = step == first_step + 1 || step == total_steps ||
@@ -162,6 +169,15 @@ int run_train(const TrainArgs& args, Communicator* comm) {
                                 {"items_per_step", items_per_step}, {"world_size", world_size},
                                 {"checkpoint", last_checkpoint}};
       if (emulated_link) summary["link"] = "emulated link";
+      if (world_size > 1 && steps_run > 0)
+        summary["comm_per_step"] = {
+            {"comm_ms", comm_totals.comm_ms / steps_run},
+            {"exposed_comm_ms", comm_totals.exposed_ms / steps_run},
+            {"allreduce_calls", static_cast<double>(comm_totals.allreduce_calls) / steps_run},
+            {"bytes_reduced", static_cast<double>(comm_totals.bytes_reduced) / steps_run},
+            {"buckets", comm_totals.bucket_bytes.size()},
+            {"bucket_bytes", comm_totals.bucket_bytes},
+            {"extra_memory_bytes", comm_totals.extra_memory_bytes}};
       if (evaluated) summary["eval"] = eval_json(last_eval, trainer.step());
       json << summary.dump() << "\n";
     }

@@ -1,14 +1,18 @@
-// BatchNorm2dOp: per-channel normalisation of NCHW activations, PyTorch BatchNorm2d semantics.
-// Training (ws.training):  mean_c, var_c over (b, h, w), var biased (divide by M = B*H*W);
+// BatchNorm2dOp: per-channel normalisation of channels-last (NHWC) activations, with PyTorch
+// BatchNorm2d semantics. Over the M = B*H*W values of channel c:
+// Training (ws.training):  mean_c, var_c over (b, h, w), var biased (divide by M);
 //   y = gamma_c * (x - mean_c) / sqrt(var_c + eps) + beta_c
 //   running_mean = (1 - m) running_mean + m mean_c
 //   running_var  = (1 - m) running_var  + m var_c * M / (M - 1)     (unbiased, as PyTorch)
 // Eval: the same normalisation with the running statistics, which stay untouched.
-// Inputs {x [B,C,H,W]}, outputs {y [B,C,H,W]},
+// Inputs {x [B,H,W,C]}, outputs {y [B,H,W,C]},
 // params {weight (gamma) [C], bias (beta) [C], running_mean [C], running_var [C]}; the last two
 // are buffers (not trainable).
-// Thread safety: one training thread per op; loops are parallel over channels with OpenMP.
+// Thread safety: one training thread per op; loops are parallel over row chunks with OpenMP, and
+// statistics are summed in a fixed chunk order, so results do not depend on the thread count.
 #pragma once
+#include <vector>
+
 #include "model/graph.h"
 
 namespace ft {
@@ -24,13 +28,22 @@ class BatchNorm2dOp : public Op {
   // REQUIRES: the last forward ran in training mode (eval-mode backward is not implemented).
   void backward(Workspace& ws, ParamStore& params) override;
 
-  Shape shape() const { return {batch_, channels_, height_, width_}; }
+  Shape shape() const { return {batch_, height_, width_, channels_}; }
 
  private:
+  // Per-chunk sums of two per-channel quantities over rows of x (and dy), reduced in chunk order
+  // into `first` and `second` (double).
+  template <typename Terms>
+  void reduce_channels(const Terms& terms, double* first, double* second);
+
   int batch_, channels_, height_, width_;
+  int64_t rows_;  // B*H*W, the values per channel
   float momentum_, eps_;
-  Tensor saved_mean_;     // [C] batch mean of the last training forward
-  Tensor saved_invstd_;   // [C] 1 / sqrt(batch var + eps) of the last training forward
+  std::vector<float> saved_mean_;    // [C] batch mean of the last training forward
+  std::vector<float> saved_invstd_;  // [C] 1 / sqrt(batch var + eps) of the last training forward
+  std::vector<float> chunk_sums_;    // [chunks][2][C] scratch of reduce_channels
+  std::vector<double> sums_;         // [2][C] its result
+  std::vector<float> coefficients_;  // [3][C] per-channel factors of the elementwise passes
   bool last_forward_training_ = false;
 };
 

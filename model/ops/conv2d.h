@@ -1,8 +1,13 @@
-// Conv2dOp: 2-D convolution without bias, NCHW activations and OIHW weights, on oneDNN.
-// Graph values stay plain NCHW; inside the op oneDNN may run on blocked layouts (see ConvLayout).
+// Conv2dOp: 2-D convolution without bias on channels-last (NHWC) activations and PyTorch's OIHW
+// weights, on oneDNN. In the index notation of PyTorch (NCHW), whatever the storage order:
 //   y[b,o,i,j] = sum_{c,p,q} w[o,c,p,q] * x[b, c, i*S + p - P, j*S + q - P]   (zero outside x)
 // with output size (H + 2P - K) / S + 1 (floor), as in PyTorch.
-// Inputs {x [B,Cin,H,W]}, outputs {y [B,Cout,Ho,Wo]}, params {weight [Cout,Cin,K,K]}.
+// Inputs {x [B,H,W,Cin]} (or [B,Cin,H,W], see input_layout), outputs {y [B,Ho,Wo,Cout]},
+// params {weight [Cout,Cin,K,K]}.
+// Why channels-last: oneDNN's avx2 convolutions read and write nhwc directly, at the speed of its
+// blocked layouts, so activations never need a reorder, and the ops between convolutions
+// (BatchNorm, ReLU, residual add) vectorise over the innermost channel dimension. Only the small
+// weight tensor is reordered, into whatever the primitives want.
 // Thread safety: one training thread per op; oneDNN parallelises inside each call.
 #pragma once
 #include <cstdint>
@@ -12,14 +17,10 @@
 
 namespace ft {
 
-// Where oneDNN computes. Blocked layouts (nChw8c and friends) let the jit kernels vectorise over
-// channels: 3x3 convolutions at 16+ channels run about 2x faster, reorders in and out included
-// (bench/resnet_bench.cpp). With few input channels (the stem) or 1x1 kernels the reorders cost
-// more than they save.
-enum class ConvLayout {
-  kAuto,     // blocked for kernel > 1 and in_channels >= 16, plain otherwise
-  kPlain,    // nchw/oihw throughout: our buffers are used directly
-  kBlocked,  // the layouts oneDNN prefers, with reorders to and from our buffers
+// How a 4-D activation tensor is stored.
+enum class ActivationLayout {
+  kNhwc,  // [B, H, W, C]: channels innermost; every activation inside a ResNet graph
+  kNchw,  // [B, C, H, W]: PyTorch's default and the data loader's images
 };
 
 class Conv2dOp : public Op {
@@ -35,19 +36,21 @@ class Conv2dOp : public Op {
 
   int out_height() const { return out_height_; }
   int out_width() const { return out_width_; }
-  Shape input_shape() const { return {batch_, in_channels_, height_, width_}; }
-  Shape output_shape() const { return {batch_, out_channels_, out_height_, out_width_}; }
+  Shape input_shape() const;  // in input_layout
+  Shape output_shape() const { return {batch_, out_height_, out_width_, out_channels_}; }
   Shape weight_shape() const { return {out_channels_, in_channels_, kernel_, kernel_}; }
 
   // False skips the input gradient (the stem conv reads the images, which need none).
   bool needs_input_grad = true;
-  // REQUIRES: set before the first forward (primitives are built then).
-  ConvLayout layout = ConvLayout::kAuto;
-  // True once built with at least one blocked tensor (tests check which path ran).
-  bool uses_blocked_layout() const;
+  // kNchw lets the stem read the images as the data loader writes them (identical to NHWC when
+  // there is one channel). REQUIRES: set before the first forward (primitives are built then).
+  ActivationLayout input_layout = ActivationLayout::kNhwc;
+  // oneDNN's implementation names ("jit:avx2", "gemm:jit", ...) once built, for tests and
+  // benchmarks that check no slow fallback was chosen; empty before the first forward.
+  const char* forward_impl() const;
 
  private:
-  struct Primitives;  // oneDNN primitives, memories and reorders, built on first forward
+  struct Primitives;  // oneDNN primitives, memories and weight reorders, built on first forward
   void build_primitives();
 
   int batch_, in_channels_, out_channels_, height_, width_, kernel_, stride_, padding_;

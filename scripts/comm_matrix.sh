@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Communication-fusion matrix: per-step allreduce calls, communication and exposed communication
+# for both models with bucketing off/on and overlap off/on, with and without an emulated slow
+# link, plus the bucketed step's allreduce time against one allreduce of the same bytes.
+# Usage: scripts/comm_matrix.sh [ranks=2] [steps=30]   (prints a Markdown table; JSON in runs/comm_matrix/)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ranks=${1:-2}
+steps=${2:-30}
+out=runs/comm_matrix
+mkdir -p "$out"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+run() {  # config bucketing overlap emulate(none|slow) -> json path
+  local config=$1 bucketing=$2 overlap=$3 link=$4
+  local name="$(basename "$config" .yaml)_b${bucketing}_o${overlap}_${link}"
+  local extra=()
+  [ "$link" = slow ] && extra=(--set comm.emulate.latency_us=20 --set comm.emulate.bandwidth_gbps=10)
+  mpirun --oversubscribe -np "$ranks" build/fusiontrain train --config "$config" \
+    --set train.steps="$steps" --set train.eval_every=0 --set train.log_every=0 \
+    --set train.threads=1 --set data.test_limit=64 --set train.eval_batches=1 \
+    --set comm.bucketing="$bucketing" --set comm.overlap="$overlap" \
+    --set train.run_dir="$out/$name" --set train.checkpoint_dir="$out/$name" \
+    "${extra[@]}" --json "$out/$name.jsonl" > "$out/$name.log" 2>&1
+  echo "$out/$name.jsonl"
+}
+echo "| model | link | bucketing | overlap | allreduce/step | buckets | comm ms/step | exposed comm ms/step | step ms |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for config in configs/gpt_tiny.yaml configs/resnet8.yaml; do
+  for link in none slow; do
+    for bucketing in false true; do
+      for overlap in false true; do
+        json=$(run "$config" "$bucketing" "$overlap" "$link")
+        python3 - "$json" "$config" "$link" "$bucketing" "$overlap" <<'PY'
+import json, sys
+path, config, link, bucketing, overlap = sys.argv[1:]
+rows = [json.loads(line) for line in open(path)]
+summary = rows[-1]
+comm = summary["comm_per_step"]
+label = "emulated link 10 Gb/s, 20 us" if link == "slow" else "loopback (shared memory)"
+print(f"| {config.split('/')[-1][:-5]} | {label} | {bucketing} | {overlap} | {comm['allreduce_calls']:.0f} | "
+      f"{comm['buckets'] if bucketing == 'true' else '-'} | {comm['comm_ms']:.2f} | {comm['exposed_comm_ms']:.2f} | {summary['ms_per_step']:.1f} |")
+PY
+      done
+    done
+  done
+done
+
+# Target: a step's bucketed allreduces cost at most 1.1x one allreduce of the same total bytes.
+echo
+echo "| model | bytes/step | buckets | bucketed allreduce ms/step | one allreduce of the same bytes, ms | ratio |"
+echo "|---|---|---|---|---|---|"
+for config in configs/gpt_tiny.yaml configs/resnet8.yaml; do
+  json="$out/$(basename "$config" .yaml)_btrue_ofalse_none.jsonl"
+  bytes=$(python3 -c "import json,sys; print(int(json.loads(open('$json').read().splitlines()[-1])['comm_per_step']['bytes_reduced']))")
+  mpirun --oversubscribe -np "$ranks" build/fusiontrain bandwidth --min-bytes "$bytes" --max-bytes "$bytes" \
+    --iters 50 --json "$out/single_$bytes.json" > "$out/single_$bytes.log" 2>&1
+  python3 - "$json" "$out/single_$bytes.json" "$config" <<'PY'
+import json, sys
+train = json.loads(open(sys.argv[1]).read().splitlines()[-1])["comm_per_step"]
+single_ms = json.load(open(sys.argv[2]))["sweep"][0]["time_us"] / 1e3
+name = sys.argv[3].split('/')[-1][:-5]
+print(f"| {name} | {train['bytes_reduced']:.0f} | {train['buckets']} | {train['comm_ms']:.3f} | {single_ms:.3f} | {train['comm_ms'] / single_ms:.2f} |")
+PY
+done
