@@ -16,9 +16,10 @@ struct RunResult {
   std::string output;
 };
 
-RunResult run(const std::string& args) {
-  const std::string command = std::string("cd ") + FT_SOURCE_DIR + " && timeout 60 " + FT_BINARY +
-                              " " + args + " 2>&1";
+// Runs `prefix fusiontrain args` from the source directory, with a hard timeout so a hang fails.
+RunResult run_command(const std::string& prefix, const std::string& args) {
+  const std::string command = std::string("cd ") + FT_SOURCE_DIR + " && timeout 60 " + prefix +
+                              FT_BINARY + " " + args + " 2>&1";
   RunResult result;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -29,6 +30,8 @@ RunResult run(const std::string& args) {
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
 }
+
+RunResult run(const std::string& args) { return run_command("", args); }
 
 std::string temp_file(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + "/" + name;
@@ -71,6 +74,18 @@ TEST(Cli, CorruptCheckpointIsAClearError) {
   const std::string path = temp_file("corrupt.safetensors", std::string("\x10\x00\x00\x00\x00\x00\x00\x00{not json}", 18));
   expect_error(run("eval --checkpoint " + path), path);
   expect_error(run("eval --checkpoint /nonexistent.safetensors"), "/nonexistent.safetensors");
+}
+
+// Two ranks launched MPMD-style with different batch sizes: every rank must stop with an error
+// that names the differing key, quickly, instead of hanging in a collective.
+TEST(Cli, MismatchedConfigAcrossRanksFailsFast) {
+  const std::string mpirun =
+      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 1 ";
+  const RunResult result = run_command(
+      mpirun, "train --set train.steps=30 : -np 1 " + std::string(FT_BINARY) +
+                  " train --set train.steps=30 --set train.batch_size=16");
+  expect_error(result, "train.batch_size");
+  expect_error(result, "differs across ranks");
 }
 
 }  // namespace
