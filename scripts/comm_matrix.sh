@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 ranks=${1:-2}
 steps=${2:-30}
 out=runs/comm_matrix
+bin=${BUILD_DIR:-build}/fusiontrain
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run() {  # config bucketing overlap emulate(none|slow) -> json path
@@ -15,8 +16,8 @@ run() {  # config bucketing overlap emulate(none|slow) -> json path
   local name="$(basename "$config" .yaml)_b${bucketing}_o${overlap}_${link}"
   local extra=()
   [ "$link" = slow ] && extra=(--set comm.emulate.latency_us=20 --set comm.emulate.bandwidth_gbps=10)
-  mpirun --oversubscribe -np "$ranks" build/fusiontrain train --config "$config" \
-    --set train.steps="$steps" --set train.eval_every=0 --set train.log_every=0 \
+  mpirun --oversubscribe -np "$ranks" "$bin" train --config "$config" \
+    --set train.steps="$steps" --set train.eval_every=0 --set train.log_every=1000 \
     --set train.threads=1 --set data.test_limit=64 --set train.eval_batches=1 \
     --set comm.bucketing="$bucketing" --set comm.overlap="$overlap" \
     --set train.run_dir="$out/$name" --set train.checkpoint_dir="$out/$name" \
@@ -52,7 +53,7 @@ echo "|---|---|---|---|---|---|"
 for config in configs/gpt_tiny.yaml configs/resnet8.yaml; do
   json="$out/$(basename "$config" .yaml)_btrue_ofalse_none.jsonl"
   bytes=$(python3 -c "import json,sys; print(int(json.loads(open('$json').read().splitlines()[-1])['comm_per_step']['bytes_reduced']))")
-  mpirun --oversubscribe -np "$ranks" build/fusiontrain bandwidth --min-bytes "$bytes" --max-bytes "$bytes" \
+  mpirun --oversubscribe -np "$ranks" "$bin" bandwidth --min-bytes "$bytes" --max-bytes "$bytes" \
     --iters 50 --json "$out/single_$bytes.json" > "$out/single_$bytes.log" 2>&1
   python3 - "$json" "$out/single_$bytes.json" "$config" <<'PY'
 import json, sys
