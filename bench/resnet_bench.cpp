@@ -1,15 +1,20 @@
 // ResNet forward + backward benchmarks (no optimizer): resnet8 and resnet20 (width 16) at batch 64
-// on one rank, with the convolutions on plain layouts and on the automatic choice, which is the
-// measurement behind ConvLayout::kAuto.
+// on one rank, with the per-op-kind time of a step as counters (ms, executor profiling), which is
+// where to look first when a step gets slower; a 3x3 convolution's forward at the three stage
+// shapes on both paths (the measurement behind ConvForwardPath); and BatchNorm alone at those
+// shapes, with the activation bytes it streams per second.
 //   build/bench/resnet_bench --benchmark_counters_tabular=true
 // Env FT_THREADS sets the OpenMP threads (default 1, as train_step_bench).
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "core/rng.h"
 #include "model/executor.h"
+#include "model/ops/batchnorm.h"
 #include "model/ops/conv2d.h"
 #include "model/resnet.h"
 
@@ -17,16 +22,17 @@ namespace {
 
 constexpr int kBatch = 64;
 
-// Args: blocks per stage (1 = resnet8, 3 = resnet20), ConvLayout as an int.
-void BM_ResnetForwardBackward(benchmark::State& state) {
+void set_threads() {
   const char* threads = std::getenv("FT_THREADS");
   omp_set_num_threads(threads ? std::atoi(threads) : 1);
+}
+
+// Arg: blocks per stage (1 = resnet8, 3 = resnet20).
+void BM_ResnetForwardBackward(benchmark::State& state) {
+  set_threads();
   const int blocks = static_cast<int>(state.range(0));
-  const auto layout = static_cast<ft::ConvLayout>(state.range(1));
   ft::ParamStore params;
   ft::Graph graph = ft::build_resnet({blocks, 16}, kBatch, params);
-  for (auto& op : graph.ops)
-    if (auto* conv = dynamic_cast<ft::Conv2dOp*>(op.get())) conv->layout = layout;
   params.allocate();
   params.initialize(1);
   ft::Executor executor(graph, params);
@@ -39,6 +45,7 @@ void BM_ResnetForwardBackward(benchmark::State& state) {
     executor.forward(ws);
     executor.backward(ws);
   }
+  executor.set_profiling(true);
   for (auto _ : state) {
     params.zero_grads();
     executor.forward(ws);
@@ -46,12 +53,90 @@ void BM_ResnetForwardBackward(benchmark::State& state) {
   }
   state.counters["images/s"] =
       benchmark::Counter(kBatch * state.iterations(), benchmark::Counter::kIsRate);
+  const double steps = static_cast<double>(state.iterations());
+  for (const auto& [op, entry] : executor.op_times().entries())
+    state.counters[op] = benchmark::Counter(entry.total_ms / steps);
 }
 BENCHMARK(BM_ResnetForwardBackward)
-    ->ArgNames({"blocks", "layout"})
-    ->ArgsProduct({{1, 3},
-                   {static_cast<int>(ft::ConvLayout::kAuto),
-                    static_cast<int>(ft::ConvLayout::kPlain)}})
+    ->ArgName("blocks")
+    ->Arg(1)
+    ->Arg(3)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// Args: channels, spatial size (16/28, 32/14, 64/7 are ResNet's stages at width 16), and
+// ConvForwardPath as an int (1 direct, 2 transposed).
+void BM_Conv2dForward(benchmark::State& state) {
+  set_threads();
+  const int channels = static_cast<int>(state.range(0));
+  const int size = static_cast<int>(state.range(1));
+  ft::ParamStore params;
+  const ft::ParamId weight = params.add("weight", {channels, channels, 3, 3},
+                                        ft::ParamInit::kNormal, 0.1f, true);
+  params.allocate();
+  params.initialize(1);
+  ft::Conv2dOp op(kBatch, channels, channels, size, size, 3, 1, 1);
+  op.forward_path = static_cast<ft::ConvForwardPath>(state.range(2));
+  op.inputs = {0};
+  op.outputs = {1};
+  op.params = {weight};
+  ft::Workspace ws;
+  for (int value = 0; value < 2; ++value) ws.values.push_back(ft::Tensor::zeros(op.output_shape()));
+  for (auto _ : state) op.forward(ws, params);
+  state.SetLabel(op.forward_impl());
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * 9 * channels * static_cast<double>(ft::shape_numel(op.output_shape())) *
+          state.iterations() / 1e9,
+      benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Conv2dForward)
+    ->ArgNames({"channels", "size", "path"})
+    ->ArgsProduct({{16}, {28}, {1, 2}})
+    ->ArgsProduct({{32}, {14}, {1, 2}})
+    ->ArgsProduct({{64}, {7}, {1, 2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// Args: channels, spatial size.
+void BM_BatchNormForwardBackward(benchmark::State& state) {
+  set_threads();
+  const int channels = static_cast<int>(state.range(0));
+  const int size = static_cast<int>(state.range(1));
+  const ft::Shape shape{kBatch, size, size, channels};
+  ft::ParamStore params;
+  std::vector<ft::ParamId> ids;
+  ids.push_back(params.add("weight", {channels}, ft::ParamInit::kOnes, 0.0f, false));
+  ids.push_back(params.add("bias", {channels}, ft::ParamInit::kZeros, 0.0f, false));
+  ids.push_back(params.add_buffer("running_mean", {channels}, ft::ParamInit::kZeros));
+  ids.push_back(params.add_buffer("running_var", {channels}, ft::ParamInit::kOnes));
+  params.allocate();
+  params.initialize(1);
+  ft::BatchNorm2dOp op(kBatch, channels, size, size);
+  op.inputs = {0};
+  op.outputs = {1};
+  op.params = ids;
+  ft::Workspace ws;
+  ft::Rng rng(3);
+  for (int value = 0; value < 2; ++value) {
+    ws.values.push_back(ft::Tensor::empty(shape));
+    ws.grads.push_back(ft::Tensor::empty(shape));
+    for (ft::Tensor* tensor : {&ws.values.back(), &ws.grads.back()})
+      for (int64_t i = 0; i < tensor->numel(); ++i) tensor->data()[i] = rng.normal();
+  }
+  for (auto _ : state) {
+    op.forward(ws, params);
+    op.backward(ws, params);
+  }
+  // Forward reads x twice and writes y; backward reads x and dy twice and dx once, writes dx.
+  const double bytes_per_step = 9.0 * static_cast<double>(ft::shape_numel(shape)) * sizeof(float);
+  state.counters["GB/s"] = benchmark::Counter(bytes_per_step * state.iterations() / 1e9,
+                                              benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_BatchNormForwardBackward)
+    ->ArgNames({"channels", "size"})
+    ->Args({16, 28})
+    ->Args({32, 14})
+    ->Args({64, 7})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -56,20 +56,23 @@ class ResnetGraphBuilder {
   ValueId conv(const std::string& name, ValueId x, ParamId weight, int in_channels,
                int out_channels, int size, int kernel, int stride, int padding) {
     const int out_size = (size + 2 * padding - kernel) / stride + 1;
-    const ValueId y = graph_.add_value(name, {batch_, out_channels, out_size, out_size});
+    const ValueId y = graph_.add_value(name, {batch_, out_size, out_size, out_channels});
     Conv2dOp& op = graph_.add_op<Conv2dOp>(name, {x}, {y}, {weight}, batch_, in_channels,
                                            out_channels, size, size, kernel, stride, padding);
-    op.needs_input_grad = x != graph_.input;
+    if (x == graph_.input) {  // the images: NCHW as loaded, and no gradient needed
+      op.input_layout = ActivationLayout::kNchw;
+      op.needs_input_grad = false;
+    }
     return y;
   }
 
   ValueId batchnorm(const std::string& name, ValueId x, const BatchNormParamIds& ids) {
-    const Shape shape = graph_.shape(x);
+    const Shape shape = graph_.shape(x);  // [B, H, W, C]
     const ValueId y = graph_.add_value(name, shape);
     graph_.add_op<BatchNorm2dOp>(name, {x}, {y},
                                  {ids.weight, ids.bias, ids.running_mean, ids.running_var},
-                                 batch_, static_cast<int>(shape[1]), static_cast<int>(shape[2]),
-                                 static_cast<int>(shape[3]));
+                                 batch_, static_cast<int>(shape[3]), static_cast<int>(shape[1]),
+                                 static_cast<int>(shape[2]));
     return y;
   }
 

@@ -6,6 +6,9 @@
 //   layer3 n BasicBlocks, width 4w; same                                      7x7
 //   head   global average pool -> fc (4w -> classes) -> softmax cross-entropy on ws.targets
 // BasicBlock: conv3x3 -> BN -> ReLU -> conv3x3 -> BN, + shortcut, -> ReLU.
+// Every activation after the images is stored channels-last, [batch, height, width, channels]
+// (see ActivationLayout in model/ops/conv2d.h); parameters keep PyTorch's layouts (conv weights
+// [out, in, k, k]), so checkpoints are unaffected.
 // Registration (parameter order) is separate from graph building, so one ParamStore can serve
 // graphs of several batch sizes (training and evaluation).
 // Thread safety: builders are pure functions of their arguments; the results belong to the caller.
@@ -50,8 +53,9 @@ struct ResnetParamIds {
 // REQUIRES: params not yet allocated. Throws ft::Error on a non-positive size or classes < 2.
 ResnetParamIds register_resnet_params(const ResnetShape& shape, ParamStore& params);
 
-// graph.input = images [batch, in_channels, image_size, image_size] (the caller fills it),
-// graph.output = logits [batch, classes], graph.loss = mean cross-entropy [1].
+// graph.input = images [batch, in_channels, image_size, image_size] (NCHW, as the data loader
+// writes them; the caller fills it), graph.output = logits [batch, classes],
+// graph.loss = mean cross-entropy [1]. Activations in between are [batch, h, w, channels].
 Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamIds& ids);
 
 // register_resnet_params + build_resnet_graph.

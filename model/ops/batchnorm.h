@@ -31,18 +31,13 @@ class BatchNorm2dOp : public Op {
   Shape shape() const { return {batch_, height_, width_, channels_}; }
 
  private:
-  // Per-chunk sums of two per-channel quantities over rows of x (and dy), reduced in chunk order
-  // into `first` and `second` (double).
-  template <typename Terms>
-  void reduce_channels(const Terms& terms, double* first, double* second);
-
   int batch_, channels_, height_, width_;
   int64_t rows_;  // B*H*W, the values per channel
   float momentum_, eps_;
   std::vector<float> saved_mean_;    // [C] batch mean of the last training forward
   std::vector<float> saved_invstd_;  // [C] 1 / sqrt(batch var + eps) of the last training forward
-  std::vector<float> chunk_sums_;    // [chunks][2][C] scratch of reduce_channels
-  std::vector<double> sums_;         // [2][C] its result
+  std::vector<float> chunk_sums_;    // [chunks][2][C] float partial sums over row chunks
+  std::vector<double> sums_;         // [2][C] their totals, summed in chunk order
   std::vector<float> coefficients_;  // [3][C] per-channel factors of the elementwise passes
   bool last_forward_training_ = false;
 };

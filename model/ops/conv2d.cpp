@@ -1,21 +1,27 @@
 // Conv2dOp on oneDNN. Activations are nhwc on both sides of every primitive, so oneDNN reads and
 // writes our buffers directly; only weights are reordered between our oihw and the primitive's
-// blocked layout.
+// blocked layout. Forward runs either as convolution_forward or, for stride-1 "same"
+// convolutions, as the backward-data primitive of the flipped kernel (see ConvForwardPath).
 //
 // Backward, with dy = dL/dy:
 //   dx[b,c,h,w]   += sum_{o,p,q : h = i*S+p-P, w = j*S+q-P} w[o,c,p,q] * dy[b,o,i,j]
 //                    (a transposed convolution of dy; convolution_backward_data)
 //   dw[o,c,p,q]   += sum_{b,i,j} dy[b,o,i,j] * x[b, c, i*S+p-P, j*S+q-P]
 //                    (a correlation of x with dy; convolution_backward_weights)
-// oneDNN writes (=) both results and backward primitives take no sum post-op, so dx goes into an
-// op-owned buffer and a vectorised loop adds it into ours (it may already hold the shortcut's
+// oneDNN writes (=) both results and backward primitives take no sum post-op, so dx goes into a
+// scratch buffer and a vectorised loop adds it into ours (it may already hold the shortcut's
 // gradient), and dw into a blocked buffer that a reorder with a sum post-op adds into the oihw
-// gradient (which may hold an earlier micro-batch's). Writing dx straight into ours when it is
-// known to be zero would save that loop, about 1% of a ResNet step (bench/resnet_bench.cpp).
+// gradient (which may hold an earlier micro-batch's). The dx scratch is one per thread, shared by
+// every convolution, so it stays in cache; a buffer per op (19 of up to 3 MB in resnet20) is cold
+// each time, which cost ~1% of a resnet20 step. Writing dx straight into ours where it is known
+// to be zero measured within noise (the write still fetches the cold line), so the op keeps the
+// accumulate contract.
 #include "model/ops/conv2d.h"
 
 #include <dnnl.hpp>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/check.h"
 #include "core/dnnl_context.h"
@@ -26,14 +32,15 @@ namespace {
 
 using dnnl::memory;
 
-// Our oihw weights as one primitive wants them. When the layouts agree, `prim` is `user`.
+// Plain oihw weights as one primitive wants them. When the layouts agree, `prim` is `user`.
 struct StagedWeights {
-  memory user;  // oihw over the parameter buffer; its handle is set at every call
+  memory user;  // oihw; its handle is set at every call
   memory prim;
   dnnl::reorder reorder;  // user -> prim
   bool reordered = false;
 
-  void to_prim() {
+  void to_prim(float* user_data) {
+    user.set_data_handle(user_data);
     if (reordered) reorder.execute(cpu_stream(), user, prim);
   }
 };
@@ -52,25 +59,51 @@ StagedWeights stage_weights(const memory::desc& user_md, const memory::desc& pri
   return staged;
 }
 
+// A per-thread buffer of at least `count` floats, reused by every op on this thread, aligned to
+// a cache line like our tensors (oneDNN's 32-byte stores then never split a line).
+float* thread_scratch(int64_t count) {
+  constexpr size_t kAlign = 64;
+  thread_local std::vector<float> scratch;
+  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  if (scratch.size() * sizeof(float) < bytes + kAlign)
+    scratch.resize(count + kAlign / sizeof(float));
+  void* start = scratch.data();
+  size_t space = scratch.size() * sizeof(float);
+  return static_cast<float*>(std::align(kAlign, bytes, start, space));
+}
+
 // dst += src elementwise. Both hold the same layout, so no index arithmetic is needed.
 void add_into(float* dst, const float* src, int64_t count) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < count; ++i) dst[i] += src[i];
 }
 
+// flipped[c][o][K-1-p][K-1-q] = w[o][c][p][q]: the kernel of the transposed forward.
+void flip_kernel(float* flipped, const float* w, int out_channels, int in_channels, int kernel) {
+  const int taps = kernel * kernel;
+  for (int o = 0; o < out_channels; ++o)
+    for (int c = 0; c < in_channels; ++c) {
+      const float* from = w + (static_cast<int64_t>(o) * in_channels + c) * taps;
+      float* to = flipped + (static_cast<int64_t>(c) * out_channels + o) * taps;
+      for (int t = 0; t < taps; ++t) to[taps - 1 - t] = from[t];
+    }
+}
+
 }  // namespace
 
 struct Conv2dOp::Primitives {
-  dnnl::convolution_forward forward;
+  bool transposed = false;
+  dnnl::convolution_forward forward;                   // when !transposed
+  dnnl::convolution_backward_data forward_transposed;  // when transposed
+  std::vector<float> flipped_weights;                  // when transposed: flip_kernel's output
+  StagedWeights forward_weights;                       // ours, or flipped_weights
   dnnl::convolution_backward_data backward_data;
   dnnl::convolution_backward_weights backward_weights;
-  memory src, dst, diff_dst;  // over our activation buffers; handles set at every call
-  memory diff_src_written;    // op-owned: backward data writes dx here, then it is added to ours
-  StagedWeights weights;            // forward
-  StagedWeights weights_for_data;   // backward data (shares `weights` when the layouts agree)
-  bool weights_for_data_shared = false;
-  memory diff_weights_written;  // op-owned, in the primitive's layout
-  memory diff_weights_user;     // oihw over the parameter's gradient
+  StagedWeights data_weights;      // ours, for backward data
+  memory src, dst, diff_dst;       // over our activation buffers; handles set at every call
+  memory diff_src_written;         // over thread_scratch: backward data writes dx here
+  memory diff_weights_written;     // op-owned, in the primitive's layout
+  memory diff_weights_user;        // oihw over the parameter's gradient
   dnnl::reorder add_diff_weights;  // diff_weights_written -> diff_weights_user, with sum
   std::string forward_impl;
 };
@@ -104,6 +137,18 @@ Shape Conv2dOp::input_shape() const {
   return {batch_, height_, width_, in_channels_};
 }
 
+bool Conv2dOp::forward_is_transposed() const {
+  const bool applies = stride_ == 1 && 2 * padding_ == kernel_ - 1 && in_channels_ >= 8 &&
+                       input_layout == ActivationLayout::kNhwc;
+  if (forward_path == ConvForwardPath::kTransposed) {
+    FT_CHECK(applies, "conv2d '", name, "': the transposed forward needs stride 1, padding ",
+             "(kernel-1)/2, NHWC input and at least 8 input channels; got stride ", stride_,
+             ", kernel ", kernel_, ", padding ", padding_, ", ", in_channels_, " channels");
+    return true;
+  }
+  return forward_path == ConvForwardPath::kAuto && applies;
+}
+
 const char* Conv2dOp::forward_impl() const {
   return primitives_ ? primitives_->forward_impl.c_str() : "";
 }
@@ -125,18 +170,23 @@ void Conv2dOp::build_primitives() {
   const memory::dims strides{stride_, stride_};
   // PyTorch floors the output size; oneDNN's size check floors too, so padding_r = padding_l.
   const memory::dims padding{padding_, padding_};
+  using dnnl::algorithm;
 
   const dnnl::convolution_forward::primitive_desc forward_pd(
-      {dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_md,
-       any_weights_md, dst_md, strides, padding, padding},
+      {dnnl::prop_kind::forward_training, algorithm::convolution_direct, src_md, any_weights_md,
+       dst_md, strides, padding, padding},
       engine);
   const dnnl::convolution_backward_data::primitive_desc backward_data_pd(
-      {dnnl::algorithm::convolution_direct, src_md, any_weights_md, dst_md, strides, padding,
-       padding},
+      {algorithm::convolution_direct, src_md, any_weights_md, dst_md, strides, padding, padding},
       engine, forward_pd);
+  // oneDNN 2.6's jit_1x1 backward weights corrupts the heap on nhwc with stride > 1 and fewer
+  // than 8 input channels (seen at 2..7; 9..36 were fine). Plain hwio weights rule that kernel
+  // out (gemm runs instead); only tiny test models have such a layer.
+  const bool avoid_1x1_kernel = kernel_ == 1 && stride_ > 1 && in_channels_ % 8 != 0;
   const dnnl::convolution_backward_weights::primitive_desc backward_weights_pd(
-      {dnnl::algorithm::convolution_direct, src_md, any_weights_md, dst_md, strides, padding,
-       padding},
+      {algorithm::convolution_direct, src_md,
+       avoid_1x1_kernel ? memory::desc(weights_dims, f32, tag::hwio) : any_weights_md, dst_md,
+       strides, padding, padding},
       engine, forward_pd);
   // Activation descriptors were fixed above, so every primitive uses our buffers as they are.
   FT_CHECK(forward_pd.src_desc() == src_md && forward_pd.dst_desc() == dst_md &&
@@ -147,18 +197,39 @@ void Conv2dOp::build_primitives() {
            "conv2d '", name, "': oneDNN changed an activation layout");
 
   auto p = std::make_unique<Primitives>();
-  p->forward = dnnl::convolution_forward(forward_pd);
+  p->transposed = forward_is_transposed();
+  if (p->transposed) {
+    // The transposed convolution maps out_channels to in_channels; its backward data reads our
+    // x as its diff_dst and writes our y as its diff_src (same spatial size at stride 1).
+    const memory::dims flipped_dims{in_channels_, out_channels_, kernel_, kernel_};
+    const memory::desc any_flipped_md(flipped_dims, f32, tag::any);
+    const dnnl::convolution_forward::primitive_desc transposed_hint(
+        {dnnl::prop_kind::forward_training, algorithm::convolution_direct, dst_md, any_flipped_md,
+         src_md, strides, padding, padding},
+        engine);
+    const dnnl::convolution_backward_data::primitive_desc transposed_pd(
+        {algorithm::convolution_direct, dst_md, any_flipped_md, src_md, strides, padding,
+         padding},
+        engine, transposed_hint);
+    FT_CHECK(transposed_pd.diff_src_desc() == dst_md && transposed_pd.diff_dst_desc() == src_md,
+             "conv2d '", name, "': oneDNN changed an activation layout");
+    p->forward_transposed = dnnl::convolution_backward_data(transposed_pd);
+    p->flipped_weights.resize(shape_numel(weight_shape()));
+    p->forward_weights = stage_weights(memory::desc(flipped_dims, f32, tag::oihw),
+                                       transposed_pd.weights_desc());
+    p->forward_impl = transposed_pd.impl_info_str();
+  } else {
+    p->forward = dnnl::convolution_forward(forward_pd);
+    p->forward_weights = stage_weights(weights_md, forward_pd.weights_desc());
+    p->forward_impl = forward_pd.impl_info_str();
+  }
   p->backward_data = dnnl::convolution_backward_data(backward_data_pd);
   p->backward_weights = dnnl::convolution_backward_weights(backward_weights_pd);
+  p->data_weights = stage_weights(weights_md, backward_data_pd.weights_desc());
   p->src = memory(src_md, engine, DNNL_MEMORY_NONE);
   p->dst = memory(dst_md, engine, DNNL_MEMORY_NONE);
   p->diff_dst = memory(dst_md, engine, DNNL_MEMORY_NONE);
-  p->diff_src_written = memory(src_md, engine);
-  p->weights = stage_weights(weights_md, forward_pd.weights_desc());
-  // On AVX2, backward data wants OIhw8o8i-style weights where forward took OIhw8i8o.
-  p->weights_for_data_shared = backward_data_pd.weights_desc() == forward_pd.weights_desc();
-  if (!p->weights_for_data_shared)
-    p->weights_for_data = stage_weights(weights_md, backward_data_pd.weights_desc());
+  p->diff_src_written = memory(src_md, engine, DNNL_MEMORY_NONE);
   p->diff_weights_written = memory(backward_weights_pd.diff_weights_desc(), engine);
   p->diff_weights_user = memory(weights_md, engine, DNNL_MEMORY_NONE);
   dnnl::post_ops sum;
@@ -167,7 +238,6 @@ void Conv2dOp::build_primitives() {
   attr.set_post_ops(sum);
   p->add_diff_weights = dnnl::reorder(dnnl::reorder::primitive_desc(
       engine, backward_weights_pd.diff_weights_desc(), engine, weights_md, attr));
-  p->forward_impl = forward_pd.impl_info_str();
   primitives_ = std::move(p);
 }
 
@@ -183,10 +253,18 @@ void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
   Primitives& p = *primitives_;
   p.src.set_data_handle(x.data());
   p.dst.set_data_handle(y.data());
-  p.weights.user.set_data_handle(weight.data());
-  p.weights.to_prim();
-  p.forward.execute(cpu_stream(),
-                    {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.weights.prim}, {DNNL_ARG_DST, p.dst}});
+  if (p.transposed) {
+    flip_kernel(p.flipped_weights.data(), weight.data(), out_channels_, in_channels_, kernel_);
+    p.forward_weights.to_prim(p.flipped_weights.data());
+    p.forward_transposed.execute(cpu_stream(), {{DNNL_ARG_DIFF_DST, p.src},
+                                                {DNNL_ARG_WEIGHTS, p.forward_weights.prim},
+                                                {DNNL_ARG_DIFF_SRC, p.dst}});
+  } else {
+    p.forward_weights.to_prim(weight.data());
+    p.forward.execute(cpu_stream(), {{DNNL_ARG_SRC, p.src},
+                                     {DNNL_ARG_WEIGHTS, p.forward_weights.prim},
+                                     {DNNL_ARG_DST, p.dst}});
+  }
   cpu_stream().wait();
 }
 
@@ -205,18 +283,16 @@ void Conv2dOp::backward(Workspace& ws, ParamStore& params) {
   p.add_diff_weights.execute(cpu_stream(), p.diff_weights_written, p.diff_weights_user);
 
   if (needs_input_grad) {
-    // dx: transposed convolution of dy with w. The weight copy is refreshed (a small reorder)
-    // even when forward's could be reused, so a backward never sees stale weights.
-    StagedWeights& weights = p.weights_for_data_shared ? p.weights : p.weights_for_data;
-    weights.user.set_data_handle(weight.value.data());
-    weights.to_prim();
+    // dx: transposed convolution of dy with w.
+    const int64_t count = shape_numel(input_shape());
+    float* written = thread_scratch(count);
+    p.diff_src_written.set_data_handle(written);
+    p.data_weights.to_prim(weight.value.data());
     p.backward_data.execute(cpu_stream(), {{DNNL_ARG_DIFF_SRC, p.diff_src_written},
-                                           {DNNL_ARG_WEIGHTS, weights.prim},
+                                           {DNNL_ARG_WEIGHTS, p.data_weights.prim},
                                            {DNNL_ARG_DIFF_DST, p.diff_dst}});
     cpu_stream().wait();
-    add_into(ws.grads[inputs[0]].data(),
-             static_cast<const float*>(p.diff_src_written.get_data_handle()),
-             shape_numel(input_shape()));
+    add_into(ws.grads[inputs[0]].data(), written, count);
   }
   cpu_stream().wait();
 }

@@ -23,6 +23,19 @@ enum class ActivationLayout {
   kNchw,  // [B, C, H, W]: PyTorch's default and the data loader's images
 };
 
+// How forward runs. A stride-1 "same" convolution (padding (K-1)/2) equals the backward-data
+// (transposed) convolution, from Cout to Cin channels, of the kernel with channels swapped and
+// taps flipped, w'[c,o,K-1-p,K-1-q] = w[o,c,p,q]: x plays that convolution's output gradient and
+// y its input gradient. oneDNN 2.6's avx2 backward-data kernels are faster than its forward ones at ResNet's
+// shapes (3x3 at batch 64: 16 channels at 28x28 ~20%, 32 at 14x14 and 64 at 7x7 ~4%;
+// BM_Conv2dForward in bench/resnet_bench.cpp).
+enum class ConvForwardPath {
+  kAuto,        // kTransposed where it applies, kDirect elsewhere
+  kDirect,      // convolution_forward
+  kTransposed,  // convolution_backward_data of the flipped kernel: stride 1, padding (K-1)/2,
+                // NHWC input with at least 8 channels (fewer leave oneDNN's blocked kernels)
+};
+
 class Conv2dOp : public Op {
  public:
   // REQUIRES: every size positive, padding >= 0, and the output at least 1x1.
@@ -45,7 +58,11 @@ class Conv2dOp : public Op {
   // kNchw lets the stem read the images as the data loader writes them (identical to NHWC when
   // there is one channel). REQUIRES: set before the first forward (primitives are built then).
   ActivationLayout input_layout = ActivationLayout::kNhwc;
-  // oneDNN's implementation names ("jit:avx2", "gemm:jit", ...) once built, for tests and
+  // REQUIRES: set before the first forward; kTransposed only where it applies (else throws then).
+  ConvForwardPath forward_path = ConvForwardPath::kAuto;
+  // Whether forward_path resolves to kTransposed for this op's shape and input_layout.
+  bool forward_is_transposed() const;
+  // oneDNN's implementation name for forward ("jit:avx2", "x64:gemm:jit", ...), for tests and
   // benchmarks that check no slow fallback was chosen; empty before the first forward.
   const char* forward_impl() const;
 

@@ -1,4 +1,5 @@
-// GlobalAvgPoolOp forward and backward over contiguous [H*W] planes.
+// GlobalAvgPoolOp forward and backward on NHWC: each sample is H*W rows of C channels, summed
+// (or spread) a row at a time, vectorised over channels.
 #include "model/ops/global_avg_pool.h"
 
 #include "core/check.h"
@@ -17,36 +18,43 @@ void GlobalAvgPoolOp::forward(Workspace& ws, ParamStore&) {
   expect_arity(*this, 1, 1, 0);
   const Tensor& x = ws.values[inputs[0]];
   Tensor& y = ws.values[outputs[0]];
-  const int64_t planes = static_cast<int64_t>(batch_) * channels_;
-  const int64_t plane = static_cast<int64_t>(height_) * width_;
-  expect_numel(x, planes * plane, *this, "x");
-  expect_numel(y, planes, *this, "y");
+  const int channels = channels_;
+  const int64_t positions = static_cast<int64_t>(height_) * width_;
+  expect_numel(x, batch_ * positions * channels, *this, "x");
+  expect_numel(y, static_cast<int64_t>(batch_) * channels, *this, "y");
   const float* in = x.data();
   float* out = y.data();
-  const float inv_plane = 1.0f / static_cast<float>(plane);
+  const float inv_positions = 1.0f / static_cast<float>(positions);
 #pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < planes; ++p) {
-    const float* row = in + p * plane;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < plane; ++i) sum += row[i];
-    out[p] = sum * inv_plane;
+  for (int b = 0; b < batch_; ++b) {
+    const float* sample = in + b * positions * channels;
+    float* __restrict mean = out + static_cast<int64_t>(b) * channels;
+    for (int c = 0; c < channels; ++c) mean[c] = 0.0f;
+    for (int64_t p = 0; p < positions; ++p) {
+      const float* __restrict row = sample + p * channels;
+#pragma omp simd
+      for (int c = 0; c < channels; ++c) mean[c] += row[c];
+    }
+    for (int c = 0; c < channels; ++c) mean[c] *= inv_positions;
   }
 }
 
-// Every input of a plane contributes 1/(H W) to its mean: dx[b,c,h,w] += dy[b,c] / (H W).
+// Every input of a channel contributes 1/(H W) to its mean: dx[b,h,w,c] += dy[b,c] / (H W).
 void GlobalAvgPoolOp::backward(Workspace& ws, ParamStore&) {
   const float* dy = ws.grads[outputs[0]].data();
   float* dx = ws.grads[inputs[0]].data();
-  const int64_t planes = static_cast<int64_t>(batch_) * channels_;
-  const int64_t plane = static_cast<int64_t>(height_) * width_;
-  const float inv_plane = 1.0f / static_cast<float>(plane);
+  const int channels = channels_;
+  const int64_t positions = static_cast<int64_t>(height_) * width_;
+  const float inv_positions = 1.0f / static_cast<float>(positions);
 #pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < planes; ++p) {
-    const float share = dy[p] * inv_plane;
-    float* row = dx + p * plane;
+  for (int b = 0; b < batch_; ++b) {
+    const float* __restrict dy_row = dy + static_cast<int64_t>(b) * channels;
+    float* sample = dx + b * positions * channels;
+    for (int64_t p = 0; p < positions; ++p) {
+      float* __restrict row = sample + p * channels;
 #pragma omp simd
-    for (int64_t i = 0; i < plane; ++i) row[i] += share;
+      for (int c = 0; c < channels; ++c) row[c] += dy_row[c] * inv_positions;
+    }
   }
 }
 

@@ -1,6 +1,7 @@
-// GlobalAvgPoolOp: the mean of each channel plane, y[b,c] = 1/(H W) sum_{h,w} x[b,c,h,w].
-// Inputs {x [B,C,H,W]}, outputs {y [B,C]}, no params.
-// Thread safety: one training thread per op; loops are parallel with OpenMP.
+// GlobalAvgPoolOp: the mean of each channel over the spatial positions of channels-last (NHWC)
+// activations, y[b,c] = 1/(H W) sum_{h,w} x[b,h,w,c].
+// Inputs {x [B,H,W,C]}, outputs {y [B,C]}, no params.
+// Thread safety: one training thread per op; loops are parallel over the batch with OpenMP.
 #pragma once
 #include "model/graph.h"
 

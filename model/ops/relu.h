@@ -1,4 +1,4 @@
-// ReluOp: y = max(x, 0) elementwise.
+// ReluOp: y = max(x, 0) elementwise; backward reads y (see relu.cpp).
 // Inputs {x [numel]}, outputs {y [numel]} (any shape of that size), no params.
 // Thread safety: one training thread per op; loops are parallel with OpenMP.
 #pragma once
