@@ -136,10 +136,12 @@ int run_train(const TrainArgs& args, Communicator* comm) {
                   human_rate(items_per_step / (stats.step_ms / 1e3)).c_str(),
                   trainer.task().item_unit(), eta_s);
       if (world_size > 1)
-        std::printf(" | comm %.1f ms, exposed %.1f ms, %lld allreduce, %zu buckets%s",
-                    stats.comm.comm_ms, stats.comm.exposed_ms,
+        std::printf(" | compute %.1f ms, comm %.1f ms, exposed %.1f ms, %lld allreduce, %.2f MB, "
+                    "%zu buckets%s",
+                    stats.compute_ms, stats.comm.comm_ms, stats.comm.exposed_ms,
                     static_cast<long long>(stats.comm.allreduce_calls),
-                    stats.comm.bucket_bytes.size(), stats.comm.emulated ? " [emulated link]" : "");
+                    stats.comm.bytes_reduced / 1e6, stats.comm.bucket_bytes.size(),
+                    stats.comm.emulated ? " [emulated link]" : "");
       std::printf("\n");
       std::fflush(stdout);
     }
