@@ -23,6 +23,7 @@ struct ModelConfig {
   bool qk_norm = false;
   int resnet_blocks = 1;  // n in ResNet-(6n+2)
   int resnet_width = 16;
+  std::string conv_algorithm = "auto";  // auto | onednn
 };
 
 struct TrainConfig {

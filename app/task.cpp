@@ -98,11 +98,18 @@ class GptTask : public Task {
   TokenBatch batch_;
 };
 
+ResnetShape resnet_shape(const ModelConfig& model) {
+  ResnetShape shape{model.resnet_blocks, model.resnet_width};
+  shape.conv_algorithm =
+      model.conv_algorithm == "onednn" ? ConvAlgorithm::kOneDnn : ConvAlgorithm::kAuto;
+  return shape;
+}
+
 class ResnetTask : public Task {
  public:
   ResnetTask(const Config& config, int rank, int world_size)
       : config_(config),
-        shape_{config.model.resnet_blocks, config.model.resnet_width},
+        shape_(resnet_shape(config.model)),
         train_(ImageDataset::load_fashion_mnist(config.data.mnist_dir, true)),
         test_(ImageDataset::load_fashion_mnist(config.data.mnist_dir, false)),
         stats_(fashion_mnist_train_stats(train_)),

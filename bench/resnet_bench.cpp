@@ -1,7 +1,8 @@
 // ResNet forward + backward benchmarks (no optimizer): resnet8 and resnet20 (width 16) at batch 64
 // on one rank, with the per-op-kind time of a step as counters (ms, executor profiling), which is
-// where to look first when a step gets slower; a 3x3 convolution's forward at the three stage
-// shapes on both paths (the measurement behind ConvForwardPath); and BatchNorm alone at those
+// where to look first when a step gets slower; a 3x3 convolution's forward, and forward plus
+// backward, at the three stage shapes with each ConvAlgorithm (the measurement behind kAuto's
+// choice); and BatchNorm alone at those
 // shapes, with the activation bytes it streams per second.
 //   build/bench/resnet_bench --benchmark_counters_tabular=true
 // Env FT_THREADS sets the OpenMP threads (default 1, as train_step_bench).
@@ -27,12 +28,14 @@ void set_threads() {
   omp_set_num_threads(threads ? std::atoi(threads) : 1);
 }
 
-// Arg: blocks per stage (1 = resnet8, 3 = resnet20).
+// Args: blocks per stage (1 = resnet8, 3 = resnet20), ConvAlgorithm as an int (0 auto, 1 onednn:
+// model.conv_algorithm).
 void BM_ResnetForwardBackward(benchmark::State& state) {
   set_threads();
-  const int blocks = static_cast<int>(state.range(0));
+  ft::ResnetShape shape{static_cast<int>(state.range(0)), 16};
+  shape.conv_algorithm = static_cast<ft::ConvAlgorithm>(state.range(1));
   ft::ParamStore params;
-  ft::Graph graph = ft::build_resnet({blocks, 16}, kBatch, params);
+  ft::Graph graph = ft::build_resnet(shape, kBatch, params);
   params.allocate();
   params.initialize(1);
   ft::Executor executor(graph, params);
@@ -58,42 +61,64 @@ void BM_ResnetForwardBackward(benchmark::State& state) {
     state.counters[op] = benchmark::Counter(entry.total_ms / steps);
 }
 BENCHMARK(BM_ResnetForwardBackward)
-    ->ArgName("blocks")
-    ->Arg(1)
-    ->Arg(3)
+    ->ArgNames({"blocks", "algorithm"})
+    ->ArgsProduct({{1, 3}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
 // Args: channels, spatial size (16/28, 32/14, 64/7 are ResNet's stages at width 16), and
-// ConvForwardPath as an int (1 direct, 2 transposed).
-void BM_Conv2dForward(benchmark::State& state) {
+// ConvAlgorithm as an int (1 direct, 2 transposed, 3 Winograd); range(3) = 1 adds backward.
+// GFLOP/s counts the direct convolution's flops (2 * 9 * C * outputs per pass), so Winograd's
+// figure is an effective rate that can pass the core's peak.
+void conv_passes(benchmark::State& state) {
   set_threads();
   const int channels = static_cast<int>(state.range(0));
   const int size = static_cast<int>(state.range(1));
+  const bool with_backward = state.range(3) != 0;
   ft::ParamStore params;
   const ft::ParamId weight = params.add("weight", {channels, channels, 3, 3},
                                         ft::ParamInit::kNormal, 0.1f, true);
   params.allocate();
   params.initialize(1);
   ft::Conv2dOp op(kBatch, channels, channels, size, size, 3, 1, 1);
-  op.forward_path = static_cast<ft::ConvForwardPath>(state.range(2));
+  op.algorithm = static_cast<ft::ConvAlgorithm>(state.range(2));
   op.inputs = {0};
   op.outputs = {1};
   op.params = {weight};
   ft::Workspace ws;
-  for (int value = 0; value < 2; ++value) ws.values.push_back(ft::Tensor::zeros(op.output_shape()));
-  for (auto _ : state) op.forward(ws, params);
+  ft::Rng rng(4);
+  for (int value = 0; value < 2; ++value) {
+    const ft::Shape shape = value == 0 ? op.input_shape() : op.output_shape();
+    ws.values.push_back(ft::Tensor::zeros(shape));
+    ws.grads.push_back(ft::Tensor::zeros(shape));
+    for (int64_t i = 0; i < ws.values.back().numel(); ++i) ws.values.back().data()[i] = rng.normal();
+    for (int64_t i = 0; i < ws.grads.back().numel(); ++i) ws.grads.back().data()[i] = rng.normal();
+  }
+  for (auto _ : state) {
+    op.forward(ws, params);
+    if (with_backward) op.backward(ws, params);
+  }
   state.SetLabel(op.forward_impl());
+  const double passes = with_backward ? 3.0 : 1.0;
   state.counters["GFLOP/s"] = benchmark::Counter(
-      2.0 * 9 * channels * static_cast<double>(ft::shape_numel(op.output_shape())) *
+      passes * 2.0 * 9 * channels * static_cast<double>(ft::shape_numel(op.output_shape())) *
           state.iterations() / 1e9,
       benchmark::Counter::kIsRate);
 }
+void BM_Conv2dForward(benchmark::State& state) { conv_passes(state); }
 BENCHMARK(BM_Conv2dForward)
-    ->ArgNames({"channels", "size", "path"})
-    ->ArgsProduct({{16}, {28}, {1, 2}})
-    ->ArgsProduct({{32}, {14}, {1, 2}})
-    ->ArgsProduct({{64}, {7}, {1, 2}})
+    ->ArgNames({"channels", "size", "algorithm", "backward"})
+    ->ArgsProduct({{16}, {28}, {1, 2, 3}, {0}})
+    ->ArgsProduct({{32}, {14}, {1, 2, 3}, {0}})
+    ->ArgsProduct({{64}, {7}, {1, 2, 3}, {0}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+void BM_Conv2dForwardBackward(benchmark::State& state) { conv_passes(state); }
+BENCHMARK(BM_Conv2dForwardBackward)
+    ->ArgNames({"channels", "size", "algorithm", "backward"})
+    ->ArgsProduct({{16}, {28}, {1, 3}, {1}})
+    ->ArgsProduct({{32}, {14}, {1, 3}, {1}})
+    ->ArgsProduct({{64}, {7}, {1, 3}, {1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

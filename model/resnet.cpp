@@ -49,7 +49,8 @@ void check_shape(const ResnetShape& shape) {
 // Appends ops to a graph while tracking the current activation's channels and spatial size.
 class ResnetGraphBuilder {
  public:
-  explicit ResnetGraphBuilder(int batch) : batch_(batch) {}
+  ResnetGraphBuilder(int batch, ConvAlgorithm conv_algorithm)
+      : batch_(batch), conv_algorithm_(conv_algorithm) {}
 
   Graph& graph() { return graph_; }
 
@@ -59,6 +60,7 @@ class ResnetGraphBuilder {
     const ValueId y = graph_.add_value(name, {batch_, out_size, out_size, out_channels});
     Conv2dOp& op = graph_.add_op<Conv2dOp>(name, {x}, {y}, {weight}, batch_, in_channels,
                                            out_channels, size, size, kernel, stride, padding);
+    op.algorithm = conv_algorithm_;
     if (x == graph_.input) {  // the images: NCHW as loaded, and no gradient needed
       op.input_layout = ActivationLayout::kNchw;
       op.needs_input_grad = false;
@@ -114,6 +116,7 @@ class ResnetGraphBuilder {
  private:
   Graph graph_;
   int batch_;
+  ConvAlgorithm conv_algorithm_;
 };
 
 }  // namespace
@@ -159,7 +162,7 @@ Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamI
   FT_CHECK(batch >= 1, "resnet: batch must be positive, got ", batch);
   FT_CHECK(static_cast<int>(ids.layers.size()) == kStages, "resnet: parameter ids hold ",
            ids.layers.size(), " stages, expected ", kStages);
-  ResnetGraphBuilder builder(batch);
+  ResnetGraphBuilder builder(batch, shape.conv_algorithm);
   Graph& graph = builder.graph();
   graph.input = graph.add_value("images",
                                 {batch, shape.in_channels, shape.image_size, shape.image_size});

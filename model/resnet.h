@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/graph.h"
+#include "model/ops/conv2d.h"
 #include "model/params.h"
 
 namespace ft {
@@ -26,6 +27,7 @@ struct ResnetShape {
   int image_size = 28;
   int in_channels = 1;
   int classes = 10;
+  ConvAlgorithm conv_algorithm = ConvAlgorithm::kAuto;  // for every convolution
 };
 
 struct BatchNormParamIds {

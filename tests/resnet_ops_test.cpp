@@ -67,14 +67,32 @@ Shape conv_output_shape(const ConvCase& c) {
 }
 
 // Every case runs with NHWC input (every conv inside a ResNet) and NCHW input (the stem, reading
-// the images), and with the forward path forced direct or left automatic (transposed where the
-// shape allows: stride 1, padding (K-1)/2, 8+ NHWC input channels).
-using ConvParam = std::tuple<ConvCase, ActivationLayout, ConvForwardPath>;
+// the images), and with the algorithm forced direct or left automatic (Winograd for 3x3 "same"
+// NHWC convolutions with 16k channels, else transposed where the shape allows: stride 1, padding
+// (K-1)/2, 8+ NHWC input channels).
+using ConvParam = std::tuple<ConvCase, ActivationLayout, ConvAlgorithm>;
 class ConvTest : public ::testing::TestWithParam<ConvParam> {};
 
-bool expect_transposed(const ConvCase& c, ActivationLayout layout, ConvForwardPath path) {
-  return path == ConvForwardPath::kAuto && c.stride == 1 && 2 * c.padding == c.kernel - 1 &&
-         c.in_channels >= 8 && layout == ActivationLayout::kNhwc;
+ConvAlgorithm expected_algorithm(const ConvCase& c, ActivationLayout layout,
+                                 ConvAlgorithm algorithm) {
+  if (algorithm != ConvAlgorithm::kAuto && algorithm != ConvAlgorithm::kOneDnn) return algorithm;
+  const bool same = c.stride == 1 && 2 * c.padding == c.kernel - 1;
+  const bool nhwc = layout == ActivationLayout::kNhwc;
+  if (algorithm == ConvAlgorithm::kAuto && same && nhwc && c.kernel == 3 &&
+      c.in_channels % 16 == 0 && c.out_channels % 16 == 0)
+    return ConvAlgorithm::kWinograd;
+  return same && nhwc && c.in_channels >= 8 ? ConvAlgorithm::kTransposed : ConvAlgorithm::kDirect;
+}
+
+const char* algorithm_name(ConvAlgorithm algorithm) {
+  switch (algorithm) {
+    case ConvAlgorithm::kAuto: return "auto";
+    case ConvAlgorithm::kOneDnn: return "onednn";
+    case ConvAlgorithm::kDirect: return "direct";
+    case ConvAlgorithm::kTransposed: return "transposed";
+    case ConvAlgorithm::kWinograd: return "winograd";
+  }
+  return "?";
 }
 
 // One Conv2dOp in a SingleOpGraph, configured from the test parameter and finished.
@@ -93,7 +111,7 @@ struct ConvGraph : SingleOpGraph {
     conv = &add<Conv2dOp>({weight}, c.batch, c.in_channels, c.out_channels, c.height, c.width,
                           c.kernel, c.stride, c.padding);
     conv->input_layout = std::get<1>(param);
-    conv->forward_path = std::get<2>(param);
+    conv->algorithm = std::get<2>(param);
     finish(seed);
   }
 };
@@ -102,7 +120,7 @@ TEST_P(ConvTest, ForwardAndBackwardMatchNaiveConvolution) {
   const auto [c, layout, path] = GetParam();
   ConvGraph g(GetParam(), 11);
   Conv2dOp& op = *g.conv;
-  EXPECT_EQ(op.forward_is_transposed(), expect_transposed(c, layout, path));
+  EXPECT_EQ(op.resolved_algorithm(), expected_algorithm(c, layout, path));
   ASSERT_EQ(op.out_height(), g.naive.out_h);
   ASSERT_EQ(op.out_width(), g.naive.out_w);
   ASSERT_EQ(op.input_shape(), conv_input_shape(c, layout));
@@ -175,6 +193,10 @@ const ConvCase kConvCases[] = {
     {2, 8, 12, 5, 6, 5, 1, 2},
     {2, 16, 8, 5, 5, 1, 1, 0},
     {2, 12, 12, 5, 5, 3, 1, 1},  // channels not a multiple of 8 (resnet_width 12)
+    // Winograd: whole tiles, half-empty edge tiles, more outputs than inputs and fewer.
+    {2, 16, 16, 6, 6, 3, 1, 1},
+    {2, 16, 32, 7, 5, 3, 1, 1},
+    {1, 32, 16, 3, 3, 3, 1, 1},
 };
 
 // NHWC input with both forward paths for every case; NCHW input (the images) only where the
@@ -183,10 +205,12 @@ const ConvCase kConvCases[] = {
 std::vector<ConvParam> conv_params() {
   std::vector<ConvParam> params;
   for (const ConvCase& c : kConvCases) {
-    params.emplace_back(c, ActivationLayout::kNhwc, ConvForwardPath::kDirect);
-    params.emplace_back(c, ActivationLayout::kNhwc, ConvForwardPath::kAuto);
+    params.emplace_back(c, ActivationLayout::kNhwc, ConvAlgorithm::kDirect);
+    params.emplace_back(c, ActivationLayout::kNhwc, ConvAlgorithm::kAuto);
+    if (c.in_channels % 16 == 0)  // the oneDNN twin of a Winograd case
+      params.emplace_back(c, ActivationLayout::kNhwc, ConvAlgorithm::kOneDnn);
     if (c.in_channels <= 3)
-      params.emplace_back(c, ActivationLayout::kNchw, ConvForwardPath::kDirect);
+      params.emplace_back(c, ActivationLayout::kNchw, ConvAlgorithm::kDirect);
   }
   return params;
 }
@@ -200,20 +224,34 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(c.width) + "c" + std::to_string(c.in_channels) +
              "o" + std::to_string(c.out_channels) +
              (std::get<1>(info.param) == ActivationLayout::kNhwc ? "_nhwc" : "_nchw") +
-             (std::get<2>(info.param) == ConvForwardPath::kDirect ? "_direct" : "_auto");
+             "_" + algorithm_name(std::get<2>(info.param));
     });
 
 TEST(Conv2dOp, TransposedForwardOnlyWhereItApplies) {
   Conv2dOp strided(1, 8, 8, 6, 6, 3, 2, 1), unpadded(1, 8, 8, 6, 6, 3, 1, 0),
       narrow(1, 4, 8, 6, 6, 3, 1, 1), same(1, 8, 8, 6, 6, 3, 1, 1);
   for (Conv2dOp* op : {&strided, &unpadded, &narrow, &same})
-    op->forward_path = ConvForwardPath::kTransposed;
-  EXPECT_THROW(strided.forward_is_transposed(), Error);
-  EXPECT_THROW(unpadded.forward_is_transposed(), Error);
-  EXPECT_THROW(narrow.forward_is_transposed(), Error);
-  EXPECT_TRUE(same.forward_is_transposed());
+    op->algorithm = ConvAlgorithm::kTransposed;
+  EXPECT_THROW(strided.resolved_algorithm(), Error);
+  EXPECT_THROW(unpadded.resolved_algorithm(), Error);
+  EXPECT_THROW(narrow.resolved_algorithm(), Error);
+  EXPECT_EQ(same.resolved_algorithm(), ConvAlgorithm::kTransposed);
   same.input_layout = ActivationLayout::kNchw;
-  EXPECT_THROW(same.forward_is_transposed(), Error);
+  EXPECT_THROW(same.resolved_algorithm(), Error);
+}
+
+TEST(Conv2dOp, WinogradOnlyWhereItApplies) {
+  Conv2dOp strided(1, 16, 16, 6, 6, 3, 2, 1), five(1, 16, 16, 6, 6, 5, 1, 2),
+      narrow(1, 8, 16, 6, 6, 3, 1, 1), same(1, 16, 32, 6, 6, 3, 1, 1);
+  for (Conv2dOp* op : {&strided, &five, &narrow, &same}) op->algorithm = ConvAlgorithm::kWinograd;
+  EXPECT_THROW(strided.resolved_algorithm(), Error);
+  EXPECT_THROW(five.resolved_algorithm(), Error);
+  EXPECT_THROW(narrow.resolved_algorithm(), Error);
+  EXPECT_EQ(same.resolved_algorithm(), ConvAlgorithm::kWinograd);
+  same.input_layout = ActivationLayout::kNchw;
+  EXPECT_THROW(same.resolved_algorithm(), Error);
+  narrow.algorithm = ConvAlgorithm::kAuto;  // falls back to the transposed oneDNN forward
+  EXPECT_EQ(narrow.resolved_algorithm(), ConvAlgorithm::kTransposed);
 }
 
 TEST(Conv2dOp, RejectsKernelLargerThanPaddedInput) {

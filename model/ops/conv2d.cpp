@@ -1,7 +1,8 @@
 // Conv2dOp on oneDNN. Activations are nhwc on both sides of every primitive, so oneDNN reads and
 // writes our buffers directly; only weights are reordered between our oihw and the primitive's
 // blocked layout. Forward runs either as convolution_forward or, for stride-1 "same"
-// convolutions, as the backward-data primitive of the flipped kernel (see ConvForwardPath).
+// convolutions, as the backward-data primitive of the flipped kernel; 3x3 "same" convolutions
+// with 16k channels run all three passes on our Winograd kernels instead (see ConvAlgorithm).
 //
 // Backward, with dy = dL/dy:
 //   dx[b,c,h,w]   += sum_{o,p,q : h = i*S+p-P, w = j*S+q-P} w[o,c,p,q] * dy[b,o,i,j]
@@ -26,6 +27,7 @@
 #include "core/check.h"
 #include "core/dnnl_context.h"
 #include "model/ops/op_checks.h"
+#include "model/ops/winograd.h"
 
 namespace ft {
 namespace {
@@ -92,6 +94,8 @@ void flip_kernel(float* flipped, const float* w, int out_channels, int in_channe
 }  // namespace
 
 struct Conv2dOp::Primitives {
+  ConvAlgorithm algorithm = ConvAlgorithm::kDirect;  // resolved
+  std::vector<float> winograd_weights;               // when kWinograd: transformed per pass
   bool transposed = false;
   dnnl::convolution_forward forward;                   // when !transposed
   dnnl::convolution_backward_data forward_transposed;  // when transposed
@@ -132,21 +136,43 @@ Conv2dOp::Conv2dOp(int batch, int in_channels, int out_channels, int height, int
 
 Conv2dOp::~Conv2dOp() = default;
 
+WinogradShape Conv2dOp::winograd_shape() const {
+  return {batch_, height_, width_, in_channels_, out_channels_};
+}
+
 Shape Conv2dOp::input_shape() const {
   if (input_layout == ActivationLayout::kNchw) return {batch_, in_channels_, height_, width_};
   return {batch_, height_, width_, in_channels_};
 }
 
-bool Conv2dOp::forward_is_transposed() const {
-  const bool applies = stride_ == 1 && 2 * padding_ == kernel_ - 1 && in_channels_ >= 8 &&
-                       input_layout == ActivationLayout::kNhwc;
-  if (forward_path == ConvForwardPath::kTransposed) {
-    FT_CHECK(applies, "conv2d '", name, "': the transposed forward needs stride 1, padding ",
-             "(kernel-1)/2, NHWC input and at least 8 input channels; got stride ", stride_,
-             ", kernel ", kernel_, ", padding ", padding_, ", ", in_channels_, " channels");
-    return true;
+ConvAlgorithm Conv2dOp::resolved_algorithm() const {
+  const bool nhwc = input_layout == ActivationLayout::kNhwc;
+  const bool same = stride_ == 1 && 2 * padding_ == kernel_ - 1;
+  const bool transposed_applies = same && in_channels_ >= 8 && nhwc;
+  const bool winograd_applies = same && kernel_ == 3 && nhwc &&
+                                winograd_supports(in_channels_, out_channels_);
+  switch (algorithm) {
+    case ConvAlgorithm::kAuto:
+      if (winograd_applies) return ConvAlgorithm::kWinograd;
+      return transposed_applies ? ConvAlgorithm::kTransposed : ConvAlgorithm::kDirect;
+    case ConvAlgorithm::kOneDnn:
+      return transposed_applies ? ConvAlgorithm::kTransposed : ConvAlgorithm::kDirect;
+    case ConvAlgorithm::kDirect:
+      return ConvAlgorithm::kDirect;
+    case ConvAlgorithm::kTransposed:
+      FT_CHECK(transposed_applies, "conv2d '", name, "': the transposed forward needs stride 1, ",
+               "padding (kernel-1)/2, NHWC input and at least 8 input channels; got stride ",
+               stride_, ", kernel ", kernel_, ", padding ", padding_, ", ", in_channels_,
+               " channels");
+      return ConvAlgorithm::kTransposed;
+    case ConvAlgorithm::kWinograd:
+      FT_CHECK(winograd_applies, "conv2d '", name, "': Winograd needs a 3x3 kernel, stride 1, ",
+               "padding 1, NHWC input and channels that are multiples of 16; got kernel ",
+               kernel_, ", stride ", stride_, ", padding ", padding_, ", ", in_channels_, " -> ",
+               out_channels_, " channels");
+      return ConvAlgorithm::kWinograd;
   }
-  return forward_path == ConvForwardPath::kAuto && applies;
+  FT_FAIL("conv2d '", name, "': unknown algorithm");
 }
 
 const char* Conv2dOp::forward_impl() const {
@@ -154,6 +180,14 @@ const char* Conv2dOp::forward_impl() const {
 }
 
 void Conv2dOp::build_primitives() {
+  if (resolved_algorithm() == ConvAlgorithm::kWinograd) {
+    auto p = std::make_unique<Primitives>();
+    p->algorithm = ConvAlgorithm::kWinograd;
+    p->winograd_weights.resize(winograd_weights_numel(in_channels_, out_channels_));
+    p->forward_impl = "winograd:f2x2_3x3";
+    primitives_ = std::move(p);
+    return;
+  }
   using tag = memory::format_tag;
   const auto f32 = memory::data_type::f32;
   dnnl::engine& engine = cpu_engine();
@@ -197,7 +231,8 @@ void Conv2dOp::build_primitives() {
            "conv2d '", name, "': oneDNN changed an activation layout");
 
   auto p = std::make_unique<Primitives>();
-  p->transposed = forward_is_transposed();
+  p->algorithm = resolved_algorithm();
+  p->transposed = p->algorithm == ConvAlgorithm::kTransposed;
   if (p->transposed) {
     // The transposed convolution maps out_channels to in_channels; its backward data reads our
     // x as its diff_dst and writes our y as its diff_src (same spatial size at stride 1).
@@ -251,6 +286,13 @@ void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
   expect_numel(weight, shape_numel(weight_shape()), *this, "weight");
   if (!primitives_) build_primitives();
   Primitives& p = *primitives_;
+  if (p.algorithm == ConvAlgorithm::kWinograd) {
+    winograd_transform_weights(p.winograd_weights.data(), weight.data(), out_channels_,
+                               in_channels_, WinogradPass::kForward);
+    winograd_conv(y.data(), x.data(), p.winograd_weights.data(), winograd_shape(),
+                  WinogradWrite::kOverwrite);
+    return;
+  }
   p.src.set_data_handle(x.data());
   p.dst.set_data_handle(y.data());
   if (p.transposed) {
@@ -272,6 +314,19 @@ void Conv2dOp::backward(Workspace& ws, ParamStore& params) {
   FT_CHECK(primitives_ != nullptr, "conv2d '", name, "': backward before forward");
   Primitives& p = *primitives_;
   Param& weight = params[this->params[0]];
+  if (p.algorithm == ConvAlgorithm::kWinograd) {
+    const float* x = ws.values[inputs[0]].data();
+    const float* dy = ws.grads[outputs[0]].data();
+    winograd_conv_weight_grad(weight.grad.data(), x, dy, winograd_shape());
+    if (!needs_input_grad) return;
+    // dx is the forward of the transposed problem: dy's Cout channels in, Cin out.
+    winograd_transform_weights(p.winograd_weights.data(), weight.value.data(), out_channels_,
+                               in_channels_, WinogradPass::kBackwardData);
+    winograd_conv(ws.grads[inputs[0]].data(), dy, p.winograd_weights.data(),
+                  {batch_, height_, width_, out_channels_, in_channels_},
+                  WinogradWrite::kAccumulate);
+    return;
+  }
   p.src.set_data_handle(ws.values[inputs[0]].data());
   p.diff_dst.set_data_handle(ws.grads[outputs[0]].data());
 

@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "model/graph.h"
+#include "model/ops/winograd.h"
 
 namespace ft {
 
@@ -23,17 +24,23 @@ enum class ActivationLayout {
   kNchw,  // [B, C, H, W]: PyTorch's default and the data loader's images
 };
 
-// How forward runs. A stride-1 "same" convolution (padding (K-1)/2) equals the backward-data
+// Which kernels run the three passes (forward, backward data, weight gradient).
+// kTransposed: a stride-1 "same" convolution (padding (K-1)/2) equals the backward-data
 // (transposed) convolution, from Cout to Cin channels, of the kernel with channels swapped and
 // taps flipped, w'[c,o,K-1-p,K-1-q] = w[o,c,p,q]: x plays that convolution's output gradient and
-// y its input gradient. oneDNN 2.6's avx2 backward-data kernels are faster than its forward ones at ResNet's
-// shapes (3x3 at batch 64: 16 channels at 28x28 ~20%, 32 at 14x14 and 64 at 7x7 ~4%;
-// BM_Conv2dForward in bench/resnet_bench.cpp).
-enum class ConvForwardPath {
-  kAuto,        // kTransposed where it applies, kDirect elsewhere
-  kDirect,      // convolution_forward
-  kTransposed,  // convolution_backward_data of the flipped kernel: stride 1, padding (K-1)/2,
-                // NHWC input with at least 8 channels (fewer leave oneDNN's blocked kernels)
+// y its input gradient. oneDNN 2.6's avx2 backward-data kernels are faster than its forward ones
+// at ResNet's shapes (3x3 at batch 64: 16 channels at 28x28 ~20%, 32 at 14x14 and 64 at 7x7 ~4%).
+// kWinograd: our F(2x2, 3x3) kernels (model/ops/winograd.h) do 2.25x fewer multiplies than any
+// direct kernel. BM_Conv2dPasses in bench/resnet_bench.cpp measures all three on ResNet's shapes.
+enum class ConvAlgorithm {
+  kAuto,        // kWinograd where it applies, else kOneDnn
+  kOneDnn,      // kTransposed where it applies, else kDirect
+  kDirect,      // oneDNN convolution_forward, _backward_data, _backward_weights
+  kTransposed,  // forward as oneDNN backward data of the flipped kernel, backward as kDirect:
+                // stride 1, padding (K-1)/2, NHWC input with at least 8 channels (fewer leave
+                // oneDNN's blocked kernels)
+  kWinograd,    // all three passes by Winograd F(2x2, 3x3): 3x3, stride 1, padding 1, NHWC
+                // input, input and output channels multiples of 16
 };
 
 class Conv2dOp : public Op {
@@ -58,17 +65,20 @@ class Conv2dOp : public Op {
   // kNchw lets the stem read the images as the data loader writes them (identical to NHWC when
   // there is one channel). REQUIRES: set before the first forward (primitives are built then).
   ActivationLayout input_layout = ActivationLayout::kNhwc;
-  // REQUIRES: set before the first forward; kTransposed only where it applies (else throws then).
-  ConvForwardPath forward_path = ConvForwardPath::kAuto;
-  // Whether forward_path resolves to kTransposed for this op's shape and input_layout.
-  bool forward_is_transposed() const;
-  // oneDNN's implementation name for forward ("jit:avx2", "x64:gemm:jit", ...), for tests and
-  // benchmarks that check no slow fallback was chosen; empty before the first forward.
+  // REQUIRES: set before the first forward; a forced algorithm only where it applies (else
+  // resolved_algorithm throws, naming the condition that failed).
+  ConvAlgorithm algorithm = ConvAlgorithm::kAuto;
+  // kDirect, kTransposed or kWinograd: what `algorithm` means for this shape and input_layout.
+  ConvAlgorithm resolved_algorithm() const;
+  // The forward implementation's name: oneDNN's ("jit:avx2", "x64:gemm:jit", ...) or
+  // "winograd:f2x2_3x3", for tests and benchmarks that check no slow fallback was chosen; empty
+  // before the first forward.
   const char* forward_impl() const;
 
  private:
   struct Primitives;  // oneDNN primitives, memories and weight reorders, built on first forward
   void build_primitives();
+  WinogradShape winograd_shape() const;
 
   int batch_, in_channels_, out_channels_, height_, width_, kernel_, stride_, padding_;
   int out_height_, out_width_;

@@ -1,0 +1,58 @@
+// Winograd F(2x2, 3x3) kernels (Lavin and Gray, "Fast Algorithms for Convolutional Neural
+// Networks", 2015) for the 3x3, stride-1, padding-1 convolutions that make up most of a ResNet,
+// on channels-last (NHWC) activations. Each 2x2 block of outputs comes from a 4x4 input tile:
+//   y_tile = A^T [ (G w G^T) (.) (B^T x_tile B) ] A          ((.) is the elementwise product)
+// The elementwise product, summed over input channels, is 16 small GEMMs that do 16 multiplies
+// where direct convolution does 36: 2.25x fewer flops, plus transforms that only add.
+// The same kernel runs backward data (the convolution of dy with the flipped, channel-swapped
+// kernel), and the weight gradient follows from differentiating the formula above:
+//   dL/d(G w G^T) = sum over tiles of (A dy_tile A^T) (.) (B^T x_tile B),  dL/dw = G^T [.] G
+// F(2x2, 3x3) transforms hold only 0, +-1 and +-1/2, so the result is as accurate as direct
+// convolution in float32 (tests/resnet_winograd_test.cpp compares the two).
+// Thread safety: calls are independent; each parallelises over tile blocks with OpenMP.
+#pragma once
+#include <cstdint>
+
+namespace ft {
+
+struct WinogradShape {
+  int batch = 0;
+  int height = 0;  // input and output (stride 1, padding 1)
+  int width = 0;
+  int in_channels = 0;
+  int out_channels = 0;
+};
+
+// Which convolution winograd_transform_weights prepares for.
+enum class WinogradPass {
+  kForward,       // y = conv(x, w): U[16][in][out]
+  kBackwardData,  // dx = conv(dy, w'), w'[c,o,p,q] = w[o,c,2-p,2-q]: U[16][out][in]
+};
+
+// Whether to overwrite the output or add into it (a gradient that already holds a shortcut's).
+enum class WinogradWrite { kOverwrite, kAccumulate };
+
+// Whether the kernels take these channel counts: multiples of 16, one register tile wide.
+bool winograd_supports(int in_channels, int out_channels);
+
+// Floats in the transformed weights: 16 * in_channels * out_channels.
+int64_t winograd_weights_numel(int in_channels, int out_channels);
+
+// transformed = the 16 transformed 3x3 kernels laid out for `pass`.
+// REQUIRES: transformed holds winograd_weights_numel floats; weight is OIHW [out, in, 3, 3].
+void winograd_transform_weights(float* transformed, const float* weight, int out_channels,
+                                int in_channels, WinogradPass pass);
+
+// y (=, or += for kAccumulate) conv(x, w), x [B,H,W,in], y [B,H,W,out], with transformed from
+// winograd_transform_weights(kForward). Backward data is the same call with dy as x, dx as y,
+// in/out swapped and transformed from kBackwardData.
+// REQUIRES: winograd_supports(in, out); x and y do not overlap.
+void winograd_conv(float* y, const float* x, const float* transformed, const WinogradShape& shape,
+                   WinogradWrite write);
+
+// weight_grad [out, in, 3, 3] += sum_{b,i,j} dy[b,i,j,o] x[b, i+p-1, j+q-1, c].
+// REQUIRES: winograd_supports(in, out).
+void winograd_conv_weight_grad(float* weight_grad, const float* x, const float* dy,
+                               const WinogradShape& shape);
+
+}  // namespace ft
