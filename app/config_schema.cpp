@@ -52,7 +52,7 @@ std::vector<Field> build_fields() {
       {FT_KEY(model.qk_norm), true_or_false(), "normalise queries and keys before attention (gpt)"},
       {FT_KEY(model.resnet_blocks), in(1, 64), "n in ResNet-(6n+2): residual blocks per stage (resnet)"},
       {FT_KEY(model.resnet_width), in(1, 1024), "channels of the first stage, doubled per stage (resnet)"},
-      {FT_KEY(model.conv_algorithm), one_of({"auto", "onednn"}), "auto: Winograd F(2x2,3x3) for 3x3 stride-1 convs with 16k channels, oneDNN elsewhere; onednn: oneDNN everywhere (resnet)"},
+      {FT_KEY(model.conv_algorithm), one_of({"auto", "onednn"}), "auto: Winograd F(4x4,3x3) for 3x3 stride-1 convs with 16k channels, oneDNN elsewhere; onednn: oneDNN everywhere (resnet)"},
 
       {FT_KEY(train.steps), at_least(1), "optimizer steps"},
       {FT_KEY(train.batch_size), in(1, 65536), "examples per rank per micro-batch"},

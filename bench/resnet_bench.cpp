@@ -67,7 +67,8 @@ BENCHMARK(BM_ResnetForwardBackward)
     ->UseRealTime();
 
 // Args: channels, spatial size (16/28, 32/14, 64/7 are ResNet's stages at width 16), and
-// ConvAlgorithm as an int (1 direct, 2 transposed, 3 Winograd); range(3) = 1 adds backward.
+// ConvAlgorithm as an int (2 direct, 3 transposed, 4 Winograd F4x4, 5 = 4 with F2x2); range(3) = 1
+// adds backward.
 // GFLOP/s counts the direct convolution's flops (2 * 9 * C * outputs per pass), so Winograd's
 // figure is an effective rate that can pass the core's peak.
 void conv_passes(benchmark::State& state) {
@@ -81,7 +82,9 @@ void conv_passes(benchmark::State& state) {
   params.allocate();
   params.initialize(1);
   ft::Conv2dOp op(kBatch, channels, channels, size, size, 3, 1, 1);
-  op.algorithm = static_cast<ft::ConvAlgorithm>(state.range(2));
+  const bool f2 = state.range(2) == 5;
+  op.algorithm = f2 ? ft::ConvAlgorithm::kWinograd : static_cast<ft::ConvAlgorithm>(state.range(2));
+  op.winograd_tile = f2 ? ft::WinogradTile::k2x2 : ft::WinogradTile::k4x4;
   op.inputs = {0};
   op.outputs = {1};
   op.params = {weight};
@@ -108,17 +111,17 @@ void conv_passes(benchmark::State& state) {
 void BM_Conv2dForward(benchmark::State& state) { conv_passes(state); }
 BENCHMARK(BM_Conv2dForward)
     ->ArgNames({"channels", "size", "algorithm", "backward"})
-    ->ArgsProduct({{16}, {28}, {1, 2, 3}, {0}})
-    ->ArgsProduct({{32}, {14}, {1, 2, 3}, {0}})
-    ->ArgsProduct({{64}, {7}, {1, 2, 3}, {0}})
+    ->ArgsProduct({{16}, {28}, {2, 3, 4, 5}, {0}})
+    ->ArgsProduct({{32}, {14}, {2, 3, 4, 5}, {0}})
+    ->ArgsProduct({{64}, {7}, {2, 3, 4, 5}, {0}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 void BM_Conv2dForwardBackward(benchmark::State& state) { conv_passes(state); }
 BENCHMARK(BM_Conv2dForwardBackward)
     ->ArgNames({"channels", "size", "algorithm", "backward"})
-    ->ArgsProduct({{16}, {28}, {1, 3}, {1}})
-    ->ArgsProduct({{32}, {14}, {1, 3}, {1}})
-    ->ArgsProduct({{64}, {7}, {1, 3}, {1}})
+    ->ArgsProduct({{16}, {28}, {2, 4, 5}, {1}})
+    ->ArgsProduct({{32}, {14}, {2, 4, 5}, {1}})
+    ->ArgsProduct({{64}, {7}, {2, 4, 5}, {1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

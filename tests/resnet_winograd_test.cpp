@@ -9,13 +9,17 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "model/executor.h"
+#include "model/ops/conv2d.h"
 #include "model/ops/winograd.h"
+#include "model/resnet.h"
 
 namespace ft {
 namespace {
 
 struct Case {
   int batch, height, width, in_channels, out_channels;
+  WinogradTile tile;
 };
 
 std::vector<float> random_vector(size_t count, uint64_t seed) {
@@ -61,7 +65,9 @@ double relative_error(const std::vector<float>& got, const std::vector<double>& 
   return worst / scale;
 }
 
-constexpr double kTolerance = 2e-6;  // float32 rounding of sums of up to 9 * 64 products
+// Float32 rounding of sums of up to 9 * 64 products: F2 stays within a few ulps of the largest
+// output; F4's transforms (coefficients up to 8 and 1/24) cost about one more digit.
+double tolerance(const Case& c) { return c.tile == WinogradTile::k2x2 ? 2e-6 : 2e-5; }
 
 class Winograd : public ::testing::TestWithParam<Case> {};
 
@@ -70,27 +76,27 @@ TEST_P(Winograd, ForwardMatchesDirectAndAccumulates) {
   const auto x = random_vector(static_cast<size_t>(c.batch) * c.height * c.width * c.in_channels, 1);
   const auto w = random_vector(static_cast<size_t>(c.out_channels) * c.in_channels * 9, 2);
   const auto want = reference_forward(c, x, w);
-  std::vector<float> u(winograd_weights_numel(c.in_channels, c.out_channels));
-  winograd_transform_weights(u.data(), w.data(), c.out_channels, c.in_channels,
+  std::vector<float> u(winograd_weights_numel(c.in_channels, c.out_channels, c.tile));
+  winograd_transform_weights(u.data(), w.data(), c.out_channels, c.in_channels, c.tile,
                              WinogradPass::kForward);
-  const WinogradShape shape{c.batch, c.height, c.width, c.in_channels, c.out_channels};
+  const WinogradShape shape{c.batch, c.height, c.width, c.in_channels, c.out_channels, c.tile};
   std::vector<float> y(want.size(), 1e6f);  // garbage that kOverwrite must replace
   winograd_conv(y.data(), x.data(), u.data(), shape, WinogradWrite::kOverwrite);
-  EXPECT_LT(relative_error(y, want), kTolerance);
+  EXPECT_LT(relative_error(y, want), tolerance(c));
 
   const auto base = random_vector(want.size(), 3);
   std::vector<double> want_sum(want.size());
   for (size_t i = 0; i < want.size(); ++i) want_sum[i] = want[i] + base[i];
   std::vector<float> y_sum = base;
   winograd_conv(y_sum.data(), x.data(), u.data(), shape, WinogradWrite::kAccumulate);
-  EXPECT_LT(relative_error(y_sum, want_sum), kTolerance);
+  EXPECT_LT(relative_error(y_sum, want_sum), tolerance(c));
 }
 
 // dx[b,h,w,c] = sum_{o,p,q} w[o,c,p,q] dy[b, h-p+1, w-q+1, o]: the forward of the transposed case
 // (in and out swapped) with the flipped kernel w'[c,o,p,q] = w[o,c,2-p,2-q].
 TEST_P(Winograd, BackwardDataMatchesFlippedKernelConvolution) {
   const Case c = GetParam();
-  const Case swapped{c.batch, c.height, c.width, c.out_channels, c.in_channels};
+  const Case swapped{c.batch, c.height, c.width, c.out_channels, c.in_channels, c.tile};
   const auto dy = random_vector(static_cast<size_t>(c.batch) * c.height * c.width * c.out_channels, 4);
   const auto w = random_vector(static_cast<size_t>(c.out_channels) * c.in_channels * 9, 5);
   std::vector<float> flipped(w.size());
@@ -102,14 +108,14 @@ TEST_P(Winograd, BackwardDataMatchesFlippedKernelConvolution) {
   auto want = reference_forward(swapped, dy, flipped);
   for (size_t i = 0; i < want.size(); ++i) want[i] += base[i];
 
-  std::vector<float> u(winograd_weights_numel(c.in_channels, c.out_channels));
-  winograd_transform_weights(u.data(), w.data(), c.out_channels, c.in_channels,
+  std::vector<float> u(winograd_weights_numel(c.in_channels, c.out_channels, c.tile));
+  winograd_transform_weights(u.data(), w.data(), c.out_channels, c.in_channels, c.tile,
                              WinogradPass::kBackwardData);
   std::vector<float> dx = base;
   winograd_conv(dx.data(), dy.data(), u.data(),
-                {c.batch, c.height, c.width, c.out_channels, c.in_channels},
+                {c.batch, c.height, c.width, c.out_channels, c.in_channels, c.tile},
                 WinogradWrite::kAccumulate);
-  EXPECT_LT(relative_error(dx, want), kTolerance);
+  EXPECT_LT(relative_error(dx, want), tolerance(c));
 }
 
 // dw[o,c,p,q] += sum_{b,i,j} dy[b,i,j,o] x[b, i+p-1, j+q-1, c].
@@ -136,21 +142,29 @@ TEST_P(Winograd, WeightGradMatchesCorrelationAndAccumulates) {
         }
   std::vector<float> dw = base;
   winograd_conv_weight_grad(dw.data(), x.data(), dy.data(),
-                            {c.batch, c.height, c.width, c.in_channels, c.out_channels});
-  EXPECT_LT(relative_error(dw, want), 4 * kTolerance);  // sums over batch x pixels
+                            {c.batch, c.height, c.width, c.in_channels, c.out_channels, c.tile});
+  EXPECT_LT(relative_error(dw, want), 4 * tolerance(c));  // sums over batch x pixels
+}
+
+// Every shape with both variants: whole tiles, partial edge tiles in either direction (odd sizes
+// for F2, sizes not a multiple of 4 for F4), more inputs than outputs and fewer, one pixel, and
+// more tiles than one block.
+std::vector<Case> cases() {
+  const int shapes[][5] = {{2, 8, 8, 16, 16},  {2, 7, 5, 16, 32},  {1, 7, 7, 32, 16},
+                           {3, 1, 1, 16, 16},  {2, 14, 14, 64, 64}, {1, 28, 28, 16, 16},
+                           {2, 6, 10, 16, 16}};
+  std::vector<Case> all;
+  for (WinogradTile tile : {WinogradTile::k2x2, WinogradTile::k4x4})
+    for (const auto& s : shapes) all.push_back({s[0], s[1], s[2], s[3], s[4], tile});
+  return all;
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, Winograd,
-    ::testing::Values(Case{2, 6, 6, 16, 16},   // whole tiles only
-                      Case{2, 7, 5, 16, 32},   // half-empty edge tiles in both directions
-                      Case{1, 7, 7, 32, 16},   // more inputs than outputs
-                      Case{3, 1, 1, 16, 16},   // one pixel: all taps but the centre padding
-                      Case{2, 14, 14, 64, 64}, // more tiles than one block
-                      Case{1, 28, 28, 16, 16}),
+    ::testing::ValuesIn(cases()),
     [](const ::testing::TestParamInfo<Case>& info) {
       const Case& c = info.param;
-      return "b" + std::to_string(c.batch) + "_" + std::to_string(c.height) + "x" +
+      return std::string(c.tile == WinogradTile::k2x2 ? "f2_" : "f4_") + "b" + std::to_string(c.batch) + "_" + std::to_string(c.height) + "x" +
              std::to_string(c.width) + "_" + std::to_string(c.in_channels) + "to" +
              std::to_string(c.out_channels);
     });
@@ -160,9 +174,58 @@ TEST(WinogradChannels, OnlyMultiplesOf16AreSupportedAndOthersThrow) {
   EXPECT_FALSE(winograd_supports(8, 16));
   EXPECT_FALSE(winograd_supports(16, 24));
   std::vector<float> buffer(16 * 8 * 4, 0.0f);
-  EXPECT_THROW(winograd_conv(buffer.data(), buffer.data(), buffer.data(), {1, 2, 2, 8, 16},
-                             WinogradWrite::kOverwrite),
+  EXPECT_THROW(winograd_conv(buffer.data(), buffer.data(), buffer.data(),
+                             {1, 2, 2, 8, 16, WinogradTile::k4x4}, WinogradWrite::kOverwrite),
                Error);
+}
+
+}  // namespace
+}  // namespace ft
+
+namespace ft {
+namespace {
+
+// A whole resnet8 (width 16, where every 3x3 "same" convolution qualifies) with Winograd and with
+// oneDNN on the same parameters and batch: the loss and every parameter gradient agree.
+TEST(WinogradResnet, LossAndGradientsMatchOneDnnTwin) {
+  ResnetShape shape{1, 16};
+  ParamStore params;
+  const ResnetParamIds ids = register_resnet_params(shape, params);
+  params.allocate();
+  params.initialize(3);
+  constexpr int kBatch = 4;
+  std::vector<float> losses;
+  std::vector<std::vector<float>> grads;
+  for (ConvAlgorithm algorithm : {ConvAlgorithm::kAuto, ConvAlgorithm::kOneDnn}) {
+    shape.conv_algorithm = algorithm;
+    Graph graph = build_resnet_graph(shape, kBatch, ids);
+    int winograd_convs = 0;
+    for (const auto& op : graph.ops)
+      if (auto* conv = dynamic_cast<Conv2dOp*>(op.get()))
+        winograd_convs += conv->resolved_algorithm() == ConvAlgorithm::kWinograd;
+    // layer1.0.conv1 and .conv2, layer2.0.conv2 and layer3.0.conv2; layer2.0.conv1 and
+    // layer3.0.conv1 have stride 2, the shortcuts are 1x1 and the stem has one input channel.
+    EXPECT_EQ(winograd_convs, algorithm == ConvAlgorithm::kAuto ? 4 : 0);
+    Executor executor(graph, params);
+    Workspace ws = executor.make_workspace();
+    Rng rng(5);
+    Tensor& images = ws.values[graph.input];
+    for (int64_t i = 0; i < images.numel(); ++i) images.data()[i] = rng.normal();
+    for (int b = 0; b < kBatch; ++b) ws.targets.push_back(static_cast<int32_t>(rng.below(10)));
+    params.zero_grads();
+    executor.forward(ws);
+    executor.backward(ws);
+    losses.push_back(executor.loss(ws));
+    grads.emplace_back(params.flat_grads().data(), params.flat_grads().data() + params.flat_grads().numel());
+  }
+  EXPECT_NEAR(losses[0], losses[1], 1e-5 * std::abs(losses[1]));
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(grads[0][i] - grads[1][i])));
+    scale = std::max(scale, static_cast<double>(std::abs(grads[1][i])));
+  }
+  EXPECT_GT(scale, 1e-3);
+  EXPECT_LT(worst, 1e-4 * scale);
 }
 
 }  // namespace

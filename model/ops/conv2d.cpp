@@ -1,7 +1,7 @@
 // Conv2dOp on oneDNN. Activations are nhwc on both sides of every primitive, so oneDNN reads and
 // writes our buffers directly; only weights are reordered between our oihw and the primitive's
 // blocked layout. Forward runs either as convolution_forward or, for stride-1 "same"
-// convolutions, as the backward-data primitive of the flipped kernel; 3x3 "same" convolutions
+// convolutions, as the backward-data primitive of the flipped kernel. 3x3 "same" convolutions
 // with 16k channels run all three passes on our Winograd kernels instead (see ConvAlgorithm).
 //
 // Backward, with dy = dL/dy:
@@ -137,7 +137,7 @@ Conv2dOp::Conv2dOp(int batch, int in_channels, int out_channels, int height, int
 Conv2dOp::~Conv2dOp() = default;
 
 WinogradShape Conv2dOp::winograd_shape() const {
-  return {batch_, height_, width_, in_channels_, out_channels_};
+  return {batch_, height_, width_, in_channels_, out_channels_, winograd_tile};
 }
 
 Shape Conv2dOp::input_shape() const {
@@ -183,8 +183,10 @@ void Conv2dOp::build_primitives() {
   if (resolved_algorithm() == ConvAlgorithm::kWinograd) {
     auto p = std::make_unique<Primitives>();
     p->algorithm = ConvAlgorithm::kWinograd;
-    p->winograd_weights.resize(winograd_weights_numel(in_channels_, out_channels_));
-    p->forward_impl = "winograd:f2x2_3x3";
+    p->winograd_weights.resize(
+        winograd_weights_numel(in_channels_, out_channels_, winograd_tile));
+    p->forward_impl =
+        winograd_tile == WinogradTile::k2x2 ? "winograd:f2x2_3x3" : "winograd:f4x4_3x3";
     primitives_ = std::move(p);
     return;
   }
@@ -288,7 +290,7 @@ void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
   Primitives& p = *primitives_;
   if (p.algorithm == ConvAlgorithm::kWinograd) {
     winograd_transform_weights(p.winograd_weights.data(), weight.data(), out_channels_,
-                               in_channels_, WinogradPass::kForward);
+                               in_channels_, winograd_tile, WinogradPass::kForward);
     winograd_conv(y.data(), x.data(), p.winograd_weights.data(), winograd_shape(),
                   WinogradWrite::kOverwrite);
     return;
@@ -321,9 +323,9 @@ void Conv2dOp::backward(Workspace& ws, ParamStore& params) {
     if (!needs_input_grad) return;
     // dx is the forward of the transposed problem: dy's Cout channels in, Cin out.
     winograd_transform_weights(p.winograd_weights.data(), weight.value.data(), out_channels_,
-                               in_channels_, WinogradPass::kBackwardData);
+                               in_channels_, winograd_tile, WinogradPass::kBackwardData);
     winograd_conv(ws.grads[inputs[0]].data(), dy, p.winograd_weights.data(),
-                  {batch_, height_, width_, out_channels_, in_channels_},
+                  {batch_, height_, width_, out_channels_, in_channels_, winograd_tile},
                   WinogradWrite::kAccumulate);
     return;
   }

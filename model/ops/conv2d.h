@@ -30,8 +30,10 @@ enum class ActivationLayout {
 // taps flipped, w'[c,o,K-1-p,K-1-q] = w[o,c,p,q]: x plays that convolution's output gradient and
 // y its input gradient. oneDNN 2.6's avx2 backward-data kernels are faster than its forward ones
 // at ResNet's shapes (3x3 at batch 64: 16 channels at 28x28 ~20%, 32 at 14x14 and 64 at 7x7 ~4%).
-// kWinograd: our F(2x2, 3x3) kernels (model/ops/winograd.h) do 2.25x fewer multiplies than any
-// direct kernel. BM_Conv2dPasses in bench/resnet_bench.cpp measures all three on ResNet's shapes.
+// kWinograd: our Winograd kernels (model/ops/winograd.h; F(4x4, 3x3) unless winograd_tile says
+// F(2x2, 3x3)) do up to 4x fewer multiplies than any direct kernel. BM_Conv2dForward and
+// BM_Conv2dForwardBackward in bench/resnet_bench.cpp measure every algorithm on ResNet's shapes:
+// F4 takes 30-40% off oneDNN's best at all three stages, F2 about half that or less.
 enum class ConvAlgorithm {
   kAuto,        // kWinograd where it applies, else kOneDnn
   kOneDnn,      // kTransposed where it applies, else kDirect
@@ -39,7 +41,7 @@ enum class ConvAlgorithm {
   kTransposed,  // forward as oneDNN backward data of the flipped kernel, backward as kDirect:
                 // stride 1, padding (K-1)/2, NHWC input with at least 8 channels (fewer leave
                 // oneDNN's blocked kernels)
-  kWinograd,    // all three passes by Winograd F(2x2, 3x3): 3x3, stride 1, padding 1, NHWC
+  kWinograd,    // all three passes by Winograd: 3x3, stride 1, padding 1, NHWC
                 // input, input and output channels multiples of 16
 };
 
@@ -68,10 +70,12 @@ class Conv2dOp : public Op {
   // REQUIRES: set before the first forward; a forced algorithm only where it applies (else
   // resolved_algorithm throws, naming the condition that failed).
   ConvAlgorithm algorithm = ConvAlgorithm::kAuto;
+  // Which Winograd variant kWinograd runs. REQUIRES: set before the first forward.
+  WinogradTile winograd_tile = WinogradTile::k4x4;
   // kDirect, kTransposed or kWinograd: what `algorithm` means for this shape and input_layout.
   ConvAlgorithm resolved_algorithm() const;
   // The forward implementation's name: oneDNN's ("jit:avx2", "x64:gemm:jit", ...) or
-  // "winograd:f2x2_3x3", for tests and benchmarks that check no slow fallback was chosen; empty
+  // "winograd:f4x4_3x3", for tests and benchmarks that check no slow fallback was chosen; empty
   // before the first forward.
   const char* forward_impl() const;
 

@@ -1,11 +1,14 @@
-// Winograd F(2x2, 3x3) convolution, forward/backward data and weight gradient, on NHWC.
-// Tiles (one per 2x2 block of outputs, numbered over batch, rows, columns) are processed in
-// blocks small enough that a block's transformed input and its GEMM products stay in L2:
-//   1. transform each tile's 4x4 input window: v[xi][tile][c]          (adds only)
-//   2. 16 GEMMs, one per transform point xi: m[xi] = v[xi] * U[xi]      (the multiplies)
-//   3. transform back to the 2x2 outputs and write (or add) them        (adds only)
-// The transforms vectorise over 8 channels; the GEMMs use a 6x16 register tile, 12 AVX
-// accumulators, written with GCC vector extensions so the compiler emits FMAs for the target.
+// Winograd convolution, forward/backward data and weight gradient, on NHWC, for both variants
+// (model/ops/winograd_tiles.h). Tiles (one per m x m block of outputs, numbered over batch, rows,
+// columns) are processed in blocks small enough that a block's transformed input and its GEMM
+// products stay in L2:
+//   1. transform each tile's window: v[tile][xi][c]                    (adds and scalings)
+//   2. one GEMM per transform point xi: m[.][xi][.] = v[.][xi][.] U[xi]  (the multiplies)
+//   3. transform back to the outputs and write (or add) them
+// Each tile's points sit together (tile-major), so the transforms read and write contiguous
+// memory; the GEMMs take the stride. The transforms vectorise over 8 channels; the GEMMs use a
+// 6x16 register tile, 12 AVX accumulators, written with GCC vector extensions so the compiler
+// emits FMAs for the target.
 #include "model/ops/winograd.h"
 
 #include <omp.h>
@@ -14,58 +17,61 @@
 #include <vector>
 
 #include "core/check.h"
+#include "model/ops/winograd_tiles.h"
 
 namespace ft {
 namespace {
 
-// Eight floats; aligned(4) lets it load and store at any float address.
-typedef float Vec8 __attribute__((vector_size(32), aligned(4), may_alias));
+using winograd::F2;
+using winograd::F4;
+using winograd::load8;
+using winograd::store8;
+using winograd::Vec8;
 
-inline Vec8 load8(const float* at) { return *reinterpret_cast<const Vec8*>(at); }
-inline void store8(float* at, Vec8 value) { *reinterpret_cast<Vec8*>(at) = value; }
-
-constexpr int kPoints = 16;  // a 4x4 transformed tile
-constexpr int kRows = 6;     // register tile of the GEMMs: 6 rows x 16 columns
+constexpr int kRows = 6;  // register tile of the GEMMs: 6 rows x 16 columns
 constexpr int kCols = 16;
 
+template <typename V>
 struct TileGrid {
   explicit TileGrid(const WinogradShape& shape)
-      : rows((shape.height + 1) / 2),
-        cols((shape.width + 1) / 2),
+      : rows((shape.height + V::kOut - 1) / V::kOut),
+        cols((shape.width + V::kOut - 1) / V::kOut),
         count(static_cast<int64_t>(shape.batch) * rows * cols) {}
   int rows, cols;
   int64_t count;
 };
 
-// Where a tile's 2x2 outputs start: image, row, column. Walks the tiles in order with next(),
-// since a division per tile cost more than a third of a 16-channel transform.
+// Where a tile's outputs start: image, row, column. Walks the tiles in order with next(), since
+// a division per tile cost more than a third of a 16-channel transform.
+template <typename V>
 struct TileOrigin {
-  TileOrigin(int64_t tile, const TileGrid& grid)
+  TileOrigin(int64_t tile, const TileGrid<V>& grid)
       : image(static_cast<int>(tile / (grid.rows * grid.cols))),
-        row(2 * static_cast<int>(tile % (grid.rows * grid.cols) / grid.cols)),
-        col(2 * static_cast<int>(tile % grid.cols)),
-        last_col(2 * (grid.cols - 1)),
-        last_row(2 * (grid.rows - 1)) {}
+        row(V::kOut * static_cast<int>(tile % (grid.rows * grid.cols) / grid.cols)),
+        col(V::kOut * static_cast<int>(tile % grid.cols)),
+        last_row(V::kOut * (grid.rows - 1)),
+        last_col(V::kOut * (grid.cols - 1)) {}
   void next() {
     if (col < last_col) {
-      col += 2;
+      col += V::kOut;
       return;
     }
     col = 0;
     if (row < last_row) {
-      row += 2;
+      row += V::kOut;
       return;
     }
     row = 0;
     ++image;
   }
   int image, row, col;
-  int last_col, last_row;
+  int last_row, last_col;
 };
 
-// Tiles per block: 16 x tiles x (in + out) floats, the block's working set, near 256 KB.
+// Tiles per block: points x tiles x (in + out) floats, the block's working set, near 256 KB.
+template <typename V>
 int block_tiles(int in_channels, int out_channels) {
-  int tiles = 4096 / (in_channels + out_channels);
+  int tiles = 65536 / (V::kPoints * (in_channels + out_channels));
   tiles -= tiles % kRows;
   return std::max(kRows, tiles);
 }
@@ -77,20 +83,21 @@ const float* zero_channels(int channels) {
   return zeros.data();
 }
 
-// v[xi][t][c] = (B^T d B)[xi] for the `count` tiles from `first`, d the tile's 4x4 window of x
+// v[t][xi][c] = (B^T d B)[xi] for the `count` tiles from `first`, d the tile's window of x,
 // starting one row and column before its outputs (zero outside x: the padding).
-//   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], applied to the rows, then to the columns.
-void transform_input(float* v, int64_t v_stride, const float* x, const WinogradShape& shape,
-                     int channels, const TileGrid& grid, int64_t first, int count) {
+template <typename V>
+void transform_input(float* v, const float* x, const WinogradShape& shape, int channels,
+                     const TileGrid<V>& grid, int64_t first, int count) {
+  constexpr int W = V::kWindow;
   const float* zeros = zero_channels(channels);
   const int64_t image_size = static_cast<int64_t>(shape.height) * shape.width * channels;
-  TileOrigin origin(first, grid);
+  TileOrigin<V> origin(first, grid);
   for (int t = 0; t < count; ++t, origin.next()) {
-    const float* window[4][4];
-    for (int r = 0; r < 4; ++r) {
+    const float* window[W][W];
+    for (int r = 0; r < W; ++r) {
       const int row = origin.row - 1 + r;
       const bool row_inside = row >= 0 && row < shape.height;
-      for (int q = 0; q < 4; ++q) {
+      for (int q = 0; q < W; ++q) {
         const int col = origin.col - 1 + q;
         window[r][q] = row_inside && col >= 0 && col < shape.width
                            ? x + origin.image * image_size +
@@ -98,91 +105,90 @@ void transform_input(float* v, int64_t v_stride, const float* x, const WinogradS
                            : zeros;
       }
     }
-    // The next tile along the row reads two new columns; ask for them now, since waiting on them
-    // in the loop below cost as much as the transform's arithmetic.
-    for (int r = 0; r < 4; ++r)
-      if (window[r][3] != zeros)
-        for (int line = 0; line < 2 * channels; line += 16)
-          __builtin_prefetch(window[r][3] + channels + line);
-    float* out = v + static_cast<int64_t>(t) * channels;
+    // The next tile along the row reads kOut new columns; ask for them now, since waiting on
+    // them in the loop below cost as much as the transform's arithmetic.
+    for (int r = 0; r < W; ++r)
+      if (window[r][W - 1] != zeros)
+        for (int line = 0; line < V::kOut * channels; line += 16)
+          __builtin_prefetch(window[r][W - 1] + channels + line);
+    float* out = v + static_cast<int64_t>(t) * V::kPoints * channels;
     for (int c = 0; c < channels; c += 8) {
-      Vec8 e[4][4];
-      for (int q = 0; q < 4; ++q) {
-        const Vec8 d0 = load8(window[0][q] + c), d1 = load8(window[1][q] + c);
-        const Vec8 d2 = load8(window[2][q] + c), d3 = load8(window[3][q] + c);
-        e[0][q] = d0 - d2;
-        e[1][q] = d1 + d2;
-        e[2][q] = d2 - d1;
-        e[3][q] = d1 - d3;
+      Vec8 columns[W][W];  // columns[q] = B^T (column q of d)
+      for (int q = 0; q < W; ++q) {
+        Vec8 column[W];
+        for (int r = 0; r < W; ++r) column[r] = load8(window[r][q] + c);
+        V::input(column, columns[q]);
       }
-      for (int r = 0; r < 4; ++r) {
-        float* to = out + 4 * r * v_stride + c;
-        store8(to, e[r][0] - e[r][2]);
-        store8(to + v_stride, e[r][1] + e[r][2]);
-        store8(to + 2 * v_stride, e[r][2] - e[r][1]);
-        store8(to + 3 * v_stride, e[r][1] - e[r][3]);
+      for (int r = 0; r < W; ++r) {
+        Vec8 row[W], transformed[W];
+        for (int q = 0; q < W; ++q) row[q] = columns[q][r];
+        V::input(row, transformed);
+        for (int q = 0; q < W; ++q) store8(out + (r * W + q) * channels + c, transformed[q]);
       }
     }
   }
 }
 
-// y tile (=, or +=) A^T m A for each tile, m[xi][t][o]; outputs past the edge are dropped.
-//   A^T = [1 1 1 0; 0 1 -1 -1].
-void transform_output(float* y, const float* m, int64_t m_stride, const WinogradShape& shape,
-                      int channels, const TileGrid& grid, int64_t first, int count,
-                      WinogradWrite write) {
-  TileOrigin origin(first, grid);
+// y tile (=, or +=) A^T m A for each tile, m[t][xi][o]; outputs past the edge are dropped.
+template <typename V>
+void transform_output(float* y, const float* m, const WinogradShape& shape, int channels,
+                      const TileGrid<V>& grid, int64_t first, int count, WinogradWrite write) {
+  constexpr int W = V::kWindow, M = V::kOut;
+  TileOrigin<V> origin(first, grid);
   for (int t = 0; t < count; ++t, origin.next()) {
+    const float* at = m + static_cast<int64_t>(t) * V::kPoints * channels;
+    const int rows = std::min(M, shape.height - origin.row);
+    const int cols = std::min(M, shape.width - origin.col);
+    float* y_tile = y + ((static_cast<int64_t>(origin.image) * shape.height + origin.row) *
+                             shape.width + origin.col) * channels;
     for (int c = 0; c < channels; c += 8) {
-      const float* at = m + static_cast<int64_t>(t) * channels + c;
-      Vec8 f[2][4];
-      for (int q = 0; q < 4; ++q) {
-        const Vec8 m0 = load8(at + q * m_stride), m1 = load8(at + (4 + q) * m_stride);
-        const Vec8 m2 = load8(at + (8 + q) * m_stride), m3 = load8(at + (12 + q) * m_stride);
-        f[0][q] = m0 + m1 + m2;
-        f[1][q] = m1 - m2 - m3;
+      Vec8 columns[W][M];  // columns[q] = A^T (column q of m)
+      for (int q = 0; q < W; ++q) {
+        Vec8 column[W];
+        for (int r = 0; r < W; ++r) column[r] = load8(at + (r * W + q) * channels + c);
+        V::output(column, columns[q]);
       }
-      for (int r = 0; r < 2; ++r) {
-        const int row = origin.row + r;
-        if (row >= shape.height) continue;
-        const Vec8 out[2] = {f[r][0] + f[r][1] + f[r][2], f[r][1] - f[r][2] - f[r][3]};
-        for (int q = 0; q < 2; ++q) {
-          const int col = origin.col + q;
-          if (col >= shape.width) continue;
-          float* to = y + ((static_cast<int64_t>(origin.image) * shape.height + row) * shape.width +
-                           col) * channels + c;
-          store8(to, write == WinogradWrite::kAccumulate ? load8(to) + out[q] : out[q]);
+      for (int r = 0; r < rows; ++r) {
+        Vec8 row[W], outputs[M];
+        for (int q = 0; q < W; ++q) row[q] = columns[q][r];
+        V::output(row, outputs);
+        for (int q = 0; q < cols; ++q) {
+          float* to = y_tile + (static_cast<int64_t>(r) * shape.width + q) * channels + c;
+          store8(to, write == WinogradWrite::kAccumulate ? load8(to) + outputs[q] : outputs[q]);
         }
       }
     }
   }
 }
 
-// g[xi][t][o] = (A dy_tile A^T)[xi], dy_tile the tile's 2x2 outputs (zero past the edge).
-//   A z = (z0, z0 + z1, z0 - z1, -z1), applied to the rows, then to the columns.
-void transform_output_grad(float* g, int64_t g_stride, const float* dy, const WinogradShape& shape,
-                           int channels, const TileGrid& grid, int64_t first, int count) {
+// g[t][xi][o] = (A dy_tile A^T)[xi], dy_tile the tile's outputs' gradient (zero past the edge).
+template <typename V>
+void transform_output_grad(float* g, const float* dy, const WinogradShape& shape, int channels,
+                           const TileGrid<V>& grid, int64_t first, int count) {
+  constexpr int W = V::kWindow, M = V::kOut;
   const float* zeros = zero_channels(channels);
-  TileOrigin origin(first, grid);
+  TileOrigin<V> origin(first, grid);
   for (int t = 0; t < count; ++t, origin.next()) {
-    const float* window[2][2];
-    for (int r = 0; r < 2; ++r)
-      for (int q = 0; q < 2; ++q)
+    const float* window[M][M];
+    for (int r = 0; r < M; ++r)
+      for (int q = 0; q < M; ++q)
         window[r][q] = origin.row + r < shape.height && origin.col + q < shape.width
                            ? dy + ((static_cast<int64_t>(origin.image) * shape.height +
                                     origin.row + r) * shape.width + origin.col + q) * channels
                            : zeros;
-    float* out = g + static_cast<int64_t>(t) * channels;
+    float* out = g + static_cast<int64_t>(t) * V::kPoints * channels;
     for (int c = 0; c < channels; c += 8) {
-      const Vec8 d00 = load8(window[0][0] + c), d01 = load8(window[0][1] + c);
-      const Vec8 d10 = load8(window[1][0] + c), d11 = load8(window[1][1] + c);
-      const Vec8 e[4][2] = {{d00, d01}, {d00 + d10, d01 + d11}, {d00 - d10, d01 - d11}, {-d10, -d11}};
-      for (int r = 0; r < 4; ++r) {
-        float* to = out + 4 * r * g_stride + c;
-        store8(to, e[r][0]);
-        store8(to + g_stride, e[r][0] + e[r][1]);
-        store8(to + 2 * g_stride, e[r][0] - e[r][1]);
-        store8(to + 3 * g_stride, -e[r][1]);
+      Vec8 columns[M][W];  // columns[q] = A (column q of dy)
+      for (int q = 0; q < M; ++q) {
+        Vec8 column[M];
+        for (int r = 0; r < M; ++r) column[r] = load8(window[r][q] + c);
+        V::grad(column, columns[q]);
+      }
+      for (int r = 0; r < W; ++r) {
+        Vec8 row[M], transformed[W];
+        for (int q = 0; q < M; ++q) row[q] = columns[q][r];
+        V::grad(row, transformed);
+        for (int q = 0; q < W; ++q) store8(out + (r * W + q) * channels + c, transformed[q]);
       }
     }
   }
@@ -264,13 +270,19 @@ bool winograd_supports(int in_channels, int out_channels) {
          out_channels % kCols == 0;
 }
 
-int64_t winograd_weights_numel(int in_channels, int out_channels) {
-  return static_cast<int64_t>(kPoints) * in_channels * out_channels;
+int64_t winograd_weights_numel(int in_channels, int out_channels, WinogradTile tile) {
+  const int points = tile == WinogradTile::k2x2 ? F2::kPoints : F4::kPoints;
+  return static_cast<int64_t>(points) * in_channels * out_channels;
 }
 
-// U = G g G^T, G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1], applied to rows then columns.
-void winograd_transform_weights(float* transformed, const float* weight, int out_channels,
-                                int in_channels, WinogradPass pass) {
+namespace {
+
+// U = G g G^T for every (o, c), at U[xi][c][o] (forward) or U[xi][o][c] (backward data, with the
+// flipped kernel).
+template <typename V>
+void transform_weights(float* transformed, const float* weight, int out_channels,
+                       int in_channels, WinogradPass pass) {
+  constexpr int W = V::kWindow;
   const int64_t point_stride = static_cast<int64_t>(in_channels) * out_channels;
   for (int o = 0; o < out_channels; ++o)
     for (int c = 0; c < in_channels; ++c) {
@@ -278,80 +290,78 @@ void winograd_transform_weights(float* transformed, const float* weight, int out
       float g[3][3];
       for (int tap = 0; tap < 9; ++tap)  // backward data convolves with the flipped kernel
         g[tap / 3][tap % 3] = pass == WinogradPass::kForward ? w[tap] : w[8 - tap];
-      float h[4][3];
+      float columns[3][W];  // columns[q] = G (column q of g)
       for (int q = 0; q < 3; ++q) {
-        h[0][q] = g[0][q];
-        h[1][q] = 0.5f * (g[0][q] + g[1][q] + g[2][q]);
-        h[2][q] = 0.5f * (g[0][q] - g[1][q] + g[2][q]);
-        h[3][q] = g[2][q];
+        const float column[3] = {g[0][q], g[1][q], g[2][q]};
+        V::kernel(column, columns[q]);
       }
       const int64_t at = pass == WinogradPass::kForward
                              ? static_cast<int64_t>(c) * out_channels + o
                              : static_cast<int64_t>(o) * in_channels + c;
-      for (int r = 0; r < 4; ++r) {
-        const float u[4] = {h[r][0], 0.5f * (h[r][0] + h[r][1] + h[r][2]),
-                            0.5f * (h[r][0] - h[r][1] + h[r][2]), h[r][2]};
-        for (int s = 0; s < 4; ++s) transformed[(4 * r + s) * point_stride + at] = u[s];
+      for (int r = 0; r < W; ++r) {
+        const float row[3] = {columns[0][r], columns[1][r], columns[2][r]};
+        float u[W];
+        V::kernel(row, u);
+        for (int s = 0; s < W; ++s) transformed[(r * W + s) * point_stride + at] = u[s];
       }
     }
 }
 
-void winograd_conv(float* y, const float* x, const float* transformed, const WinogradShape& shape,
-                   WinogradWrite write) {
-  check_shape(shape);
-  const TileGrid grid(shape);
+template <typename V>
+void conv(float* y, const float* x, const float* transformed, const WinogradShape& shape,
+          WinogradWrite write) {
+  const TileGrid<V> grid(shape);
   const int in = shape.in_channels, out = shape.out_channels;
-  const int block = block_tiles(in, out);
+  const int block = block_tiles<V>(in, out);
   const int64_t blocks = (grid.count + block - 1) / block;
 #pragma omp parallel
   {
-    float* v = thread_buffer(kInputSlot, static_cast<int64_t>(kPoints) * block * in);
-    float* m = thread_buffer(kProductSlot, static_cast<int64_t>(kPoints) * block * out);
+    float* v = thread_buffer(kInputSlot, static_cast<int64_t>(V::kPoints) * block * in);
+    float* m = thread_buffer(kProductSlot, static_cast<int64_t>(V::kPoints) * block * out);
 #pragma omp for schedule(static)
     for (int64_t index = 0; index < blocks; ++index) {
       const int64_t first = index * block;
       const int count = static_cast<int>(std::min<int64_t>(block, grid.count - first));
-      transform_input(v, static_cast<int64_t>(block) * in, x, shape, in, grid, first, count);
-      for (int xi = 0; xi < kPoints; ++xi)
-        multiply(m + static_cast<int64_t>(xi) * block * out, out,
-                 v + static_cast<int64_t>(xi) * block * in, in, 1,
+      transform_input<V>(v, x, shape, in, grid, first, count);
+      for (int xi = 0; xi < V::kPoints; ++xi)
+        multiply(m + static_cast<int64_t>(xi) * out, V::kPoints * out,
+                 v + static_cast<int64_t>(xi) * in, V::kPoints * in, 1,
                  transformed + static_cast<int64_t>(xi) * in * out, out, count, out, in,
                  WinogradWrite::kOverwrite);
-      transform_output(y, m, static_cast<int64_t>(block) * out, shape, out, grid, first, count,
-                       write);
+      transform_output<V>(y, m, shape, out, grid, first, count, write);
     }
   }
 }
 
-// du[xi][o][c] = sum over tiles of g[xi][t][o] v[xi][t][c], per thread in a fixed block order and
+// du[xi][o][c] = sum over tiles of g[t][xi][o] v[t][xi][c], per thread in a fixed block order and
 // summed over threads in thread order, so a given thread count always gives the same bits.
-// Then weight_grad += G^T du G, G^T = [1 1/2 1/2 0; 0 1/2 -1/2 0; 0 1/2 1/2 1].
-void winograd_conv_weight_grad(float* weight_grad, const float* x, const float* dy,
-                               const WinogradShape& shape) {
-  check_shape(shape);
-  const TileGrid grid(shape);
+// Then weight_grad[o][c] += G^T du[.][o][c] G.
+template <typename V>
+void conv_weight_grad(float* weight_grad, const float* x, const float* dy,
+                      const WinogradShape& shape) {
+  constexpr int W = V::kWindow;
+  const TileGrid<V> grid(shape);
   const int in = shape.in_channels, out = shape.out_channels;
-  const int block = block_tiles(in, out);
+  const int block = block_tiles<V>(in, out);
   const int64_t blocks = (grid.count + block - 1) / block;
-  const int64_t du_numel = winograd_weights_numel(in, out);
+  const int64_t du_numel = static_cast<int64_t>(V::kPoints) * in * out;
   std::vector<std::vector<float>> partials(omp_get_max_threads());
 #pragma omp parallel
   {
-    float* v = thread_buffer(kInputSlot, static_cast<int64_t>(kPoints) * block * in);
-    float* g = thread_buffer(kProductSlot, static_cast<int64_t>(kPoints) * block * out);
+    float* v = thread_buffer(kInputSlot, static_cast<int64_t>(V::kPoints) * block * in);
+    float* g = thread_buffer(kProductSlot, static_cast<int64_t>(V::kPoints) * block * out);
     std::vector<float>& du = partials[omp_get_thread_num()];
     du.assign(du_numel, 0.0f);
 #pragma omp for schedule(static)
     for (int64_t index = 0; index < blocks; ++index) {
       const int64_t first = index * block;
       const int count = static_cast<int>(std::min<int64_t>(block, grid.count - first));
-      transform_input(v, static_cast<int64_t>(block) * in, x, shape, in, grid, first, count);
-      transform_output_grad(g, static_cast<int64_t>(block) * out, dy, shape, out, grid, first,
-                            count);
-      for (int xi = 0; xi < kPoints; ++xi)
+      transform_input<V>(v, x, shape, in, grid, first, count);
+      transform_output_grad<V>(g, dy, shape, out, grid, first, count);
+      for (int xi = 0; xi < V::kPoints; ++xi)
         multiply(du.data() + xi * static_cast<int64_t>(out) * in, in,
-                 g + static_cast<int64_t>(xi) * block * out, 1, out,
-                 v + static_cast<int64_t>(xi) * block * in, in, out, in, count,
+                 g + static_cast<int64_t>(xi) * out, 1, V::kPoints * out,
+                 v + static_cast<int64_t>(xi) * in, V::kPoints * in, out, in, count,
                  WinogradWrite::kAccumulate);
     }
   }
@@ -361,21 +371,48 @@ void winograd_conv_weight_grad(float* weight_grad, const float* x, const float* 
       du[i] += partials[thread][i];
   const int64_t point_stride = static_cast<int64_t>(out) * in;
   for (int64_t pair = 0; pair < point_stride; ++pair) {  // pair = o * in + c
-    float u[4][4];
-    for (int xi = 0; xi < kPoints; ++xi) u[xi / 4][xi % 4] = du[xi * point_stride + pair];
-    float h[3][4];
-    for (int s = 0; s < 4; ++s) {
-      h[0][s] = u[0][s] + 0.5f * (u[1][s] + u[2][s]);
-      h[1][s] = 0.5f * (u[1][s] - u[2][s]);
-      h[2][s] = 0.5f * (u[1][s] + u[2][s]) + u[3][s];
+    float columns[W][3];  // columns[s] = G^T (column s of du)
+    for (int s = 0; s < W; ++s) {
+      float column[W];
+      for (int r = 0; r < W; ++r) column[r] = du[(r * W + s) * point_stride + pair];
+      V::kernel_grad(column, columns[s]);
     }
     float* dw = weight_grad + pair * 9;
     for (int p = 0; p < 3; ++p) {
-      dw[3 * p + 0] += h[p][0] + 0.5f * (h[p][1] + h[p][2]);
-      dw[3 * p + 1] += 0.5f * (h[p][1] - h[p][2]);
-      dw[3 * p + 2] += 0.5f * (h[p][1] + h[p][2]) + h[p][3];
+      float row[W], taps[3];
+      for (int s = 0; s < W; ++s) row[s] = columns[s][p];
+      V::kernel_grad(row, taps);
+      for (int q = 0; q < 3; ++q) dw[3 * p + q] += taps[q];
     }
   }
+}
+
+}  // namespace
+
+void winograd_transform_weights(float* transformed, const float* weight, int out_channels,
+                                int in_channels, WinogradTile tile, WinogradPass pass) {
+  if (tile == WinogradTile::k2x2)
+    transform_weights<F2>(transformed, weight, out_channels, in_channels, pass);
+  else
+    transform_weights<F4>(transformed, weight, out_channels, in_channels, pass);
+}
+
+void winograd_conv(float* y, const float* x, const float* transformed, const WinogradShape& shape,
+                   WinogradWrite write) {
+  check_shape(shape);
+  if (shape.tile == WinogradTile::k2x2)
+    conv<F2>(y, x, transformed, shape, write);
+  else
+    conv<F4>(y, x, transformed, shape, write);
+}
+
+void winograd_conv_weight_grad(float* weight_grad, const float* x, const float* dy,
+                               const WinogradShape& shape) {
+  check_shape(shape);
+  if (shape.tile == WinogradTile::k2x2)
+    conv_weight_grad<F2>(weight_grad, x, dy, shape);
+  else
+    conv_weight_grad<F4>(weight_grad, x, dy, shape);
 }
 
 }  // namespace ft

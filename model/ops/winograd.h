@@ -1,19 +1,25 @@
-// Winograd F(2x2, 3x3) kernels (Lavin and Gray, "Fast Algorithms for Convolutional Neural
-// Networks", 2015) for the 3x3, stride-1, padding-1 convolutions that make up most of a ResNet,
-// on channels-last (NHWC) activations. Each 2x2 block of outputs comes from a 4x4 input tile:
+// Winograd F(2x2, 3x3) and F(4x4, 3x3) kernels (Lavin and Gray, "Fast Algorithms for
+// Convolutional Neural Networks", 2015) for the 3x3, stride-1, padding-1 convolutions that make
+// up most of a ResNet, on channels-last (NHWC) activations. Each m x m block of outputs comes from
+// an (m+2) x (m+2) input tile:
 //   y_tile = A^T [ (G w G^T) (.) (B^T x_tile B) ] A          ((.) is the elementwise product)
-// The elementwise product, summed over input channels, is 16 small GEMMs that do 16 multiplies
-// where direct convolution does 36: 2.25x fewer flops, plus transforms that only add.
+// The elementwise product, summed over input channels, is (m+2)^2 small GEMMs: per output, F2
+// does 4 multiplies and F4 2.25 where direct convolution does 9, plus transforms that only add
+// and scale.
 // The same kernel runs backward data (the convolution of dy with the flipped, channel-swapped
 // kernel), and the weight gradient follows from differentiating the formula above:
 //   dL/d(G w G^T) = sum over tiles of (A dy_tile A^T) (.) (B^T x_tile B),  dL/dw = G^T [.] G
-// F(2x2, 3x3) transforms hold only 0, +-1 and +-1/2, so the result is as accurate as direct
-// convolution in float32 (tests/resnet_winograd_test.cpp compares the two).
+// F2's transforms hold only 0, +-1 and +-1/2, so it is as accurate as direct convolution in
+// float32; F4's larger coefficients lose about one decimal digit (tests/resnet_winograd_test.cpp
+// bounds both against a double-precision direct convolution).
 // Thread safety: calls are independent; each parallelises over tile blocks with OpenMP.
 #pragma once
 #include <cstdint>
 
 namespace ft {
+
+// Output block per tile: F(2x2, 3x3) or F(4x4, 3x3).
+enum class WinogradTile { k2x2, k4x4 };
 
 struct WinogradShape {
   int batch = 0;
@@ -21,12 +27,13 @@ struct WinogradShape {
   int width = 0;
   int in_channels = 0;
   int out_channels = 0;
+  WinogradTile tile = WinogradTile::k4x4;
 };
 
 // Which convolution winograd_transform_weights prepares for.
 enum class WinogradPass {
-  kForward,       // y = conv(x, w): U[16][in][out]
-  kBackwardData,  // dx = conv(dy, w'), w'[c,o,p,q] = w[o,c,2-p,2-q]: U[16][out][in]
+  kForward,       // y = conv(x, w): U[points][in][out]
+  kBackwardData,  // dx = conv(dy, w'), w'[c,o,p,q] = w[o,c,2-p,2-q]: U[points][out][in]
 };
 
 // Whether to overwrite the output or add into it (a gradient that already holds a shortcut's).
@@ -35,17 +42,17 @@ enum class WinogradWrite { kOverwrite, kAccumulate };
 // Whether the kernels take these channel counts: multiples of 16, one register tile wide.
 bool winograd_supports(int in_channels, int out_channels);
 
-// Floats in the transformed weights: 16 * in_channels * out_channels.
-int64_t winograd_weights_numel(int in_channels, int out_channels);
+// Floats in the transformed weights: points (16 or 36) * in_channels * out_channels.
+int64_t winograd_weights_numel(int in_channels, int out_channels, WinogradTile tile);
 
-// transformed = the 16 transformed 3x3 kernels laid out for `pass`.
+// transformed = the transformed 3x3 kernels laid out for `pass`.
 // REQUIRES: transformed holds winograd_weights_numel floats; weight is OIHW [out, in, 3, 3].
 void winograd_transform_weights(float* transformed, const float* weight, int out_channels,
-                                int in_channels, WinogradPass pass);
+                                int in_channels, WinogradTile tile, WinogradPass pass);
 
 // y (=, or += for kAccumulate) conv(x, w), x [B,H,W,in], y [B,H,W,out], with transformed from
 // winograd_transform_weights(kForward). Backward data is the same call with dy as x, dx as y,
-// in/out swapped and transformed from kBackwardData.
+// in/out swapped and transformed from kBackwardData; transformed was made for shape.tile.
 // REQUIRES: winograd_supports(in, out); x and y do not overlap.
 void winograd_conv(float* y, const float* x, const float* transformed, const WinogradShape& shape,
                    WinogradWrite write);
