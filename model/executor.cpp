@@ -20,6 +20,21 @@ Executor::Executor(Graph& graph, ParamStore& params) : graph_(graph), params_(pa
   }
   for (int op_index = static_cast<int>(graph.ops.size()) - 1; op_index >= 0; --op_index)
     for (ParamId id : ready_after_op_[op_index]) grad_ready_order_.push_back(id);
+  // An activation's gradient is first written by the backward of its last reader in forward
+  // order, so it is zeroed just before that op runs backward: the zeroed lines are still in cache
+  // when the op adds into them. Zeroing every gradient up front (about 100 MB in resnet20 at
+  // batch 64) pushed them all out to memory first and cost ~6% of a step.
+  std::vector<int> last_reader(graph.values.size(), -1);
+  for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index)
+    for (ValueId id : graph.ops[op_index]->inputs) last_reader[id] = op_index;
+  zero_before_op_.assign(graph.ops.size(), {});
+  for (ValueId id = 0; id < static_cast<ValueId>(graph.values.size()); ++id) {
+    if (id == graph.loss) continue;  // seeded with 1
+    if (last_reader[id] >= 0)
+      zero_before_op_[last_reader[id]].push_back(id);
+    else
+      zero_at_start_.push_back(id);  // read by no op: nothing writes it, keep it zero anyway
+  }
 }
 
 Workspace Executor::make_workspace() const {
@@ -40,11 +55,12 @@ void Executor::forward(Workspace& ws) {
 }
 
 void Executor::backward(Workspace& ws, const GradReadyFn& on_grad_ready) {
-  for (Tensor& grad : ws.grads) grad.fill(0.0f);
+  for (ValueId id : zero_at_start_) ws.grads[id].fill(0.0f);
   ws.grads[graph_.loss].fill(1.0f);
   for (int op_index = static_cast<int>(graph_.ops.size()) - 1; op_index >= 0; --op_index) {
     Op& op = *graph_.ops[op_index];
     const double start = profiling_ ? now_ms() : 0.0;
+    for (ValueId id : zero_before_op_[op_index]) ws.grads[id].fill(0.0f);
     op.backward(ws, params_);
     if (profiling_) op_times_.add(std::string(op.kind()) + ".backward", now_ms() - start);
     if (on_grad_ready)

@@ -22,8 +22,9 @@ class Executor {
   Workspace make_workspace() const;
 
   void forward(Workspace& ws);
-  // Zeroes activation gradients, seeds d(loss) = 1, runs backward ops in reverse. Parameter
-  // gradients accumulate (+=): the caller zeroes them once per optimizer step.
+  // Seeds d(loss) = 1 and runs backward ops in reverse, zeroing each activation gradient just
+  // before the first op that adds into it. Parameter gradients accumulate (+=): the caller zeroes
+  // them once per optimizer step.
   void backward(Workspace& ws, const GradReadyFn& on_grad_ready = nullptr);
 
   float loss(const Workspace& ws) const { return ws.values[graph_.loss].data()[0]; }
@@ -39,6 +40,8 @@ class Executor {
   ParamStore& params_;
   std::vector<std::vector<ParamId>> ready_after_op_;  // per op index
   std::vector<ParamId> grad_ready_order_;
+  std::vector<std::vector<ValueId>> zero_before_op_;  // per op index: input grads it writes first
+  std::vector<ValueId> zero_at_start_;                // grads no op writes
   bool profiling_ = false;
   TimeTable op_times_;
 };

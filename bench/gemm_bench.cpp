@@ -1,0 +1,53 @@
+// The GEMMs of one gpt_tiny training step (rows = B*T = 256, d_model 128), one at a time through
+// core/gemm.h, in GFLOP/s against this core's fp32 peak (about 90 single-threaded): which of a
+// linear layer's three matmuls (forward, dx, dW) leaves speed on the table.
+//   build/bench/gemm_bench --benchmark_counters_tabular=true
+// Env FT_THREADS sets the OpenMP threads (default 1).
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "core/gemm.h"
+
+namespace {
+
+// Args: m, n, k, transpose_a, transpose_b, accumulate.
+void BM_Gemm(benchmark::State& state) {
+  const char* threads = std::getenv("FT_THREADS");
+  omp_set_num_threads(threads ? std::atoi(threads) : 1);
+  ft::GemmArgs args;
+  args.m = state.range(0);
+  args.n = state.range(1);
+  args.k = state.range(2);
+  args.transpose_a = state.range(3) != 0;
+  args.transpose_b = state.range(4) != 0;
+  args.accumulate = state.range(5) != 0;
+  std::vector<float> a(args.m * args.k, 0.5f), b(args.k * args.n, 0.25f), c(args.m * args.n, 0.0f);
+  for (auto _ : state) ft::gemm(c.data(), a.data(), b.data(), args);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * args.m * args.n * args.k * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+// For each linear (in -> out) of a GPT block at rows 256: forward y = x W^T, dx += dy W,
+// dW += dy^T x, and two variants of dW that show what its transposed operand costs: without the
+// accumulate, and with dy already transposed.
+void linear_shapes(benchmark::internal::Benchmark* bench) {
+  const int rows = 256;
+  for (const auto& [in, out] : std::vector<std::pair<int, int>>{{128, 384}, {128, 128}, {128, 512}, {512, 128}}) {
+    bench->Args({rows, out, in, 0, 1, 0});  // forward
+    bench->Args({rows, in, out, 0, 0, 1});  // dx
+    bench->Args({out, in, rows, 1, 0, 1});  // dW
+    bench->Args({out, in, rows, 1, 0, 0});  // dW, no accumulate
+    bench->Args({out, in, rows, 0, 0, 1});  // dW with dy pre-transposed
+  }
+}
+BENCHMARK(BM_Gemm)
+    ->ArgNames({"m", "n", "k", "ta", "tb", "acc"})
+    ->Apply(linear_shapes)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,59 @@
+// GPT forward + backward benchmark (no optimizer) at the gpt_tiny shape of the speed
+// target (n_layer 4, d_model 128, 4 heads, B=4, T=64) on one rank, with the per-op-kind time of a
+// step as counters (ms, executor profiling): where a step's time goes, and so which fusion can
+// pay.
+//   build/bench/gpt_bench --benchmark_counters_tabular=true
+// Env FT_THREADS sets the OpenMP threads (default 1, as train_step_bench).
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <cstdlib>
+
+#include "core/rng.h"
+#include "model/executor.h"
+#include "model/gpt.h"
+
+namespace {
+
+void BM_GptForwardBackward(benchmark::State& state) {
+  const char* threads = std::getenv("FT_THREADS");
+  omp_set_num_threads(threads ? std::atoi(threads) : 1);
+  const int batch = static_cast<int>(state.range(0));
+  ft::GptShape shape;
+  shape.n_layer = 4;
+  shape.n_head = 4;
+  shape.d_model = 128;
+  shape.seq_len = 64;
+  shape.vocab_size = 256;
+  ft::ParamStore params;
+  ft::Graph graph = ft::build_gpt(shape, batch, params);
+  params.allocate();
+  params.initialize(1);
+  ft::Executor executor(graph, params);
+  ft::Workspace ws = executor.make_workspace();
+  ft::Rng rng(2);
+  for (int i = 0; i < batch * shape.seq_len; ++i) {
+    ws.tokens.push_back(static_cast<int32_t>(rng.below(256)));
+    ws.targets.push_back(static_cast<int32_t>(rng.below(256)));
+  }
+  for (int i = 0; i < 2; ++i) {  // build primitives, warm the allocator
+    executor.forward(ws);
+    executor.backward(ws);
+  }
+  executor.set_profiling(true);
+  for (auto _ : state) {
+    params.zero_grads();
+    executor.forward(ws);
+    executor.backward(ws);
+  }
+  state.counters["tokens/s"] = benchmark::Counter(batch * shape.seq_len * state.iterations(),
+                                                  benchmark::Counter::kIsRate);
+  const double steps = static_cast<double>(state.iterations());
+  for (const auto& [op, entry] : executor.op_times().entries())
+    state.counters[op] = benchmark::Counter(entry.total_ms / steps);
+}
+BENCHMARK(BM_GptForwardBackward)->ArgName("batch")->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
