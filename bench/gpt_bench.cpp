@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 
+#include "bench/profiled_steps.h"
 #include "core/rng.h"
 #include "model/executor.h"
 #include "model/gpt.h"
@@ -36,21 +37,7 @@ void BM_GptForwardBackward(benchmark::State& state) {
     ws.tokens.push_back(static_cast<int32_t>(rng.below(256)));
     ws.targets.push_back(static_cast<int32_t>(rng.below(256)));
   }
-  for (int i = 0; i < 2; ++i) {  // build primitives, warm the allocator
-    executor.forward(ws);
-    executor.backward(ws);
-  }
-  executor.set_profiling(true);
-  for (auto _ : state) {
-    params.zero_grads();
-    executor.forward(ws);
-    executor.backward(ws);
-  }
-  state.counters["tokens/s"] = benchmark::Counter(batch * shape.seq_len * state.iterations(),
-                                                  benchmark::Counter::kIsRate);
-  const double steps = static_cast<double>(state.iterations());
-  for (const auto& [op, entry] : executor.op_times().entries())
-    state.counters[op] = benchmark::Counter(entry.total_ms / steps);
+  ft::bench::run_profiled_steps(state, executor, params, ws, batch * shape.seq_len, "tokens");
 }
 BENCHMARK(BM_GptForwardBackward)->ArgName("batch")->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/profiled_steps.h"
 #include "core/rng.h"
 #include "model/executor.h"
 #include "model/ops/batchnorm.h"
@@ -44,21 +45,7 @@ void BM_ResnetForwardBackward(benchmark::State& state) {
   ft::Tensor& images = ws.values[graph.input];
   for (int64_t i = 0; i < images.numel(); ++i) images.data()[i] = rng.normal();
   for (int b = 0; b < kBatch; ++b) ws.targets.push_back(static_cast<int32_t>(rng.below(10)));
-  for (int i = 0; i < 2; ++i) {  // build primitives, warm the allocator
-    executor.forward(ws);
-    executor.backward(ws);
-  }
-  executor.set_profiling(true);
-  for (auto _ : state) {
-    params.zero_grads();
-    executor.forward(ws);
-    executor.backward(ws);
-  }
-  state.counters["images/s"] =
-      benchmark::Counter(kBatch * state.iterations(), benchmark::Counter::kIsRate);
-  const double steps = static_cast<double>(state.iterations());
-  for (const auto& [op, entry] : executor.op_times().entries())
-    state.counters[op] = benchmark::Counter(entry.total_ms / steps);
+  ft::bench::run_profiled_steps(state, executor, params, ws, kBatch, "images");
 }
 BENCHMARK(BM_ResnetForwardBackward)
     ->ArgNames({"blocks", "algorithm"})
