@@ -55,13 +55,21 @@ void Executor::forward(Workspace& ws) {
 }
 
 void Executor::backward(Workspace& ws, const GradReadyFn& on_grad_ready) {
+  ws.grad_fresh.assign(ws.grads.size(), 0);
   for (ValueId id : zero_at_start_) ws.grads[id].fill(0.0f);
   ws.grads[graph_.loss].fill(1.0f);
   for (int op_index = static_cast<int>(graph_.ops.size()) - 1; op_index >= 0; --op_index) {
     Op& op = *graph_.ops[op_index];
     const double start = profiling_ ? now_ms() : 0.0;
-    for (ValueId id : zero_before_op_[op_index]) ws.grads[id].fill(0.0f);
+    const bool overwrites = fresh_gradients_ && op.overwrites_fresh_input_grads();
+    for (ValueId id : zero_before_op_[op_index]) {
+      if (overwrites)
+        ws.grad_fresh[id] = 1;
+      else
+        ws.grads[id].fill(0.0f);
+    }
     op.backward(ws, params_);
+    for (ValueId id : zero_before_op_[op_index]) ws.grad_fresh[id] = 0;
     if (profiling_) op_times_.add(std::string(op.kind()) + ".backward", now_ms() - start);
     if (on_grad_ready)
       for (ParamId id : ready_after_op_[op_index]) on_grad_ready(id);

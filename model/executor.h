@@ -22,8 +22,9 @@ class Executor {
   Workspace make_workspace() const;
 
   void forward(Workspace& ws);
-  // Seeds d(loss) = 1 and runs backward ops in reverse, zeroing each activation gradient just
-  // before the first op that adds into it. Parameter gradients accumulate (+=): the caller zeroes
+  // Seeds d(loss) = 1 and runs backward ops in reverse. Each activation gradient is first written
+  // by the backward of its last reader in forward order: just before that op runs, the gradient
+  // is zeroed, or marked fresh (ws.grad_fresh) for an op that overwrites_fresh_input_grads(). Parameter gradients accumulate (+=): the caller zeroes
   // them once per optimizer step.
   void backward(Workspace& ws, const GradReadyFn& on_grad_ready = nullptr);
 
@@ -33,6 +34,9 @@ class Executor {
   const std::vector<ParamId>& grad_ready_order() const { return grad_ready_order_; }
 
   void set_profiling(bool on) { profiling_ = on; }
+  // Off: every activation gradient is zeroed and every op accumulates, the reference that tests
+  // compare the default (ops that can overwrite a fresh gradient do) against.
+  void set_fresh_gradients(bool on) { fresh_gradients_ = on; }
   TimeTable& op_times() { return op_times_; }
 
  private:
@@ -43,6 +47,7 @@ class Executor {
   std::vector<std::vector<ValueId>> zero_before_op_;  // per op index: input grads it writes first
   std::vector<ValueId> zero_at_start_;                // grads no op writes
   bool profiling_ = false;
+  bool fresh_gradients_ = true;
   TimeTable op_times_;
 };
 

@@ -28,6 +28,13 @@ struct Workspace {
   std::vector<int32_t> targets;  // GPT: next-byte ids [B*T]; ResNet: class labels [B]
   bool training = true;          // dropout on, BatchNorm uses batch statistics
   uint64_t dropout_seed = 0;     // changes every step; masks are a pure function of it
+  // Per value, set by the executor only for an op that overwrites_fresh_input_grads(): the
+  // gradient buffer holds stale data, and that op's backward must write (=) all of it.
+  std::vector<uint8_t> grad_fresh;
+
+  bool grad_is_fresh(ValueId id) const {
+    return static_cast<size_t>(id) < grad_fresh.size() && grad_fresh[id] != 0;
+  }
 };
 
 class Op {
@@ -36,8 +43,14 @@ class Op {
   virtual const char* kind() const = 0;
   // Writes (=) every output value.
   virtual void forward(Workspace& ws, ParamStore& params) = 0;
-  // Accumulates (+=) into the gradients of inputs and parameters, reading output gradients.
+  // Accumulates (+=) into the gradients of inputs and parameters, reading output gradients;
+  // writes (=) instead into every input gradient that ws.grad_is_fresh(), if
+  // overwrites_fresh_input_grads().
   virtual void backward(Workspace& ws, ParamStore& params) = 0;
+  // True if backward honours ws.grad_fresh, writing every element of a fresh input gradient.
+  // The executor then skips zeroing those buffers (and the op skips reading them), which saved
+  // ~7% of a resnet20 step; ops that keep the default are handed zeroed buffers.
+  virtual bool overwrites_fresh_input_grads() const { return false; }
 
   std::string name;
   std::vector<ValueId> inputs;

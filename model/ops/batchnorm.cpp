@@ -118,7 +118,8 @@ void scale_and_shift(float* out, const float* x, const float* scale, const float
   }
 }
 
-// dx[r, c] += k_dy[c] * dy[r, c] + k_x[c] * (x[r, c] - mean[c]) + k_0[c].
+// dx[r, c] (+)= k_dy[c] * dy[r, c] + k_x[c] * (x[r, c] - mean[c]) + k_0[c]; `=` when kFresh.
+template <bool kFresh>
 void add_input_gradient(float* dx, const float* x, const float* dy, const float* mean,
                         const float* k_dy, const float* k_x, const float* k_0, int64_t rows,
                         int channels) {
@@ -128,11 +129,14 @@ void add_input_gradient(float* dx, const float* x, const float* dy, const float*
     const int64_t row = r * channels;
     for (int c = 0; c < vector_channels; c += kLanes) {
       const Lanes centred = load(x + row + c) - load(mean + c);
-      store(dx + row + c, load(dx + row + c) + load(k_dy + c) * load(dy + row + c) +
-                              load(k_x + c) * centred + load(k_0 + c));
+      const Lanes gradient =
+          load(k_dy + c) * load(dy + row + c) + load(k_x + c) * centred + load(k_0 + c);
+      store(dx + row + c, kFresh ? gradient : load(dx + row + c) + gradient);
     }
-    for (int c = vector_channels; c < channels; ++c)
-      dx[row + c] += k_dy[c] * dy[row + c] + k_x[c] * (x[row + c] - mean[c]) + k_0[c];
+    for (int c = vector_channels; c < channels; ++c) {
+      const float gradient = k_dy[c] * dy[row + c] + k_x[c] * (x[row + c] - mean[c]) + k_0[c];
+      dx[row + c] = kFresh ? gradient : dx[row + c] + gradient;
+    }
   }
 }
 
@@ -252,7 +256,10 @@ void BatchNorm2dOp::backward(Workspace& ws, ParamStore& params) {
     k_x[c] = static_cast<float>(x_factor);
     k_0[c] = static_cast<float>(-scale * sum_dy[c] / count);
   }
-  add_input_gradient(dx, in, dy, mean, k_dy, k_x, k_0, rows, channels);
+  if (ws.grad_is_fresh(inputs[0]))
+    add_input_gradient<true>(dx, in, dy, mean, k_dy, k_x, k_0, rows, channels);
+  else
+    add_input_gradient<false>(dx, in, dy, mean, k_dy, k_x, k_0, rows, channels);
 }
 
 }  // namespace ft

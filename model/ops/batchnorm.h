@@ -27,6 +27,7 @@ class BatchNorm2dOp : public Op {
   void forward(Workspace& ws, ParamStore& params) override;
   // REQUIRES: the last forward ran in training mode (eval-mode backward is not implemented).
   void backward(Workspace& ws, ParamStore& params) override;
+  bool overwrites_fresh_input_grads() const override { return true; }
 
   Shape shape() const { return {batch_, height_, width_, channels_}; }
 

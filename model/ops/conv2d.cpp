@@ -14,9 +14,8 @@
 // gradient), and dw into a blocked buffer that a reorder with a sum post-op adds into the oihw
 // gradient (which may hold an earlier micro-batch's). The dx scratch is one per thread, shared by
 // every convolution, so it stays in cache; a buffer per op (19 of up to 3 MB in resnet20) is cold
-// each time, which cost ~1% of a resnet20 step. Writing dx straight into ours where it is known
-// to be zero measured within noise (the write still fetches the cold line), so the op keeps the
-// accumulate contract.
+// each time, which cost ~1% of a resnet20 step. When the executor hands over a fresh gradient
+// (Op::overwrites_fresh_input_grads), dx goes straight into it and nothing is added or zeroed.
 #include "model/ops/conv2d.h"
 
 #include <dnnl.hpp>
@@ -326,7 +325,8 @@ void Conv2dOp::backward(Workspace& ws, ParamStore& params) {
                                in_channels_, winograd_tile, WinogradPass::kBackwardData);
     winograd_conv(ws.grads[inputs[0]].data(), dy, p.winograd_weights.data(),
                   {batch_, height_, width_, out_channels_, in_channels_, winograd_tile},
-                  WinogradWrite::kAccumulate);
+                  ws.grad_is_fresh(inputs[0]) ? WinogradWrite::kOverwrite
+                                              : WinogradWrite::kAccumulate);
     return;
   }
   p.src.set_data_handle(ws.values[inputs[0]].data());
@@ -340,16 +340,17 @@ void Conv2dOp::backward(Workspace& ws, ParamStore& params) {
   p.add_diff_weights.execute(cpu_stream(), p.diff_weights_written, p.diff_weights_user);
 
   if (needs_input_grad) {
-    // dx: transposed convolution of dy with w.
+    // dx: transposed convolution of dy with w, straight into a fresh gradient.
     const int64_t count = shape_numel(input_shape());
-    float* written = thread_scratch(count);
+    const bool fresh = ws.grad_is_fresh(inputs[0]);
+    float* written = fresh ? ws.grads[inputs[0]].data() : thread_scratch(count);
     p.diff_src_written.set_data_handle(written);
     p.data_weights.to_prim(weight.value.data());
     p.backward_data.execute(cpu_stream(), {{DNNL_ARG_DIFF_SRC, p.diff_src_written},
                                            {DNNL_ARG_WEIGHTS, p.data_weights.prim},
                                            {DNNL_ARG_DIFF_DST, p.diff_dst}});
     cpu_stream().wait();
-    add_into(ws.grads[inputs[0]].data(), written, count);
+    if (!fresh) add_into(ws.grads[inputs[0]].data(), written, count);
   }
   cpu_stream().wait();
 }

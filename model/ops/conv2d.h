@@ -55,6 +55,7 @@ class Conv2dOp : public Op {
   const char* kind() const override { return "conv2d"; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
+  bool overwrites_fresh_input_grads() const override { return needs_input_grad; }
 
   int out_height() const { return out_height_; }
   int out_width() const { return out_width_; }

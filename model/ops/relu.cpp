@@ -33,6 +33,11 @@ void ReluOp::backward(Workspace& ws, ParamStore&) {
   const float* dy = ws.grads[outputs[0]].data();
   float* dx = ws.grads[inputs[0]].data();
   const int64_t count = numel_;
+  if (ws.grad_is_fresh(inputs[0])) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < count; ++i) dx[i] = out[i] > 0.0f ? dy[i] : 0.0f;
+    return;
+  }
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < count; ++i) dx[i] += out[i] > 0.0f ? dy[i] : 0.0f;
 }

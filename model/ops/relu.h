@@ -15,6 +15,7 @@ class ReluOp : public Op {
   const char* kind() const override { return "relu"; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
+  bool overwrites_fresh_input_grads() const override { return true; }
 
  private:
   int64_t numel_;

@@ -11,11 +11,28 @@ void residual_forward(float* out, const float* a, const float* b, int64_t numel)
 }
 
 // d(a + b)/da = d(a + b)/db = 1, so each input receives dout unchanged.
-void residual_backward(float* da, float* db, const float* dout, int64_t numel) {
+namespace {
+
+template <bool kFreshA, bool kFreshB>
+void pass_gradient(float* da, float* db, const float* dout, int64_t numel) {
   for (int64_t i = 0; i < numel; ++i) {
-    da[i] += dout[i];
-    db[i] += dout[i];
+    da[i] = kFreshA ? dout[i] : da[i] + dout[i];
+    db[i] = kFreshB ? dout[i] : db[i] + dout[i];
   }
+}
+
+}  // namespace
+
+void residual_backward(float* da, float* db, const float* dout, int64_t numel, bool fresh_a,
+                       bool fresh_b) {
+  if (fresh_a && fresh_b)
+    pass_gradient<true, true>(da, db, dout, numel);
+  else if (fresh_a)
+    pass_gradient<true, false>(da, db, dout, numel);
+  else if (fresh_b)
+    pass_gradient<false, true>(da, db, dout, numel);
+  else
+    pass_gradient<false, false>(da, db, dout, numel);
 }
 
 ResidualAddOp::ResidualAddOp(int64_t numel) : numel_(numel) {
@@ -39,7 +56,8 @@ void ResidualAddOp::forward(Workspace& ws, ParamStore&) {
 void ResidualAddOp::backward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
   residual_backward(ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
-                    ws.grads[outputs[0]].data(), numel_);
+                    ws.grads[outputs[0]].data(), numel_, ws.grad_is_fresh(inputs[0]),
+                    ws.grad_is_fresh(inputs[1]));
 }
 
 }  // namespace ft

@@ -9,7 +9,9 @@ namespace ft {
 
 void residual_forward(float* out, const float* a, const float* b, int64_t numel);
 // da += dout; db += dout.
-void residual_backward(float* da, float* db, const float* dout, int64_t numel);
+// da (+)= dout and db (+)= dout; `=` for a fresh gradient (see Op::overwrites_fresh_input_grads).
+void residual_backward(float* da, float* db, const float* dout, int64_t numel, bool fresh_a = false,
+                       bool fresh_b = false);
 
 class ResidualAddOp : public Op {
  public:
@@ -17,6 +19,7 @@ class ResidualAddOp : public Op {
   const char* kind() const override { return "residual"; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
+  bool overwrites_fresh_input_grads() const override { return true; }
 
  private:
   void check_wiring(const Workspace& ws) const;

@@ -14,7 +14,7 @@
 namespace ft::winograd {
 
 // Eight floats; aligned(4) lets it load and store at any float address.
-typedef float Vec8 __attribute__((vector_size(32), aligned(4), may_alias));
+typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
 
 inline Vec8 load8(const float* at) { return *reinterpret_cast<const Vec8*>(at); }
 inline void store8(float* at, Vec8 value) { *reinterpret_cast<Vec8*>(at) = value; }
