@@ -34,7 +34,8 @@ void BM_Gemm(benchmark::State& state) {
 // accumulate, and with dy already transposed.
 void linear_shapes(benchmark::internal::Benchmark* bench) {
   const int rows = 256;
-  for (const auto& [in, out] : std::vector<std::pair<int, int>>{{128, 384}, {128, 128}, {128, 512}, {512, 128}}) {
+  for (const auto& [in, out] :
+       std::vector<std::pair<int, int>>{{128, 384}, {128, 128}, {128, 512}, {512, 128}}) {
     bench->Args({rows, out, in, 0, 1, 0});  // forward
     bench->Args({rows, in, out, 0, 0, 1});  // dx
     bench->Args({out, in, rows, 1, 0, 1});  // dW

@@ -39,7 +39,11 @@ void BM_GptForwardBackward(benchmark::State& state) {
   }
   ft::bench::run_profiled_steps(state, executor, params, ws, batch * shape.seq_len, "tokens");
 }
-BENCHMARK(BM_GptForwardBackward)->ArgName("batch")->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GptForwardBackward)
+    ->ArgName("batch")
+    ->Arg(4)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 

@@ -2,6 +2,8 @@
 // or handed over stale ("fresh") to an op that overwrites it (ReLU, BatchNorm, residual add,
 // convolution on both the Winograd and oneDNN paths). The default must give exactly the bits of
 // the reference twin in which every gradient is zeroed up front and every op accumulates.
+#include "model/executor.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "model/executor.h"
 #include "model/resnet.h"
 
 namespace ft {

@@ -67,13 +67,16 @@ double relative_error(const std::vector<float>& got, const std::vector<double>& 
 
 // Float32 rounding of sums of up to 9 * 64 products: F2 stays within a few ulps of the largest
 // output; F4's transforms (coefficients up to 8 and 1/24) cost about one more digit.
-double tolerance(const Case& c) { return c.tile == WinogradTile::k2x2 ? 2e-6 : 2e-5; }
+double tolerance(const Case& c) {
+  return c.tile == WinogradTile::k2x2 ? 2e-6 : 2e-5;
+}
 
 class Winograd : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Winograd, ForwardMatchesDirectAndAccumulates) {
   const Case c = GetParam();
-  const auto x = random_vector(static_cast<size_t>(c.batch) * c.height * c.width * c.in_channels, 1);
+  const auto x =
+      random_vector(static_cast<size_t>(c.batch) * c.height * c.width * c.in_channels, 1);
   const auto w = random_vector(static_cast<size_t>(c.out_channels) * c.in_channels * 9, 2);
   const auto want = reference_forward(c, x, w);
   std::vector<float> u(winograd_weights_numel(c.in_channels, c.out_channels, c.tile));
@@ -97,14 +100,16 @@ TEST_P(Winograd, ForwardMatchesDirectAndAccumulates) {
 TEST_P(Winograd, BackwardDataMatchesFlippedKernelConvolution) {
   const Case c = GetParam();
   const Case swapped{c.batch, c.height, c.width, c.out_channels, c.in_channels, c.tile};
-  const auto dy = random_vector(static_cast<size_t>(c.batch) * c.height * c.width * c.out_channels, 4);
+  const auto dy =
+      random_vector(static_cast<size_t>(c.batch) * c.height * c.width * c.out_channels, 4);
   const auto w = random_vector(static_cast<size_t>(c.out_channels) * c.in_channels * 9, 5);
   std::vector<float> flipped(w.size());
   for (int o = 0; o < c.out_channels; ++o)
     for (int ch = 0; ch < c.in_channels; ++ch)
       for (int tap = 0; tap < 9; ++tap)
         flipped[(ch * c.out_channels + o) * 9 + 8 - tap] = w[(o * c.in_channels + ch) * 9 + tap];
-  const auto base = random_vector(static_cast<size_t>(c.batch) * c.height * c.width * c.in_channels, 6);
+  const auto base =
+      random_vector(static_cast<size_t>(c.batch) * c.height * c.width * c.in_channels, 6);
   auto want = reference_forward(swapped, dy, flipped);
   for (size_t i = 0; i < want.size(); ++i) want[i] += base[i];
 
@@ -121,8 +126,10 @@ TEST_P(Winograd, BackwardDataMatchesFlippedKernelConvolution) {
 // dw[o,c,p,q] += sum_{b,i,j} dy[b,i,j,o] x[b, i+p-1, j+q-1, c].
 TEST_P(Winograd, WeightGradMatchesCorrelationAndAccumulates) {
   const Case c = GetParam();
-  const auto x = random_vector(static_cast<size_t>(c.batch) * c.height * c.width * c.in_channels, 7);
-  const auto dy = random_vector(static_cast<size_t>(c.batch) * c.height * c.width * c.out_channels, 8);
+  const auto x =
+      random_vector(static_cast<size_t>(c.batch) * c.height * c.width * c.in_channels, 7);
+  const auto dy =
+      random_vector(static_cast<size_t>(c.batch) * c.height * c.width * c.out_channels, 8);
   const auto base = random_vector(static_cast<size_t>(c.out_channels) * c.in_channels * 9, 9);
   std::vector<double> want(base.begin(), base.end());
   for (int o = 0; o < c.out_channels; ++o)
@@ -150,8 +157,8 @@ TEST_P(Winograd, WeightGradMatchesCorrelationAndAccumulates) {
 // for F2, sizes not a multiple of 4 for F4), more inputs than outputs and fewer, one pixel, and
 // more tiles than one block.
 std::vector<Case> cases() {
-  const int shapes[][5] = {{2, 8, 8, 16, 16},  {2, 7, 5, 16, 32},  {1, 7, 7, 32, 16},
-                           {3, 1, 1, 16, 16},  {2, 14, 14, 64, 64}, {1, 28, 28, 16, 16},
+  const int shapes[][5] = {{2, 8, 8, 16, 16}, {2, 7, 5, 16, 32},   {1, 7, 7, 32, 16},
+                           {3, 1, 1, 16, 16}, {2, 14, 14, 64, 64}, {1, 28, 28, 16, 16},
                            {2, 6, 10, 16, 16}};
   std::vector<Case> all;
   for (WinogradTile tile : {WinogradTile::k2x2, WinogradTile::k4x4})
@@ -159,15 +166,14 @@ std::vector<Case> cases() {
   return all;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, Winograd,
-    ::testing::ValuesIn(cases()),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      const Case& c = info.param;
-      return std::string(c.tile == WinogradTile::k2x2 ? "f2_" : "f4_") + "b" + std::to_string(c.batch) + "_" + std::to_string(c.height) + "x" +
-             std::to_string(c.width) + "_" + std::to_string(c.in_channels) + "to" +
-             std::to_string(c.out_channels);
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, Winograd, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           const Case& c = info.param;
+                           return std::string(c.tile == WinogradTile::k2x2 ? "f2_" : "f4_") + "b" +
+                                  std::to_string(c.batch) + "_" + std::to_string(c.height) + "x" +
+                                  std::to_string(c.width) + "_" + std::to_string(c.in_channels) +
+                                  "to" + std::to_string(c.out_channels);
+                         });
 
 TEST(WinogradChannels, OnlyMultiplesOf16AreSupportedAndOthersThrow) {
   EXPECT_TRUE(winograd_supports(16, 64));
@@ -216,7 +222,8 @@ TEST(WinogradResnet, LossAndGradientsMatchOneDnnTwin) {
     executor.forward(ws);
     executor.backward(ws);
     losses.push_back(executor.loss(ws));
-    grads.emplace_back(params.flat_grads().data(), params.flat_grads().data() + params.flat_grads().numel());
+    grads.emplace_back(params.flat_grads().data(),
+                       params.flat_grads().data() + params.flat_grads().numel());
   }
   EXPECT_NEAR(losses[0], losses[1], 1e-5 * std::abs(losses[1]));
   double worst = 0, scale = 0;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "model/ops/winograd_gemm.h"
 #include "model/ops/winograd_tiles.h"
 
 namespace ft {
@@ -28,8 +29,9 @@ using winograd::load8;
 using winograd::store8;
 using winograd::Vec8;
 
-constexpr int kRows = 6;  // register tile of the GEMMs: 6 rows x 16 columns
-constexpr int kCols = 16;
+using winograd::kCols;
+using winograd::kRows;
+using winograd::multiply;
 
 template <typename V>
 struct TileGrid {
@@ -139,8 +141,10 @@ void transform_output(float* y, const float* m, const WinogradShape& shape, int 
     const float* at = m + static_cast<int64_t>(t) * V::kPoints * channels;
     const int rows = std::min(M, shape.height - origin.row);
     const int cols = std::min(M, shape.width - origin.col);
-    float* y_tile = y + ((static_cast<int64_t>(origin.image) * shape.height + origin.row) *
-                             shape.width + origin.col) * channels;
+    float* y_tile =
+        y + ((static_cast<int64_t>(origin.image) * shape.height + origin.row) * shape.width +
+             origin.col) *
+                channels;
     for (int c = 0; c < channels; c += 8) {
       Vec8 columns[W][M];  // columns[q] = A^T (column q of m)
       for (int q = 0; q < W; ++q) {
@@ -172,10 +176,13 @@ void transform_output_grad(float* g, const float* dy, const WinogradShape& shape
     const float* window[M][M];
     for (int r = 0; r < M; ++r)
       for (int q = 0; q < M; ++q)
-        window[r][q] = origin.row + r < shape.height && origin.col + q < shape.width
-                           ? dy + ((static_cast<int64_t>(origin.image) * shape.height +
-                                    origin.row + r) * shape.width + origin.col + q) * channels
-                           : zeros;
+        window[r][q] =
+            origin.row + r < shape.height && origin.col + q < shape.width
+                ? dy + ((static_cast<int64_t>(origin.image) * shape.height + origin.row + r) *
+                            shape.width +
+                        origin.col + q) *
+                           channels
+                : zeros;
     float* out = g + static_cast<int64_t>(t) * V::kPoints * channels;
     for (int c = 0; c < channels; c += 8) {
       Vec8 columns[M][W];  // columns[q] = A (column q of dy)
@@ -192,72 +199,6 @@ void transform_output_grad(float* g, const float* dy, const WinogradShape& shape
       }
     }
   }
-}
-
-// c[r][0..16) (=, or += when kAccumulate) sum_k a[r * a_row + k * a_k] * b[k * ldb + 0..16), for
-// r < Rows. The 12 accumulators are named variables, not an array: GCC kept an array of vectors
-// in a stack copy that it zeroed and reloaded around every call (1.5% of a resnet20 step). Rows
-// and kAccumulate are template arguments, so unused rows vanish and the epilogue has no branch;
-// noinline keeps each instantiation a function of its own.
-template <int Rows, bool kAccumulate>
-__attribute__((noinline)) void multiply_tile(float* c, int64_t ldc, const float* a, int64_t a_row,
-                                             int64_t a_k, const float* b, int64_t ldb, int depth) {
-  Vec8 low0{}, high0{}, low1{}, high1{}, low2{}, high2{};
-  Vec8 low3{}, high3{}, low4{}, high4{}, low5{}, high5{};
-  for (int k = 0; k < depth; ++k) {
-    const Vec8 b_low = load8(b + k * ldb), b_high = load8(b + k * ldb + 8);
-    const float* a_column = a + k * a_k;
-#define FT_ROW_FMA(r)                          \
-  if constexpr (Rows > r) {                    \
-    const float a_value = a_column[r * a_row]; \
-    low##r += a_value * b_low;                 \
-    high##r += a_value * b_high;               \
-  }
-    FT_ROW_FMA(0) FT_ROW_FMA(1) FT_ROW_FMA(2) FT_ROW_FMA(3) FT_ROW_FMA(4) FT_ROW_FMA(5)
-#undef FT_ROW_FMA
-  }
-#define FT_ROW_STORE(r)                                                      \
-  if constexpr (Rows > r) {                                                  \
-    float* row = c + r * ldc;                                                \
-    store8(row, kAccumulate ? load8(row) + low##r : low##r);                 \
-    store8(row + 8, kAccumulate ? load8(row + 8) + high##r : high##r);       \
-  }
-  FT_ROW_STORE(0) FT_ROW_STORE(1) FT_ROW_STORE(2) FT_ROW_STORE(3) FT_ROW_STORE(4) FT_ROW_STORE(5)
-#undef FT_ROW_STORE
-}
-
-template <int Rows>
-void multiply_rows(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k,
-                   const float* b, int64_t ldb, int depth, WinogradWrite write) {
-  if (write == WinogradWrite::kAccumulate)
-    multiply_tile<Rows, true>(c, ldc, a, a_row, a_k, b, ldb, depth);
-  else
-    multiply_tile<Rows, false>(c, ldc, a, a_row, a_k, b, ldb, depth);
-}
-
-// c[rows x cols] (=, or +=) a * b with a(r, k) = a[r * a_row + k * a_k], b row-major (ldb).
-// REQUIRES: cols a multiple of 16.
-void multiply(float* c, int64_t ldc, const float* a, int64_t a_row, int64_t a_k, const float* b,
-              int64_t ldb, int rows, int cols, int depth, WinogradWrite write) {
-  for (int col = 0; col < cols; col += kCols)
-    for (int row = 0; row < rows; row += kRows) {
-      float* c_tile = c + row * ldc + col;
-      const float* a_tile = a + row * a_row;
-      const float* b_panel = b + col;
-      switch (std::min(kRows, rows - row)) {
-#define FT_MULTIPLY_CASE(n)                                                         \
-  case n:                                                                           \
-    multiply_rows<n>(c_tile, ldc, a_tile, a_row, a_k, b_panel, ldb, depth, write); \
-    break;
-        FT_MULTIPLY_CASE(1)
-        FT_MULTIPLY_CASE(2)
-        FT_MULTIPLY_CASE(3)
-        FT_MULTIPLY_CASE(4)
-        FT_MULTIPLY_CASE(5)
-        FT_MULTIPLY_CASE(6)
-#undef FT_MULTIPLY_CASE
-      }
-    }
 }
 
 // Per-thread buffers, each reused by its thread across calls.
@@ -297,8 +238,8 @@ namespace {
 // transform together as Vec8 lanes, so every store is a whole vector: scalar code with a store
 // per value made this 6% of a resnet20 step.
 template <typename V>
-void transform_weights(float* transformed, const float* weight, int out_channels,
-                       int in_channels, WinogradPass pass) {
+void transform_weights(float* transformed, const float* weight, int out_channels, int in_channels,
+                       WinogradPass pass) {
   constexpr int W = V::kWindow;
   const bool forward = pass == WinogradPass::kForward;
   const int64_t point_stride = static_cast<int64_t>(in_channels) * out_channels;
@@ -381,9 +322,9 @@ void conv_weight_grad(float* weight_grad, const float* x, const float* dy,
       transform_input<V>(v, x, shape, in, grid, first, count);
       transform_output_grad<V>(g, dy, shape, out, grid, first, count);
       for (int xi = 0; xi < V::kPoints; ++xi)
-        multiply(du + xi * static_cast<int64_t>(out) * in, in,
-                 g + static_cast<int64_t>(xi) * out, 1, V::kPoints * out,
-                 v + static_cast<int64_t>(xi) * in, V::kPoints * in, out, in, count, write);
+        multiply(du + xi * static_cast<int64_t>(out) * in, in, g + static_cast<int64_t>(xi) * out,
+                 1, V::kPoints * out, v + static_cast<int64_t>(xi) * in, V::kPoints * in, out, in,
+                 count, write);
       write = WinogradWrite::kAccumulate;
       partials[omp_get_thread_num()] = du;
     }
@@ -395,7 +336,7 @@ void conv_weight_grad(float* weight_grad, const float* x, const float* dy,
   // Eight neighbouring (o, c) pairs at a time, as Vec8 lanes (see transform_weights).
   const int64_t point_stride = static_cast<int64_t>(out) * in;
   for (int64_t pair = 0; pair < point_stride; pair += 8) {  // pair = o * in + c
-    Vec8 columns[W][3];  // columns[s] = G^T (column s of du)
+    Vec8 columns[W][3];                                     // columns[s] = G^T (column s of du)
     for (int s = 0; s < W; ++s) {
       Vec8 column[W];
       for (int r = 0; r < W; ++r) column[r] = load8(du + (r * W + s) * point_stride + pair);

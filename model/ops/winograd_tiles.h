@@ -16,8 +16,12 @@ namespace ft::winograd {
 // Eight floats; aligned(4) lets it load and store at any float address.
 typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
 
-inline Vec8 load8(const float* at) { return *reinterpret_cast<const Vec8*>(at); }
-inline void store8(float* at, Vec8 value) { *reinterpret_cast<Vec8*>(at) = value; }
+inline Vec8 load8(const float* at) {
+  return *reinterpret_cast<const Vec8*>(at);
+}
+inline void store8(float* at, Vec8 value) {
+  *reinterpret_cast<Vec8*>(at) = value;
+}
 
 // F(2x2, 3x3): 4x4 windows, 2x2 outputs, 16 points. Coefficients 0, +-1, +-1/2: exact enough to
 // match direct convolution to float rounding.
@@ -109,7 +113,8 @@ struct F4 {
   // G = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1]
   // Multiplies by rounded reciprocals: a division per coefficient made the weight transforms 5% of
   // a resnet20 step.
-  static constexpr float kSixth = 1.0f / 6.0f, kTwelfth = 1.0f / 12.0f, kTwentyFourth = 1.0f / 24.0f;
+  static constexpr float kSixth = 1.0f / 6.0f, kTwelfth = 1.0f / 12.0f,
+                         kTwentyFourth = 1.0f / 24.0f;
   template <typename T>
   static void kernel(const T* g, T* out) {
     out[0] = 0.25f * g[0];
