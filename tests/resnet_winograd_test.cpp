@@ -2,6 +2,7 @@
 // data (the flipped-kernel convolution) and the weight gradient, on even and odd sizes (odd ones
 // leave half-empty edge tiles), overwrite and accumulate.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -73,6 +74,19 @@ double tolerance(const Case& c) {
 
 class Winograd : public ::testing::TestWithParam<Case> {};
 
+// Runs a scope with `threads` OpenMP threads (ctest sets OMP_NUM_THREADS=1), more than this
+// machine's cores so that several threads share the blocks of a call.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int threads) : saved_(omp_get_max_threads()) {
+    omp_set_num_threads(threads);
+  }
+  ~ScopedThreads() { omp_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
 TEST_P(Winograd, ForwardMatchesDirectAndAccumulates) {
   const Case c = GetParam();
   const auto x =
@@ -86,6 +100,12 @@ TEST_P(Winograd, ForwardMatchesDirectAndAccumulates) {
   std::vector<float> y(want.size(), 1e6f);  // garbage that kOverwrite must replace
   winograd_conv(y.data(), x.data(), u.data(), shape, WinogradWrite::kOverwrite);
   EXPECT_LT(relative_error(y, want), tolerance(c));
+  {  // blocks are independent, so threads change no bit
+    ScopedThreads threads(3);
+    std::vector<float> y_threaded(want.size(), 1e6f);
+    winograd_conv(y_threaded.data(), x.data(), u.data(), shape, WinogradWrite::kOverwrite);
+    EXPECT_EQ(y_threaded, y);
+  }
 
   const auto base = random_vector(want.size(), 3);
   std::vector<double> want_sum(want.size());
@@ -147,10 +167,15 @@ TEST_P(Winograd, WeightGradMatchesCorrelationAndAccumulates) {
               }
           want[((o * c.in_channels + ch) * 3 + p) * 3 + q] += sum;
         }
+  const WinogradShape shape{c.batch, c.height, c.width, c.in_channels, c.out_channels, c.tile};
   std::vector<float> dw = base;
-  winograd_conv_weight_grad(dw.data(), x.data(), dy.data(),
-                            {c.batch, c.height, c.width, c.in_channels, c.out_channels, c.tile});
+  winograd_conv_weight_grad(dw.data(), x.data(), dy.data(), shape);
   EXPECT_LT(relative_error(dw, want), 4 * tolerance(c));  // sums over batch x pixels
+  // Threads sum their blocks' partial products in thread order: other bits, same bound.
+  ScopedThreads threads(3);
+  std::vector<float> dw_threaded = base;
+  winograd_conv_weight_grad(dw_threaded.data(), x.data(), dy.data(), shape);
+  EXPECT_LT(relative_error(dw_threaded, want), 4 * tolerance(c));
 }
 
 // Every shape with both variants: whole tiles, partial edge tiles in either direction (odd sizes
