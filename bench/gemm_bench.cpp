@@ -4,19 +4,17 @@
 //   build/bench/gemm_bench --benchmark_counters_tabular=true
 // Env FT_THREADS sets the OpenMP threads (default 1).
 #include <benchmark/benchmark.h>
-#include <omp.h>
 
-#include <cstdlib>
 #include <vector>
 
+#include "bench/profiled_steps.h"
 #include "core/gemm.h"
 
 namespace {
 
 // Args: m, n, k, transpose_a, transpose_b, accumulate.
 void BM_Gemm(benchmark::State& state) {
-  const char* threads = std::getenv("FT_THREADS");
-  omp_set_num_threads(threads ? std::atoi(threads) : 1);
+  ft::bench::set_threads_from_env();
   ft::GemmArgs args;
   args.m = state.range(0);
   args.n = state.range(1);

@@ -5,9 +5,6 @@
 //   build/bench/gpt_bench --benchmark_counters_tabular=true
 // Env FT_THREADS sets the OpenMP threads (default 1, as train_step_bench).
 #include <benchmark/benchmark.h>
-#include <omp.h>
-
-#include <cstdlib>
 
 #include "bench/profiled_steps.h"
 #include "core/rng.h"
@@ -17,8 +14,7 @@
 namespace {
 
 void BM_GptForwardBackward(benchmark::State& state) {
-  const char* threads = std::getenv("FT_THREADS");
-  omp_set_num_threads(threads ? std::atoi(threads) : 1);
+  ft::bench::set_threads_from_env();
   const int batch = static_cast<int>(state.range(0));
   ft::GptShape shape;
   shape.n_layer = 4;

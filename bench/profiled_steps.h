@@ -1,14 +1,23 @@
-// Shared by the model benchmarks: times forward + backward steps of a ready executor (after two
-// warm-up steps that build primitives and fill the allocator) and reports items per second plus
-// each op kind's ms per step (executor profiling) as counters.
+// Shared by the benchmarks: FT_THREADS handling, and for the model benchmarks a timer of forward +
+// backward steps of a ready executor (after two warm-up steps that build primitives and fill the
+// allocator) that reports items per second plus each op kind's ms per step (executor profiling)
+// as counters.
 #pragma once
 #include <benchmark/benchmark.h>
+#include <omp.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "model/executor.h"
 
 namespace ft::bench {
+
+// OpenMP threads from env FT_THREADS, default 1 (as the PyTorch reference was measured).
+inline void set_threads_from_env() {
+  const char* threads = std::getenv("FT_THREADS");
+  omp_set_num_threads(threads ? std::atoi(threads) : 1);
+}
 
 inline void run_profiled_steps(benchmark::State& state, Executor& executor, ParamStore& params,
                                Workspace& ws, double items_per_step, const std::string& unit) {

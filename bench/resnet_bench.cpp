@@ -7,9 +7,7 @@
 //   build/bench/resnet_bench --benchmark_counters_tabular=true
 // Env FT_THREADS sets the OpenMP threads (default 1, as train_step_bench).
 #include <benchmark/benchmark.h>
-#include <omp.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -24,15 +22,10 @@ namespace {
 
 constexpr int kBatch = 64;
 
-void set_threads() {
-  const char* threads = std::getenv("FT_THREADS");
-  omp_set_num_threads(threads ? std::atoi(threads) : 1);
-}
-
 // Args: blocks per stage (1 = resnet8, 3 = resnet20), ConvAlgorithm as an int (0 auto, 1 onednn:
 // model.conv_algorithm).
 void BM_ResnetForwardBackward(benchmark::State& state) {
-  set_threads();
+  ft::bench::set_threads_from_env();
   ft::ResnetShape shape{static_cast<int>(state.range(0)), 16};
   shape.conv_algorithm = static_cast<ft::ConvAlgorithm>(state.range(1));
   ft::ParamStore params;
@@ -59,13 +52,13 @@ BENCHMARK(BM_ResnetForwardBackward)
 // GFLOP/s counts the direct convolution's flops (2 * 9 * C * outputs per pass), so Winograd's
 // figure is an effective rate that can pass the core's peak.
 void conv_passes(benchmark::State& state) {
-  set_threads();
+  ft::bench::set_threads_from_env();
   const int channels = static_cast<int>(state.range(0));
   const int size = static_cast<int>(state.range(1));
   const bool with_backward = state.range(3) != 0;
   ft::ParamStore params;
-  const ft::ParamId weight = params.add("weight", {channels, channels, 3, 3},
-                                        ft::ParamInit::kNormal, 0.1f, true);
+  const ft::ParamId weight =
+      params.add("weight", {channels, channels, 3, 3}, ft::ParamInit::kNormal, 0.1f, true);
   params.allocate();
   params.initialize(1);
   ft::Conv2dOp op(kBatch, channels, channels, size, size, 3, 1, 1);
@@ -81,7 +74,8 @@ void conv_passes(benchmark::State& state) {
     const ft::Shape shape = value == 0 ? op.input_shape() : op.output_shape();
     ws.values.push_back(ft::Tensor::zeros(shape));
     ws.grads.push_back(ft::Tensor::zeros(shape));
-    for (int64_t i = 0; i < ws.values.back().numel(); ++i) ws.values.back().data()[i] = rng.normal();
+    for (int64_t i = 0; i < ws.values.back().numel(); ++i)
+      ws.values.back().data()[i] = rng.normal();
     for (int64_t i = 0; i < ws.grads.back().numel(); ++i) ws.grads.back().data()[i] = rng.normal();
   }
   for (auto _ : state) {
@@ -95,7 +89,9 @@ void conv_passes(benchmark::State& state) {
           state.iterations() / 1e9,
       benchmark::Counter::kIsRate);
 }
-void BM_Conv2dForward(benchmark::State& state) { conv_passes(state); }
+void BM_Conv2dForward(benchmark::State& state) {
+  conv_passes(state);
+}
 BENCHMARK(BM_Conv2dForward)
     ->ArgNames({"channels", "size", "algorithm", "backward"})
     ->ArgsProduct({{16}, {28}, {2, 3, 4, 5}, {0}})
@@ -103,7 +99,9 @@ BENCHMARK(BM_Conv2dForward)
     ->ArgsProduct({{64}, {7}, {2, 3, 4, 5}, {0}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-void BM_Conv2dForwardBackward(benchmark::State& state) { conv_passes(state); }
+void BM_Conv2dForwardBackward(benchmark::State& state) {
+  conv_passes(state);
+}
 BENCHMARK(BM_Conv2dForwardBackward)
     ->ArgNames({"channels", "size", "algorithm", "backward"})
     ->ArgsProduct({{16}, {28}, {2, 4, 5}, {1}})
@@ -114,7 +112,7 @@ BENCHMARK(BM_Conv2dForwardBackward)
 
 // Args: channels, spatial size.
 void BM_BatchNormForwardBackward(benchmark::State& state) {
-  set_threads();
+  ft::bench::set_threads_from_env();
   const int channels = static_cast<int>(state.range(0));
   const int size = static_cast<int>(state.range(1));
   const ft::Shape shape{kBatch, size, size, channels};
@@ -144,8 +142,8 @@ void BM_BatchNormForwardBackward(benchmark::State& state) {
   }
   // Forward reads x twice and writes y; backward reads x and dy twice and dx once, writes dx.
   const double bytes_per_step = 9.0 * static_cast<double>(ft::shape_numel(shape)) * sizeof(float);
-  state.counters["GB/s"] = benchmark::Counter(bytes_per_step * state.iterations() / 1e9,
-                                              benchmark::Counter::kIsRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes_per_step * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_BatchNormForwardBackward)
     ->ArgNames({"channels", "size"})

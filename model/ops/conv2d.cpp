@@ -93,12 +93,11 @@ void flip_kernel(float* flipped, const float* w, int out_channels, int in_channe
 }  // namespace
 
 struct Conv2dOp::Primitives {
-  ConvAlgorithm algorithm = ConvAlgorithm::kDirect;  // resolved
-  std::vector<float> winograd_weights;               // when kWinograd: transformed per pass
-  bool transposed = false;
-  dnnl::convolution_forward forward;                   // when !transposed
-  dnnl::convolution_backward_data forward_transposed;  // when transposed
-  std::vector<float> flipped_weights;                  // when transposed: flip_kernel's output
+  ConvAlgorithm algorithm = ConvAlgorithm::kDirect;    // resolved
+  std::vector<float> winograd_weights;                 // when kWinograd: transformed per pass
+  dnnl::convolution_forward forward;                   // when kDirect
+  dnnl::convolution_backward_data forward_transposed;  // when kTransposed
+  std::vector<float> flipped_weights;                  // when kTransposed: flip_kernel's output
   StagedWeights forward_weights;                       // ours, or flipped_weights
   dnnl::convolution_backward_data backward_data;
   dnnl::convolution_backward_weights backward_weights;
@@ -126,9 +125,9 @@ Conv2dOp::Conv2dOp(int batch, int in_channels, int out_channels, int height, int
            "conv2d: bad sizes batch=", batch, " in=", in_channels, " out=", out_channels,
            " height=", height, " width=", width, " kernel=", kernel, " stride=", stride,
            " padding=", padding);
-  FT_CHECK(height + 2 * padding >= kernel && width + 2 * padding >= kernel,
-           "conv2d: kernel ", kernel, " larger than the padded input ", height, "x", width,
-           " (padding ", padding, ")");
+  FT_CHECK(height + 2 * padding >= kernel && width + 2 * padding >= kernel, "conv2d: kernel ",
+           kernel, " larger than the padded input ", height, "x", width, " (padding ", padding,
+           ")");
   out_height_ = (height + 2 * padding - kernel) / stride + 1;
   out_width_ = (width + 2 * padding - kernel) / stride + 1;
 }
@@ -148,12 +147,12 @@ ConvAlgorithm Conv2dOp::resolved_algorithm() const {
   const bool nhwc = input_layout == ActivationLayout::kNhwc;
   const bool same = stride_ == 1 && 2 * padding_ == kernel_ - 1;
   const bool transposed_applies = same && in_channels_ >= 8 && nhwc;
-  const bool winograd_applies = same && kernel_ == 3 && nhwc &&
-                                winograd_supports(in_channels_, out_channels_);
+  const bool winograd_applies =
+      same && kernel_ == 3 && nhwc && winograd_supports(in_channels_, out_channels_);
   switch (algorithm) {
     case ConvAlgorithm::kAuto:
       if (winograd_applies) return ConvAlgorithm::kWinograd;
-      return transposed_applies ? ConvAlgorithm::kTransposed : ConvAlgorithm::kDirect;
+      [[fallthrough]];
     case ConvAlgorithm::kOneDnn:
       return transposed_applies ? ConvAlgorithm::kTransposed : ConvAlgorithm::kDirect;
     case ConvAlgorithm::kDirect:
@@ -166,8 +165,8 @@ ConvAlgorithm Conv2dOp::resolved_algorithm() const {
       return ConvAlgorithm::kTransposed;
     case ConvAlgorithm::kWinograd:
       FT_CHECK(winograd_applies, "conv2d '", name, "': Winograd needs a 3x3 kernel, stride 1, ",
-               "padding 1, NHWC input and channels that are multiples of 16; got kernel ",
-               kernel_, ", stride ", stride_, ", padding ", padding_, ", ", in_channels_, " -> ",
+               "padding 1, NHWC input and channels that are multiples of 16; got kernel ", kernel_,
+               ", stride ", stride_, ", padding ", padding_, ", ", in_channels_, " -> ",
                out_channels_, " channels");
       return ConvAlgorithm::kWinograd;
   }
@@ -182,8 +181,7 @@ void Conv2dOp::build_primitives() {
   if (resolved_algorithm() == ConvAlgorithm::kWinograd) {
     auto p = std::make_unique<Primitives>();
     p->algorithm = ConvAlgorithm::kWinograd;
-    p->winograd_weights.resize(
-        winograd_weights_numel(in_channels_, out_channels_, winograd_tile));
+    p->winograd_weights.resize(winograd_weights_numel(in_channels_, out_channels_, winograd_tile));
     p->forward_impl =
         winograd_tile == WinogradTile::k2x2 ? "winograd:f2x2_3x3" : "winograd:f4x4_3x3";
     primitives_ = std::move(p);
@@ -233,8 +231,7 @@ void Conv2dOp::build_primitives() {
 
   auto p = std::make_unique<Primitives>();
   p->algorithm = resolved_algorithm();
-  p->transposed = p->algorithm == ConvAlgorithm::kTransposed;
-  if (p->transposed) {
+  if (p->algorithm == ConvAlgorithm::kTransposed) {
     // The transposed convolution maps out_channels to in_channels; its backward data reads our
     // x as its diff_dst and writes our y as its diff_src (same spatial size at stride 1).
     const memory::dims flipped_dims{in_channels_, out_channels_, kernel_, kernel_};
@@ -244,15 +241,14 @@ void Conv2dOp::build_primitives() {
          src_md, strides, padding, padding},
         engine);
     const dnnl::convolution_backward_data::primitive_desc transposed_pd(
-        {algorithm::convolution_direct, dst_md, any_flipped_md, src_md, strides, padding,
-         padding},
+        {algorithm::convolution_direct, dst_md, any_flipped_md, src_md, strides, padding, padding},
         engine, transposed_hint);
     FT_CHECK(transposed_pd.diff_src_desc() == dst_md && transposed_pd.diff_dst_desc() == src_md,
              "conv2d '", name, "': oneDNN changed an activation layout");
     p->forward_transposed = dnnl::convolution_backward_data(transposed_pd);
     p->flipped_weights.resize(shape_numel(weight_shape()));
-    p->forward_weights = stage_weights(memory::desc(flipped_dims, f32, tag::oihw),
-                                       transposed_pd.weights_desc());
+    p->forward_weights =
+        stage_weights(memory::desc(flipped_dims, f32, tag::oihw), transposed_pd.weights_desc());
     p->forward_impl = transposed_pd.impl_info_str();
   } else {
     p->forward = dnnl::convolution_forward(forward_pd);
@@ -296,7 +292,7 @@ void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
   }
   p.src.set_data_handle(x.data());
   p.dst.set_data_handle(y.data());
-  if (p.transposed) {
+  if (p.algorithm == ConvAlgorithm::kTransposed) {
     flip_kernel(p.flipped_weights.data(), weight.data(), out_channels_, in_channels_, kernel_);
     p.forward_weights.to_prim(p.flipped_weights.data());
     p.forward_transposed.execute(cpu_stream(), {{DNNL_ARG_DIFF_DST, p.src},
@@ -304,9 +300,9 @@ void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
                                                 {DNNL_ARG_DIFF_SRC, p.dst}});
   } else {
     p.forward_weights.to_prim(weight.data());
-    p.forward.execute(cpu_stream(), {{DNNL_ARG_SRC, p.src},
-                                     {DNNL_ARG_WEIGHTS, p.forward_weights.prim},
-                                     {DNNL_ARG_DST, p.dst}});
+    p.forward.execute(
+        cpu_stream(),
+        {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.forward_weights.prim}, {DNNL_ARG_DST, p.dst}});
   }
   cpu_stream().wait();
 }
@@ -323,10 +319,10 @@ void Conv2dOp::backward(Workspace& ws, ParamStore& params) {
     // dx is the forward of the transposed problem: dy's Cout channels in, Cin out.
     winograd_transform_weights(p.winograd_weights.data(), weight.value.data(), out_channels_,
                                in_channels_, winograd_tile, WinogradPass::kBackwardData);
-    winograd_conv(ws.grads[inputs[0]].data(), dy, p.winograd_weights.data(),
-                  {batch_, height_, width_, out_channels_, in_channels_, winograd_tile},
-                  ws.grad_is_fresh(inputs[0]) ? WinogradWrite::kOverwrite
-                                              : WinogradWrite::kAccumulate);
+    winograd_conv(
+        ws.grads[inputs[0]].data(), dy, p.winograd_weights.data(),
+        {batch_, height_, width_, out_channels_, in_channels_, winograd_tile},
+        ws.grad_is_fresh(inputs[0]) ? WinogradWrite::kOverwrite : WinogradWrite::kAccumulate);
     return;
   }
   p.src.set_data_handle(ws.values[inputs[0]].data());
