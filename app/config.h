@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "fusion/pass.h"
+
 namespace ft {
 
 struct ModelConfig {
@@ -65,7 +67,8 @@ struct DataConfig {
   int test_limit = 0;  // 0 = all test images
 };
 
-struct FusionConfig {};  // keys arrive with the fusion issue; for now any key here is unknown
+// The fusion.* keys are fusion/pass.h's FusionOptions, so passes read exactly what the file says.
+using FusionConfig = FusionOptions;
 
 struct EmulateConfig {
   double latency_us = 0;

@@ -24,7 +24,9 @@ int run_eval(const EvalArgs& args) {
   task->register_params(params);
   params.allocate();
   load_checkpoint_params(args.checkpoint_path, params);
-  GraphCache graphs([&task](int batch) { return task->build_graph(batch); }, params);
+  GraphCache graphs(
+      [&task](int batch, GraphMode mode) { return task->build_graph(batch, mode); }, params,
+      config.fusion);
   const EvalResult result =
       args.data_path.empty()
           ? task->evaluate(graphs, config.train.batch_size, 0)

@@ -12,14 +12,17 @@
 
 namespace ft {
 
-GraphRun& GraphCache::get(int batch) {
-  auto it = runs_.find(batch);
+GraphRun& GraphCache::get(int batch, GraphMode mode) {
+  const auto key = std::make_pair(batch, mode);
+  auto it = runs_.find(key);
   if (it != runs_.end()) return *it->second;
   auto run = std::make_unique<GraphRun>();
-  run->graph = builder_(batch);
+  run->graph = builder_(batch, mode);
+  run->eager_ops = run->graph.ops.size();
+  run->fusion = pipeline_.run(run->graph, params_, fusion_);
   run->executor = std::make_unique<Executor>(run->graph, params_);
   run->workspace = run->executor->make_workspace();
-  return *runs_.emplace(batch, std::move(run)).first->second;
+  return *runs_.emplace(key, std::move(run)).first->second;
 }
 
 namespace {
@@ -44,8 +47,7 @@ EvalResult evaluate_windows(GraphCache& graphs, const uint8_t* bytes, size_t num
   size_t done = 0;
   for (int batches = 0; done < windows && (max_batches == 0 || batches < max_batches); ++batches) {
     eval_window_batch(bytes, num_bytes, seq_len, done, batch, &tokens);
-    GraphRun& run = graphs.get(tokens.batch);
-    run.workspace.training = false;
+    GraphRun& run = graphs.get(tokens.batch, GraphMode::kEval);
     load_tokens(tokens, run.workspace);
     run.executor->forward(run.workspace);
     loss_sum += static_cast<double>(run.executor->loss(run.workspace)) * tokens.batch;
@@ -68,7 +70,9 @@ class GptTask : public Task {
                  config.data.shuffle, config.train.seed) {}
 
   void register_params(ParamStore& params) override { ids_ = register_gpt_params(shape_, params); }
-  Graph build_graph(int batch) const override { return build_gpt_graph(shape_, batch, ids_); }
+  Graph build_graph(int batch, GraphMode mode) const override {
+    return build_gpt_graph(shape_, batch, ids_, mode);
+  }
 
   void next_train_batch(Workspace& ws, const Graph&) override {
     batcher_.next(&batch_);
@@ -119,7 +123,9 @@ class ResnetTask : public Task {
   void register_params(ParamStore& params) override {
     ids_ = register_resnet_params(shape_, params);
   }
-  Graph build_graph(int batch) const override { return build_resnet_graph(shape_, batch, ids_); }
+  Graph build_graph(int batch, GraphMode mode) const override {
+    return build_resnet_graph(shape_, batch, ids_, mode);
+  }
 
   void next_train_batch(Workspace& ws, const Graph& graph) override {
     batcher_.next(&batch_);
@@ -138,8 +144,7 @@ class ResnetTask : public Task {
     for (int batches = 0; done < limit && (max_batches == 0 || batches < max_batches); ++batches) {
       image_eval_batch(test_, stats_, static_cast<int>(done),
                        std::min<int>(batch, limit - static_cast<int>(done)), &batch_);
-      GraphRun& run = graphs.get(batch_.batch);
-      run.workspace.training = false;
+      GraphRun& run = graphs.get(batch_.batch, GraphMode::kEval);
       load_images(batch_, run.workspace, run.graph);
       run.executor->forward(run.workspace);
       loss_sum += static_cast<double>(run.executor->loss(run.workspace)) * batch_.batch;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "app/config.h"
+#include "fusion/pipeline.h"
 #include "model/executor.h"
 #include "model/graph.h"
 #include "model/params.h"
@@ -22,23 +23,30 @@ struct EvalResult {
   int64_t examples = 0;        // windows or images evaluated
 };
 
-// A graph, its executor and buffers for one batch size; built on first use.
+// A graph, its executor and buffers for one batch size and mode; built on first use.
 struct GraphRun {
-  Graph graph;
+  Graph graph;          // after the fusion passes; frozen: the executor's tables derive from it
+  size_t eager_ops = 0;  // op count of the graph as model/ built it
+  FusionResult fusion;  // what every pass did
   std::unique_ptr<Executor> executor;
   Workspace workspace;
 };
 
+// Builds graphs as build -> FusionPipeline -> validate -> Executor, keyed on (batch, mode), so
+// evaluation never reuses the training graph.
 class GraphCache {
  public:
-  using Builder = std::function<Graph(int batch)>;
-  GraphCache(Builder builder, ParamStore& params) : builder_(std::move(builder)), params_(params) {}
-  GraphRun& get(int batch);
+  using Builder = std::function<Graph(int batch, GraphMode mode)>;
+  GraphCache(Builder builder, ParamStore& params, const FusionOptions& fusion)
+      : builder_(std::move(builder)), params_(params), fusion_(fusion) {}
+  GraphRun& get(int batch, GraphMode mode);
 
  private:
   Builder builder_;
   ParamStore& params_;
-  std::map<int, std::unique_ptr<GraphRun>> runs_;
+  FusionOptions fusion_;
+  FusionPipeline pipeline_ = FusionPipeline::standard();
+  std::map<std::pair<int, GraphMode>, std::unique_ptr<GraphRun>> runs_;
 };
 
 class Task {
@@ -46,8 +54,8 @@ class Task {
   virtual ~Task() = default;
   // Registers every parameter and buffer under its canonical name.
   virtual void register_params(ParamStore& params) = 0;
-  // REQUIRES: register_params was called.
-  virtual Graph build_graph(int batch) const = 0;
+  // The eager graph (no fusion). REQUIRES: register_params was called.
+  virtual Graph build_graph(int batch, GraphMode mode) const = 0;
   // Loads the next training batch of this rank into `ws` (tokens/targets, or the input image).
   virtual void next_train_batch(Workspace& ws, const Graph& graph) = 0;
   // Advances the training data stream by `count` batches without using them (resume replays

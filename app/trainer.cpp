@@ -44,9 +44,10 @@ Trainer::Trainer(const Config& config, Communicator* comm) : config_(config), co
   task_->register_params(params_);
   params_.allocate();
   params_.initialize(config.train.seed);
-  graphs_ = std::make_unique<GraphCache>([this](int batch) { return task_->build_graph(batch); },
-                                         params_);
-  train_run_ = &graphs_->get(config.train.batch_size);
+  graphs_ = std::make_unique<GraphCache>(
+      [this](int batch, GraphMode mode) { return task_->build_graph(batch, mode); }, params_,
+      config.fusion);
+  train_run_ = &graphs_->get(config.train.batch_size, GraphMode::kTrain);
   optimizer_ = make_optimizer(optimizer_options(config.optim), params_);
   schedule_ = LrSchedule{config.optim.lr, config.optim.min_lr, config.optim.warmup_steps,
                          config.train.steps};
@@ -74,7 +75,6 @@ StepStats Trainer::train_step() {
   StepStats stats;
   double loss_sum = 0.0;
   for (int micro = 0; micro < micro_batches; ++micro) {
-    ws.training = true;
     // Masks depend only on (seed, step, micro-batch), so a resumed run draws the same ones.
     ws.dropout_seed = mix_u64(config_.train.seed ^ mix_u64(static_cast<uint64_t>(step_) *
                                                              micro_batches + micro + 1));

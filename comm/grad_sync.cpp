@@ -23,7 +23,7 @@ GradSync::GradSync(Communicator& comm, ParamStore& params, std::vector<ParamId> 
            options.emulate.latency_us, " and ", options.emulate.bandwidth_gbps);
   build_buckets(ready_order);
   if (comm.size() > 1 && !options.bucket_view) {
-    fusion_ = Tensor::empty({params.num_trainable_floats()});
+    staging_ = Tensor::empty({params.num_trainable_floats()});
   }
   if (comm.size() > 1 && options.overlap) comm_thread_ = std::make_unique<CommThread>();
   check_same_layout_on_all_ranks();
@@ -95,10 +95,10 @@ void GradSync::reduce_bucket(int bucket) {
   if (comm_.size() == 1) return;
   const Bucket& range = buckets_[bucket];
   float* data = params_.flat_grads().data() + range.offset;
-  if (fusion_.defined() && fusion_.numel() > 0) {
-    float* fused = fusion_.data() + range.offset;
-    std::memcpy(fused, data, static_cast<size_t>(range.count) * sizeof(float));
-    data = fused;
+  if (staging_.defined() && staging_.numel() > 0) {
+    float* staged = staging_.data() + range.offset;
+    std::memcpy(staged, data, static_cast<size_t>(range.count) * sizeof(float));
+    data = staged;
   }
   const double start_ms = now_ms();
   comm_.allreduce(data, static_cast<size_t>(range.count), ReduceOp::kSum);
@@ -110,8 +110,8 @@ void GradSync::scale_bucket(int bucket, float scale) {
   const Bucket& range = buckets_[bucket];
   float* grads = params_.flat_grads().data() + range.offset;
   if (comm_.size() > 1 && !options_.bucket_view) {
-    const float* fused = fusion_.data() + range.offset;
-    for (int64_t i = 0; i < range.count; ++i) grads[i] = fused[i] * scale;
+    const float* staged = staging_.data() + range.offset;
+    for (int64_t i = 0; i < range.count; ++i) grads[i] = staged[i] * scale;
   } else if (scale != 1.0f) {
     for (int64_t i = 0; i < range.count; ++i) grads[i] *= scale;
   }
@@ -144,7 +144,7 @@ void GradSync::finish(float scale) {
     }
   }
   stats.exposed_ms = now_ms() - start_ms;
-  stats.extra_memory_bytes = static_cast<int64_t>(fusion_.bytes());
+  stats.extra_memory_bytes = static_cast<int64_t>(staging_.bytes());
   stats.emulated = reduced && options_.emulate.enabled();
   stats_ = std::move(stats);
 

@@ -99,7 +99,7 @@ class GradSync {
   bool communicating_ = false;
   bool reordered_ = false;
   std::vector<ParamId> observed_order_;  // ready order of the first communicating backward
-  Tensor fusion_;                        // bucket_view = false only; same layout as flat_grads
+  Tensor staging_;                        // bucket_view = false only; same layout as flat_grads
   CommStepStats stats_;
   // Last, so it is destroyed first: no job outlives the buckets or fusion buffer it touches.
   std::unique_ptr<CommThread> comm_thread_;  // overlap with more than one rank only

@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/dnnl_context.h"
+#include "core/timer.h"
 
 namespace ft {
 namespace {
@@ -68,7 +69,16 @@ CachedGemm make_gemm(const GemmArgs& args, int64_t lda, int64_t ldb, int64_t ldc
 
 }  // namespace
 
+namespace {
+bool timing_enabled = false;
+double timed_ms = 0.0;
+}  // namespace
+
+void set_gemm_timing(bool on) { timing_enabled = on; }
+double gemm_timed_ms() { return timed_ms; }
+
 void gemm(float* c, const float* a, const float* b, const GemmArgs& args) {
+  const double start_ms = timing_enabled ? now_ms() : 0.0;
   FT_CHECK(args.m > 0 && args.n > 0 && args.k > 0 && args.batch > 0, "gemm: empty shape m=", args.m,
            " n=", args.n, " k=", args.k, " batch=", args.batch);
   FT_CHECK(!(args.accumulate && args.epilogue != Epilogue::kNone),
@@ -98,6 +108,7 @@ void gemm(float* c, const float* a, const float* b, const GemmArgs& args) {
   }
   cached.primitive.execute(cpu_stream(), exec_args);
   cpu_stream().wait();
+  if (timing_enabled) timed_ms += now_ms() - start_ms;
 }
 
 int64_t gemm_primitive_count() { return static_cast<int64_t>(cache().size()); }

@@ -25,6 +25,11 @@ struct GemmArgs {
 
 void gemm(float* c, const float* a, const float* b, const GemmArgs& args);
 
+// Wall time spent inside gemm() while timing is on, so benchmarks can report a step's GEMM share.
+// Off by default (two clock reads per call); not synchronised: the training thread only.
+void set_gemm_timing(bool on);
+double gemm_timed_ms();
+
 // Number of distinct primitives created so far (tests check the cache works).
 int64_t gemm_primitive_count();
 

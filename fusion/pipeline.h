@@ -1,37 +1,38 @@
-// FusionPipeline: the ordered list of graph-rewriting passes between model/ (which builds the
-// unfused op list) and the executor. Each fusion is one pass in fusion/, switched by a key in
-// the config's `fusion` section, with its unfused twin being the graph the pass did not rewrite.
-// No fusion pass has landed yet: the pipeline runs whatever passes it is given, in order, and
-// reports what each one rewrote.
+// FusionPipeline: the ordered passes between model/ (which builds the eager op list) and the
+// executor. Each pass is switched by its fusion.* key; after every pass the graph is validated,
+// so a bad rewrite fails at the pass that made it. With fusion.enabled false no pass runs and
+// the executed graph is exactly the built one.
 // Thread safety: used by the training thread while building graphs.
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "fusion/pass.h"
 #include "model/graph.h"
 
 namespace ft {
 
-class FusionPass {
- public:
-  virtual ~FusionPass() = default;
-  virtual const char* name() const = 0;
-  // Rewrites `graph` in place; returns how many op groups it fused. Parameter storage is never
-  // changed by a pass, so checkpoints move freely between fused and unfused runs.
-  virtual int apply(Graph& graph, const ParamStore& params) = 0;
-};
-
 struct PassReport {
   std::string pass;
+  bool enabled = false;
   int rewrites = 0;
   size_t ops_before = 0, ops_after = 0;
 };
 
+struct FusionResult {
+  std::vector<PassReport> passes;
+  std::vector<FusionDecision> decisions;  // every candidate of every pass, in pass order
+};
+
 class FusionPipeline {
  public:
+  // Every pass of fusion/passes.h, in order.
+  static FusionPipeline standard();
   void add(std::unique_ptr<FusionPass> pass) { passes_.push_back(std::move(pass)); }
-  std::vector<PassReport> run(Graph& graph, const ParamStore& params) const;
+  // Runs the enabled passes (none when !options.enabled), validating after each, then drops dead
+  // values. The graph is final afterwards: the executor derives its tables from it.
+  FusionResult run(Graph& graph, const ParamStore& params, const FusionOptions& options) const;
   size_t size() const { return passes_.size(); }
 
  private:

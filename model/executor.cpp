@@ -1,10 +1,12 @@
 #include "model/executor.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace ft {
 
-Executor::Executor(Graph& graph, ParamStore& params) : graph_(graph), params_(params) {
+Executor::Executor(const Graph& graph, ParamStore& params) : graph_(graph), params_(params) {
   FT_CHECK(params.allocated(), "executor built before parameters were allocated");
   FT_CHECK(graph.loss >= 0, "graph has no loss value");
   // A gradient is final once backward has passed the earliest op that reads the parameter.
@@ -13,41 +15,81 @@ Executor::Executor(Graph& graph, ParamStore& params) : graph_(graph), params_(pa
     for (ParamId id : graph.ops[op_index]->params)
       if (first_user[id] < 0) first_user[id] = op_index;
   ready_after_op_.assign(graph.ops.size(), {});
-  for (ParamId id = 0; id < params.size(); ++id) {
-    if (!params[id].trainable) continue;
-    FT_CHECK(first_user[id] >= 0, "parameter '", params[id].name, "' is used by no op");
-    ready_after_op_[first_user[id]].push_back(id);
+  if (graph.mode == GraphMode::kTrain) {
+    for (ParamId id = 0; id < params.size(); ++id) {
+      if (!params[id].trainable) continue;
+      FT_CHECK(first_user[id] >= 0, "parameter '", params[id].name, "' is used by no op");
+      ready_after_op_[first_user[id]].push_back(id);
+    }
   }
   for (int op_index = static_cast<int>(graph.ops.size()) - 1; op_index >= 0; --op_index)
     for (ParamId id : ready_after_op_[op_index]) grad_ready_order_.push_back(id);
   // An activation's gradient is first written by the backward of its last reader in forward
   // order, so it is zeroed just before that op runs backward: the zeroed lines are still in cache
   // when the op adds into them. Zeroing every gradient up front (about 100 MB in resnet20 at
-  // batch 64) pushed them all out to memory first and cost ~6% of a step.
-  std::vector<int> last_reader(graph.values.size(), -1);
+  // batch 64) pushed them all out to memory first and cost ~6% of a step. A view's gradient is
+  // part of its root's, so a root is zeroed before the last reader of it or of any of its views.
+  const ValueId count = static_cast<ValueId>(graph.values.size());
+  auto root_of = [&](ValueId id) {
+    return graph.values[id].is_view() ? graph.values[id].view_of : id;
+  };
+  std::vector<int> last_reader(count, -1);
+  std::vector<uint8_t> has_views(count, 0);
+  for (ValueId id = 0; id < count; ++id)
+    if (graph.values[id].is_view()) has_views[root_of(id)] = 1;
   for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index)
-    for (ValueId id : graph.ops[op_index]->inputs) last_reader[id] = op_index;
+    for (ValueId id : graph.ops[op_index]->inputs) last_reader[root_of(id)] = op_index;
   zero_before_op_.assign(graph.ops.size(), {});
-  for (ValueId id = 0; id < static_cast<ValueId>(graph.values.size()); ++id) {
-    if (id == graph.loss) continue;  // seeded with 1
-    if (last_reader[id] >= 0)
+  for (ValueId id = 0; id < count; ++id) {
+    if (id == graph.loss || graph.values[id].is_view() || !needs_grad(id)) continue;
+    if (last_reader[id] >= 0 && !has_views[id])
       zero_before_op_[last_reader[id]].push_back(id);
     else
-      zero_at_start_.push_back(id);  // read by no op: nothing writes it, keep it zero anyway
+      zero_at_start_.push_back(id);  // read through views, or read by no op
   }
+  // Roots read through views: zeroed whole just before their first backward reader, never handed
+  // out as fresh (a view's reader writes only its columns).
+  for (ValueId id = 0; id < count; ++id)
+    if (has_views[id] && needs_grad(id) && last_reader[id] >= 0) {
+      zero_at_start_.erase(std::remove(zero_at_start_.begin(), zero_at_start_.end(), id),
+                           zero_at_start_.end());
+      zero_views_before_op_.resize(graph.ops.size());
+      zero_views_before_op_[last_reader[id]].push_back(id);
+    }
+  zero_views_before_op_.resize(graph.ops.size());
+}
+
+bool Executor::needs_grad(ValueId id) const {
+  return graph_.mode == GraphMode::kTrain && graph_.values[id].needs_grad && id != graph_.input;
 }
 
 Workspace Executor::make_workspace() const {
   Workspace ws;
-  for (const Value& value : graph_.values) {
-    ws.values.push_back(Tensor::zeros(value.shape));
-    ws.grads.push_back(Tensor::zeros(value.shape));
+  const ValueId count = static_cast<ValueId>(graph_.values.size());
+  ws.values.resize(count);
+  ws.grads.resize(count);
+  ws.row_strides.resize(count);
+  for (ValueId id = 0; id < count; ++id) {
+    const Value& value = graph_.values[id];
+    ws.row_strides[id] = graph_.row_stride(id);
+    if (value.is_view()) continue;
+    ws.values[id] = Tensor::zeros(value.shape);
+    if (needs_grad(id)) ws.grads[id] = Tensor::zeros(value.shape);
+  }
+  for (ValueId id = 0; id < count; ++id) {
+    const Value& value = graph_.values[id];
+    if (!value.is_view()) continue;
+    ws.values[id] = Tensor::wrap(ws.values[value.view_of].data() + value.column_offset,
+                                 value.shape);
+    if (needs_grad(value.view_of))
+      ws.grads[id] =
+          Tensor::wrap(ws.grads[value.view_of].data() + value.column_offset, value.shape);
   }
   return ws;
 }
 
 void Executor::forward(Workspace& ws) {
-  for (auto& op : graph_.ops) {
+  for (const auto& op : graph_.ops) {
     const double start = profiling_ ? now_ms() : 0.0;
     op->forward(ws, params_);
     if (profiling_) op_times_.add(std::string(op->kind()) + ".forward", now_ms() - start);
@@ -55,6 +97,7 @@ void Executor::forward(Workspace& ws) {
 }
 
 void Executor::backward(Workspace& ws, const GradReadyFn& on_grad_ready) {
+  FT_CHECK(graph_.mode == GraphMode::kTrain, "backward called on an eval graph");
   ws.grad_fresh.assign(ws.grads.size(), 0);
   for (ValueId id : zero_at_start_) ws.grads[id].fill(0.0f);
   ws.grads[graph_.loss].fill(1.0f);
@@ -62,6 +105,7 @@ void Executor::backward(Workspace& ws, const GradReadyFn& on_grad_ready) {
     Op& op = *graph_.ops[op_index];
     const double start = profiling_ ? now_ms() : 0.0;
     const bool overwrites = fresh_gradients_ && op.overwrites_fresh_input_grads();
+    for (ValueId id : zero_views_before_op_[op_index]) ws.grads[id].fill(0.0f);
     for (ValueId id : zero_before_op_[op_index]) {
       if (overwrites)
         ws.grad_fresh[id] = 1;

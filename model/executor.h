@@ -15,10 +15,12 @@ using GradReadyFn = std::function<void(ParamId)>;
 
 class Executor {
  public:
-  // REQUIRES: params allocated; graph and params outlive the executor.
-  Executor(Graph& graph, ParamStore& params);
+  // REQUIRES: params allocated; graph and params outlive the executor; the graph is final (every
+  // fusion pass has run): the tables below are derived from it once.
+  Executor(const Graph& graph, ParamStore& params);
 
-  // Buffers for every value and gradient of the graph.
+  // Buffers for every root value and its gradient (views share their root's); eval graphs and
+  // values that need no gradient get no gradient buffer.
   Workspace make_workspace() const;
 
   void forward(Workspace& ws);
@@ -26,6 +28,7 @@ class Executor {
   // by the backward of its last reader in forward order: just before that op runs, the gradient
   // is zeroed, or marked fresh (ws.grad_fresh) for an op that overwrites_fresh_input_grads(). Parameter gradients accumulate (+=): the caller zeroes
   // them once per optimizer step.
+  // REQUIRES: a train graph (eval graphs have no backward).
   void backward(Workspace& ws, const GradReadyFn& on_grad_ready = nullptr);
 
   float loss(const Workspace& ws) const { return ws.values[graph_.loss].data()[0]; }
@@ -38,13 +41,17 @@ class Executor {
   // compare the default (ops that can overwrite a fresh gradient do) against.
   void set_fresh_gradients(bool on) { fresh_gradients_ = on; }
   TimeTable& op_times() { return op_times_; }
+  const Graph& graph() const { return graph_; }
 
  private:
-  Graph& graph_;
+  bool needs_grad(ValueId id) const;
+
+  const Graph& graph_;
   ParamStore& params_;
   std::vector<std::vector<ParamId>> ready_after_op_;  // per op index
   std::vector<ParamId> grad_ready_order_;
   std::vector<std::vector<ValueId>> zero_before_op_;  // per op index: input grads it writes first
+  std::vector<std::vector<ValueId>> zero_views_before_op_;  // roots read through views
   std::vector<ValueId> zero_at_start_;                // grads no op writes
   bool profiling_ = false;
   bool fresh_gradients_ = true;

@@ -6,7 +6,9 @@
 
 #include "core/check.h"
 #include "core/rng.h"
-#include "model/ops/attention.h"
+#include "model/ops/attention_mix.h"
+#include "model/ops/attention_scores.h"
+#include "model/ops/causal_softmax.h"
 #include "model/ops/cross_entropy.h"
 #include "model/ops/dropout.h"
 #include "model/ops/embedding.h"
@@ -14,7 +16,6 @@
 #include "model/ops/layernorm.h"
 #include "model/ops/linear.h"
 #include "model/ops/lm_head.h"
-#include "model/ops/qk_norm.h"
 #include "model/ops/residual.h"
 
 namespace ft {
@@ -91,8 +92,10 @@ namespace {
 // Appends ops to a graph, keeping the shape arithmetic and dropout salts in one place.
 class GptGraphBuilder {
  public:
-  GptGraphBuilder(const GptShape& shape, int batch)
-      : shape_(shape), batch_(batch), rows_(static_cast<int64_t>(batch) * shape.seq_len) {}
+  GptGraphBuilder(const GptShape& shape, int batch, GraphMode mode)
+      : shape_(shape), batch_(batch), rows_(static_cast<int64_t>(batch) * shape.seq_len) {
+    graph_.mode = mode;
+  }
 
   Graph take() { return std::move(graph_); }
   Graph& graph() { return graph_; }
@@ -109,16 +112,31 @@ class GptGraphBuilder {
     return y;
   }
 
+  // Rows [row_offset, row_offset + out) of weight [*, in] and of bias.
   ValueId linear(const std::string& name, ValueId x, int64_t in, int64_t out, ParamId weight,
-                 ParamId bias) {
+                 ParamId bias, int64_t row_offset = 0) {
     const ValueId y = activation(name, out);
-    graph_.add_op<LinearOp>(name, {x}, {y}, {weight, bias}, rows_, in, out, true);
+    graph_.add_op<LinearOp>(name, {x}, {y}, {weight, bias}, rows_, in, out, true, row_offset);
     return y;
   }
 
-  // No op at all when dropout is 0: the value passes through unchanged.
+  // One LayerNorm per head over head h's columns of x, written into the same columns of a new
+  // [B, T, C] value: PyTorch's qk_norm applies nn.LayerNorm(head_dim) to [B, NH, T, hd].
+  ValueId per_head_layernorm(const std::string& name, ValueId x, ParamId weight, ParamId bias) {
+    const int64_t head_dim = shape_.d_model / shape_.n_head;
+    const ValueId y = activation(name, shape_.d_model);
+    for (int head = 0; head < shape_.n_head; ++head) {
+      const std::string head_name = name + "." + std::to_string(head);
+      const ValueId x_head = graph_.add_view(head_name + ".in", x, head * head_dim, head_dim);
+      const ValueId y_head = graph_.add_view(head_name, y, head * head_dim, head_dim);
+      graph_.add_op<LayerNormOp>(head_name, {x_head}, {y_head}, {weight, bias}, rows_, head_dim);
+    }
+    return y;
+  }
+
+  // No op at all when dropout is 0 or in an eval graph: the value passes through unchanged.
   ValueId dropout(const std::string& name, ValueId x) {
-    if (shape_.dropout == 0.0f) return x;
+    if (shape_.dropout == 0.0f || graph_.mode == GraphMode::kEval) return x;
     const ValueId y = activation(name, shape_.d_model);
     // Salts are spread by a 64-bit mix: with small salts, (seed ^ salt) of one op at step seed s
     // would equal another op's at a nearby seed (s ^ 1 ...), repeating masks across steps.
@@ -143,14 +161,14 @@ class GptGraphBuilder {
 
 }  // namespace
 
-Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids) {
+Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids, GraphMode mode) {
   validate_gpt_shape(shape);
   FT_CHECK(batch >= 1, "build_gpt_graph: batch ", batch, " must be >= 1");
   FT_CHECK(static_cast<int>(ids.blocks.size()) == shape.n_layer,
            "build_gpt_graph: ", ids.blocks.size(),
            " registered blocks, shape has n_layer = ", shape.n_layer);
   const int64_t C = shape.d_model, V = shape.vocab_size;
-  GptGraphBuilder builder(shape, batch);
+  GptGraphBuilder builder(shape, batch, mode);
   Graph& graph = builder.graph();
 
   const ValueId embedded = builder.activation("embedding", C);
@@ -166,19 +184,31 @@ Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids) 
              shape.qk_norm);
 
     const ValueId ln_1 = builder.layernorm(prefix + "ln_1", x, block.ln_1_weight, block.ln_1_bias);
-    ValueId qkv = builder.linear(prefix + "attn.c_attn", ln_1, C, 3 * C, block.c_attn_weight,
-                                 block.c_attn_bias);
+    // q, k and v: three GEMMs over row blocks of c_attn (fusion.horizontal.qkv makes them one).
+    ValueId q = builder.linear(prefix + "attn.q", ln_1, C, C, block.c_attn_weight,
+                               block.c_attn_bias, 0);
+    ValueId k = builder.linear(prefix + "attn.k", ln_1, C, C, block.c_attn_weight,
+                               block.c_attn_bias, C);
+    const ValueId v = builder.linear(prefix + "attn.v", ln_1, C, C, block.c_attn_weight,
+                                     block.c_attn_bias, 2 * C);
     if (shape.qk_norm) {
-      const ValueId normed = builder.activation(prefix + "attn.qk_norm", 3 * C);
-      graph.add_op<QkNormOp>(
-          prefix + "attn.qk_norm", {qkv}, {normed},
-          {block.q_norm_weight, block.q_norm_bias, block.k_norm_weight, block.k_norm_bias}, batch,
-          shape.seq_len, shape.d_model, shape.n_head);
-      qkv = normed;
+      q = builder.per_head_layernorm(prefix + "attn.q_norm", q, block.q_norm_weight,
+                                     block.q_norm_bias);
+      k = builder.per_head_layernorm(prefix + "attn.k_norm", k, block.k_norm_weight,
+                                     block.k_norm_bias);
     }
-    const ValueId attended = builder.activation(prefix + "attn.attention", C);
-    graph.add_op<CausalSelfAttentionOp>(prefix + "attn.attention", {qkv}, {attended}, {}, batch,
-                                        shape.seq_len, shape.d_model, shape.n_head);
+    // Attention as eager PyTorch runs it: scores GEMM, causal softmax, weighted-sum GEMM.
+    const ValueId scores = graph.add_value(prefix + "attn.scores",
+                                           {batch, shape.n_head, shape.seq_len, shape.seq_len});
+    graph.add_op<AttentionScoresOp>(prefix + "attn.scores", {q, k}, {scores}, {}, batch,
+                                    shape.seq_len, shape.d_model, shape.n_head);
+    const ValueId probs = graph.add_value(prefix + "attn.softmax",
+                                          {batch, shape.n_head, shape.seq_len, shape.seq_len});
+    graph.add_op<CausalSoftmaxOp>(prefix + "attn.softmax", {scores}, {probs}, {}, batch,
+                                  shape.n_head, shape.seq_len);
+    const ValueId attended = builder.activation(prefix + "attn.mix", C);
+    graph.add_op<AttentionMixOp>(prefix + "attn.mix", {probs, v}, {attended}, {}, batch,
+                                 shape.seq_len, shape.d_model, shape.n_head);
     const ValueId attn_out = builder.linear(prefix + "attn.c_proj", attended, C, C,
                                             block.attn_proj_weight, block.attn_proj_bias);
     x = builder.residual(prefix + "residual_1", x,
@@ -205,9 +235,9 @@ Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids) 
   return builder.take();
 }
 
-Graph build_gpt(const GptShape& shape, int batch, ParamStore& params) {
+Graph build_gpt(const GptShape& shape, int batch, ParamStore& params, GraphMode mode) {
   const GptParamIds ids = register_gpt_params(shape, params);
-  return build_gpt_graph(shape, batch, ids);
+  return build_gpt_graph(shape, batch, ids, mode);
 }
 
 }  // namespace ft

@@ -56,15 +56,22 @@ struct GptParamIds {
 // REQUIRES: params not yet allocated; names not yet taken.
 GptParamIds register_gpt_params(const GptShape& shape, ParamStore& params);
 
-// The pre-LN forward graph for `batch` sequences of shape.seq_len tokens:
+// The pre-LN forward graph for `batch` sequences of shape.seq_len tokens, at eager granularity
+// (one op per kernel PyTorch eager mode launches):
 //   x = dropout(embedding(tokens))
-//   per block: x = x + dropout(c_proj(attention(qk_norm?(c_attn(ln_1(x))))))
+//   per block: q, k, v = three Linears over row blocks of c_attn, of ln_1(x)
+//              (qk_norm: one LayerNorm per head of q and one per head of k)
+//              a = softmax_causal(q k^T / sqrt(hd)) v     (three ops: scores, softmax, mix)
+//              x = x + dropout(c_proj(a))
 //              x = x + dropout(mlp.c_proj(gelu(c_fc(ln_2(x)))))
 //   logits = ln_f(x) wte^T; loss = cross_entropy(logits, targets)
 // Each dropout op gets a distinct salt, so their masks are independent within a step.
-Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids);
+// An eval graph has no dropout ops.
+Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids,
+                      GraphMode mode = GraphMode::kTrain);
 
 // register_gpt_params + build_gpt_graph, for callers that need a single graph.
-Graph build_gpt(const GptShape& shape, int batch, ParamStore& params);
+Graph build_gpt(const GptShape& shape, int batch, ParamStore& params,
+                GraphMode mode = GraphMode::kTrain);
 
 }  // namespace ft

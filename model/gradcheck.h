@@ -52,7 +52,7 @@ GradcheckReport gradcheck(Graph& graph, ParamStore& params, Workspace& ws,
 class WeightedSumLossOp : public Op {
  public:
   WeightedSumLossOp(int64_t numel, uint64_t seed);
-  const char* kind() const override { return "weighted_sum_loss"; }
+  OpKind op_kind() const override { return OpKind::kOther; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
 

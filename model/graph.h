@@ -1,6 +1,10 @@
 // The model as a flat, topologically ordered list of ops over named values (activations). model/
-// builds it, fusion/ passes rewrite it, and the Executor runs it forward then backward in reverse.
-// Each op owns what its backward needs (saved statistics, masks), written in forward.
+// builds it at eager granularity (one op per kernel PyTorch eager mode would launch), fusion/
+// passes rewrite it, validate() checks it, and the Executor runs the frozen result forward then
+// backward in reverse. Each op owns what its backward needs (saved statistics, masks).
+// A value is either a root (its own contiguous buffer) or a strided column view of a root
+// (rows x width inside a root whose rows are wider), which is how one fused QKV GEMM writes a
+// [rows, 3C] buffer that three consumers read as q, k and v without a copy.
 // Thread safety: a Graph and its Workspace belong to one training thread.
 #pragma once
 #include <memory>
@@ -15,18 +19,73 @@ namespace ft {
 
 using ValueId = int;
 
+// Whether a graph is built for training (dropout masks, batch statistics, backward) or for
+// evaluation (no dropout ops, running statistics, forward only). A property of the graph, never
+// a flag an op reads at run time.
+enum class GraphMode { kTrain, kEval };
+const char* graph_mode_name(GraphMode mode);
+
+// Typed op kinds: passes match on these, never on name strings.
+enum class OpKind {
+  // eager (built by model/)
+  kEmbedding,
+  kLayerNorm,
+  kLinear,
+  kGelu,
+  kDropout,
+  kResidualAdd,
+  kAttentionScores,  // S = scale Q K^T per head
+  kCausalSoftmax,    // P = softmax(S) over s <= t
+  kAttentionMix,     // Y = P V per head
+  kLmHead,
+  kCrossEntropy,
+  kConv2d,
+  kBatchNorm,           // batch statistics (training)
+  kBatchNormInference,  // running statistics (eval)
+  kRelu,
+  kGlobalAvgPool,
+  // fused (built by fusion/ passes)
+  kLinearGelu,
+  kResidualLayerNorm,
+  kClassifier,
+  kFlashAttention,
+  kBatchNormRelu,
+  kAddRelu,
+  kQkvLinear,
+  kBatchedLayerNorm,
+  kConvShortcut,
+  kConvBias,  // inference: convolution with BatchNorm folded in (+ ReLU)
+  kOther,     // test and gradient-check helpers
+};
+const char* op_kind_name(OpKind kind);
+
+// What `plan` prints per op. Bytes count each input, output and parameter once per pass.
+struct OpCost {
+  double forward_flops = 0, backward_flops = 0;
+  double bytes_read = 0, bytes_written = 0;  // forward
+  double saved_bytes = 0;  // buffers the op keeps from forward for backward (masks, statistics)
+};
+
 struct Value {
   std::string name;
   Shape shape;
+  // Views: rows x width floats of root `view_of`, starting at column `column_offset` of each of
+  // its rows (row stride = the root's last dimension). -1 for a root.
+  ValueId view_of = -1;
+  int64_t column_offset = 0;
+  // False for values no gradient flows into (the images); they get no gradient buffer.
+  bool needs_grad = true;
+
+  bool is_view() const { return view_of >= 0; }
 };
 
 // Per-run buffers for every value and its gradient, plus the integer inputs of a batch.
 struct Workspace {
-  std::vector<Tensor> values;
-  std::vector<Tensor> grads;
+  std::vector<Tensor> values;  // a view's tensor starts at its first element; see row_stride
+  std::vector<Tensor> grads;   // undefined for values with !needs_grad
+  std::vector<int64_t> row_strides;  // per value, floats between rows: shape.back() for roots
   std::vector<int32_t> tokens;   // GPT: input byte ids [B*T]
   std::vector<int32_t> targets;  // GPT: next-byte ids [B*T]; ResNet: class labels [B]
-  bool training = true;          // dropout on, BatchNorm uses batch statistics
   uint64_t dropout_seed = 0;     // changes every step; masks are a pure function of it
   // Per value, set by the executor only for an op that overwrites_fresh_input_grads(): the
   // gradient buffer holds stale data, and that op's backward must write (=) all of it.
@@ -35,32 +94,44 @@ struct Workspace {
   bool grad_is_fresh(ValueId id) const {
     return static_cast<size_t>(id) < grad_fresh.size() && grad_fresh[id] != 0;
   }
+  int64_t row_stride(ValueId id) const { return row_strides.at(id); }
 };
+
+class Graph;
 
 class Op {
  public:
   virtual ~Op() = default;
-  virtual const char* kind() const = 0;
+  virtual OpKind op_kind() const = 0;
+  const char* kind() const { return op_kind_name(op_kind()); }
   // Writes (=) every output value.
   virtual void forward(Workspace& ws, ParamStore& params) = 0;
   // Accumulates (+=) into the gradients of inputs and parameters, reading output gradients;
   // writes (=) instead into every input gradient that ws.grad_is_fresh(), if
-  // overwrites_fresh_input_grads().
+  // overwrites_fresh_input_grads(). Never called on an eval graph.
   virtual void backward(Workspace& ws, ParamStore& params) = 0;
   // True if backward honours ws.grad_fresh, writing every element of a fresh input gradient.
   // The executor then skips zeroing those buffers (and the op skips reading them), which saved
   // ~7% of a resnet20 step; ops that keep the default are handed zeroed buffers.
   virtual bool overwrites_fresh_input_grads() const { return false; }
+  // True if the op reads its inputs and writes its outputs through ws.row_stride(), so they may
+  // be column views. validate() rejects a view wired to an op that does not.
+  virtual bool supports_views() const { return false; }
+  // FLOPs of forward and backward; the default counts none (data movement only).
+  virtual OpCost cost(const Graph& graph) const;
 
   std::string name;
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
-  std::vector<ParamId> params;  // every parameter the op reads; the executor tracks last use
+  std::vector<ParamId> params;  // every parameter the op reads
+  int eager_ops = 1;            // ops of the eager graph this op stands for (fused ops: > 1)
 };
 
-struct Graph {
+class Graph {
+ public:
   std::vector<Value> values;
   std::vector<std::unique_ptr<Op>> ops;
+  GraphMode mode = GraphMode::kTrain;
   ValueId input = -1;   // ResNet: images [B, 1, H, W], filled by the caller; GPT reads ws.tokens
   ValueId output = -1;  // logits
   ValueId loss = -1;    // scalar [1]
@@ -69,7 +140,13 @@ struct Graph {
     values.push_back({name, shape});
     return static_cast<ValueId>(values.size() - 1);
   }
+  // A [rows, width] column view of `base` (a root or a view, which is resolved to its root)
+  // starting at `column_offset`. REQUIRES: base's rows hold at least column_offset + width.
+  ValueId add_view(const std::string& name, ValueId base, int64_t column_offset, int64_t width);
   const Shape& shape(ValueId id) const { return values.at(id).shape; }
+  int64_t numel(ValueId id) const { return shape_numel(values.at(id).shape); }
+  // Floats between consecutive rows of `id`: its own last dimension, or its root's.
+  int64_t row_stride(ValueId id) const;
 
   // Appends an op built from `args`, wiring its name, inputs, outputs and params.
   template <typename OpType, typename... Args>

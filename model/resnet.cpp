@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "model/ops/batchnorm.h"
+#include "model/ops/batchnorm_inference.h"
 #include "model/ops/conv2d.h"
 #include "model/ops/cross_entropy.h"
 #include "model/ops/global_avg_pool.h"
@@ -71,10 +72,15 @@ class ResnetGraphBuilder {
   ValueId batchnorm(const std::string& name, ValueId x, const BatchNormParamIds& ids) {
     const Shape shape = graph_.shape(x);  // [B, H, W, C]
     const ValueId y = graph_.add_value(name, shape);
-    graph_.add_op<BatchNorm2dOp>(name, {x}, {y},
-                                 {ids.weight, ids.bias, ids.running_mean, ids.running_var},
-                                 batch_, static_cast<int>(shape[3]), static_cast<int>(shape[1]),
-                                 static_cast<int>(shape[2]));
+    const std::vector<ParamId> params = {ids.weight, ids.bias, ids.running_mean, ids.running_var};
+    const int channels = static_cast<int>(shape[3]), height = static_cast<int>(shape[1]),
+              width = static_cast<int>(shape[2]);
+    // Training normalises with batch statistics, evaluation with the running ones: two op kinds,
+    // so no op branches on a mode flag and BN folding can match the inference one.
+    if (graph_.mode == GraphMode::kEval)
+      graph_.add_op<BatchNormInferenceOp>(name, {x}, {y}, params, batch_, channels, height, width);
+    else
+      graph_.add_op<BatchNorm2dOp>(name, {x}, {y}, params, batch_, channels, height, width);
     return y;
   }
 
@@ -157,13 +163,15 @@ ResnetParamIds register_resnet_params(const ResnetShape& shape, ParamStore& para
   return ids;
 }
 
-Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamIds& ids) {
+Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamIds& ids,
+                         GraphMode mode) {
   check_shape(shape);
   FT_CHECK(batch >= 1, "resnet: batch must be positive, got ", batch);
   FT_CHECK(static_cast<int>(ids.layers.size()) == kStages, "resnet: parameter ids hold ",
            ids.layers.size(), " stages, expected ", kStages);
   ResnetGraphBuilder builder(batch, shape.conv_algorithm);
   Graph& graph = builder.graph();
+  graph.mode = mode;
   graph.input = graph.add_value("images",
                                 {batch, shape.in_channels, shape.image_size, shape.image_size});
   int size = shape.image_size;
@@ -198,9 +206,9 @@ Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamI
   return std::move(builder.graph());
 }
 
-Graph build_resnet(const ResnetShape& shape, int batch, ParamStore& params) {
+Graph build_resnet(const ResnetShape& shape, int batch, ParamStore& params, GraphMode mode) {
   const ResnetParamIds ids = register_resnet_params(shape, params);
-  return build_resnet_graph(shape, batch, ids);
+  return build_resnet_graph(shape, batch, ids, mode);
 }
 
 }  // namespace ft

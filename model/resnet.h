@@ -58,9 +58,12 @@ ResnetParamIds register_resnet_params(const ResnetShape& shape, ParamStore& para
 // graph.input = images [batch, in_channels, image_size, image_size] (NCHW, as the data loader
 // writes them; the caller fills it), graph.output = logits [batch, classes],
 // graph.loss = mean cross-entropy [1]. Activations in between are [batch, h, w, channels].
-Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamIds& ids);
+// An eval graph normalises with the running statistics (BatchNormInferenceOp).
+Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamIds& ids,
+                         GraphMode mode = GraphMode::kTrain);
 
 // register_resnet_params + build_resnet_graph.
-Graph build_resnet(const ResnetShape& shape, int batch, ParamStore& params);
+Graph build_resnet(const ResnetShape& shape, int batch, ParamStore& params,
+                   GraphMode mode = GraphMode::kTrain);
 
 }  // namespace ft

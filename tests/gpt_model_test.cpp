@@ -237,25 +237,29 @@ TEST(GptModelTest, GraphsOfDifferentBatchSizesShareParameters) {
   const GptShape shape = small_shape(true, 0.2f);
   ParamStore params;
   const GptParamIds ids = register_gpt_params(shape, params);
-  Graph train = build_gpt_graph(shape, 3, ids);
-  Graph eval = build_gpt_graph(shape, 1, ids);
+  Graph train = build_gpt_graph(shape, 3, ids, GraphMode::kEval);
+  Graph eval = build_gpt_graph(shape, 1, ids, GraphMode::kEval);
+  Graph dropout_train = build_gpt_graph(shape, 3, ids, GraphMode::kTrain);
   params.allocate();
   randomize(params, 11);
   Executor train_executor(train, params), eval_executor(eval, params);
+  Executor dropout_executor(dropout_train, params);
   Workspace train_ws = train_executor.make_workspace(), eval_ws = eval_executor.make_workspace();
+  Workspace dropout_ws = dropout_executor.make_workspace();
   fill_batch(train_ws, 24, shape.vocab_size, 12);
-  train_ws.training = eval_ws.training = false;
+  dropout_ws.tokens = train_ws.tokens;
+  dropout_ws.targets = train_ws.targets;
   eval_ws.tokens.assign(train_ws.tokens.begin(), train_ws.tokens.begin() + 8);
   eval_ws.targets.assign(train_ws.targets.begin(), train_ws.targets.begin() + 8);
   train_executor.forward(train_ws);
   eval_executor.forward(eval_ws);
-  const float* train_logits = train_ws.values[train.output].data();
+  const float* train_logits = train_ws.values[train.output].data();  // re-pointed below
   const float* eval_logits = eval_ws.values[eval.output].data();
   for (int i = 0; i < 8 * shape.vocab_size; ++i) EXPECT_NEAR(eval_logits[i], train_logits[i], 1e-5);
   // With dropout on, training logits differ from the evaluation ones.
-  train_ws.training = true;
-  train_ws.dropout_seed = 5;
-  train_executor.forward(train_ws);
+  dropout_ws.dropout_seed = 5;
+  dropout_executor.forward(dropout_ws);
+  train_logits = dropout_ws.values[dropout_train.output].data();
   float difference = 0.0f;
   for (int i = 0; i < 8 * shape.vocab_size; ++i)
     difference = std::max(difference, std::fabs(eval_logits[i] - train_logits[i]));

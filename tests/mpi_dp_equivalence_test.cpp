@@ -105,8 +105,9 @@ Trained train_big_batch(const Config& config, int ranks) {
   params.allocate();
   params.initialize(config.train.seed);
   const int micro_batches = config.train.grad_accum;
-  GraphCache graphs([&](int batch) { return model->build_graph(batch); }, params);
-  GraphRun& run = graphs.get(ranks * micro_batches * config.train.batch_size);
+  GraphCache graphs([&](int batch, GraphMode mode) { return model->build_graph(batch, mode); },
+                    params, config.fusion);
+  GraphRun& run = graphs.get(ranks * micro_batches * config.train.batch_size, GraphMode::kTrain);
   std::vector<std::unique_ptr<Task>> shards;
   for (int rank = 0; rank < ranks; ++rank) shards.push_back(make_task(config, rank, ranks));
   OptimizerOptions options;
@@ -130,7 +131,6 @@ Trained train_big_batch(const Config& config, int ranks) {
         ws.targets.insert(ws.targets.end(), shard_batch.targets.begin(), shard_batch.targets.end());
       }
     }
-    ws.training = true;
     params.zero_grads();
     run.executor->forward(ws);
     run.executor->backward(ws);

@@ -180,7 +180,7 @@ TEST(Resnet, GraphShapes) {
 class SoftplusOp : public Op {
  public:
   explicit SoftplusOp(int64_t numel) : numel_(numel) {}
-  const char* kind() const override { return "softplus"; }
+  OpKind op_kind() const override { return OpKind::kOther; }
   void forward(Workspace& ws, ParamStore&) override {
     const float* x = ws.values[inputs[0]].data();
     float* y = ws.values[outputs[0]].data();

@@ -25,7 +25,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dy, const floa
 class CausalSelfAttentionOp : public Op {
  public:
   CausalSelfAttentionOp(int batch, int seq_len, int channels, int n_head);
-  const char* kind() const override { return "attention"; }
+  OpKind op_kind() const override { return OpKind::kFlashAttention; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
 

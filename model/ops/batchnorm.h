@@ -23,7 +23,7 @@ class BatchNorm2dOp : public Op {
   BatchNorm2dOp(int batch, int channels, int height, int width, float momentum = 0.1f,
                 float eps = 1e-5f);
 
-  const char* kind() const override { return "batchnorm2d"; }
+  OpKind op_kind() const override { return OpKind::kBatchNorm; }
   void forward(Workspace& ws, ParamStore& params) override;
   // REQUIRES: the last forward ran in training mode (eval-mode backward is not implemented).
   void backward(Workspace& ws, ParamStore& params) override;

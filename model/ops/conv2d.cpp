@@ -351,4 +351,15 @@ void Conv2dOp::backward(Workspace& ws, ParamStore& params) {
   cpu_stream().wait();
 }
 
+OpCost Conv2dOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  const double macs = static_cast<double>(batch_) * out_height_ * out_width_ * out_channels_ *
+                      in_channels_ * kernel_ * kernel_;
+  cost.forward_flops = 2 * macs;
+  // Backward data and weight gradient each cost a forward; the stem skips backward data.
+  cost.backward_flops = (needs_input_grad ? 4 : 2) * macs;
+  cost.bytes_read += 4.0 * out_channels_ * in_channels_ * kernel_ * kernel_;
+  return cost;
+}
+
 }  // namespace ft

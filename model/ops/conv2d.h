@@ -52,9 +52,10 @@ class Conv2dOp : public Op {
            int stride, int padding);
   ~Conv2dOp() override;
 
-  const char* kind() const override { return "conv2d"; }
+  OpKind op_kind() const override { return OpKind::kConv2d; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
+  OpCost cost(const Graph& graph) const override;
   bool overwrites_fresh_input_grads() const override { return needs_input_grad; }
 
   int out_height() const { return out_height_; }

@@ -77,4 +77,15 @@ void SoftmaxCrossEntropyOp::backward(Workspace& ws, ParamStore&) {
                                  probs_.data(), ws.targets.data(), rows_, classes_);
 }
 
+OpCost SoftmaxCrossEntropyOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  const double logits = static_cast<double>(rows_) * classes_;
+  cost.forward_flops = 5 * logits;  // max, subtract, exp, sum, normalise
+  cost.backward_flops = 2 * logits;
+  cost.bytes_read += 4.0 * rows_;  // targets
+  cost.bytes_written += 4.0 * logits;
+  cost.saved_bytes = 4.0 * logits;  // the probabilities backward reads
+  return cost;
+}
+
 }  // namespace ft

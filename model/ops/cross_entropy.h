@@ -21,9 +21,10 @@ void softmax_cross_entropy_backward(float* dlogits, float dloss, const float* pr
 class SoftmaxCrossEntropyOp : public Op {
  public:
   SoftmaxCrossEntropyOp(int64_t rows, int64_t classes);
-  const char* kind() const override { return "cross_entropy"; }
+  OpKind op_kind() const override { return OpKind::kCrossEntropy; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
+  OpCost cost(const Graph& graph) const override;
 
   // Softmax of the last forward's logits, [rows, classes].
   const Tensor& probs() const { return probs_; }

@@ -44,7 +44,7 @@ void DropoutOp::forward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
   const float* x = ws.values[inputs[0]].data();
   float* y = ws.values[outputs[0]].data();
-  masked_ = ws.training && p_ > 0.0f;
+  masked_ = p_ > 0.0f;  // train graphs only: eval graphs are built without dropout ops
   if (!masked_) {
     std::copy(x, x + numel_, y);
     return;
@@ -62,6 +62,17 @@ void DropoutOp::backward(Workspace& ws, ParamStore&) {
     return;
   }
   dropout_backward(dx, dy, keep_mask_.data(), p_, numel_);
+}
+
+OpCost DropoutOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  if (p_ == 0.0f) return cost;  // an identity copy
+  const double elements = static_cast<double>(numel_);
+  cost.forward_flops = 2 * elements;  // compare against p, scale
+  cost.backward_flops = elements;
+  cost.bytes_written += elements;  // the byte mask
+  cost.saved_bytes = elements;
+  return cost;
 }
 
 }  // namespace ft

@@ -1,5 +1,5 @@
 // Inverted dropout: in training with p > 0, each element is kept with probability 1 - p and scaled
-// by 1 / (1 - p), else zeroed; otherwise (p == 0 or evaluation) it is an identity copy.
+// by 1 / (1 - p), else zeroed; otherwise (p == 0) it is an identity copy. Eval graphs contain no dropout ops at all.
 // The keep decision for element i is hash_uniform(ws.dropout_seed ^ salt, i) >= p (core/rng.h):
 // a pure function of the step's seed, the op's salt and the index, so a CUDA kernel or a rerun
 // draws the same mask. Forward stores the mask as bytes for backward.
@@ -23,13 +23,14 @@ class DropoutOp : public Op {
  public:
   // REQUIRES: 0 <= p < 1. `salt` must differ between the dropout ops of one graph.
   DropoutOp(int64_t numel, float p, uint64_t salt);
-  const char* kind() const override { return "dropout"; }
+  OpKind op_kind() const override { return OpKind::kDropout; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
+  OpCost cost(const Graph& graph) const override;
 
   float p() const { return p_; }
   uint64_t salt() const { return salt_; }
-  // Whether the last forward applied a mask (training with p > 0).
+  // Whether the last forward applied a mask (p > 0).
   bool masked() const { return masked_; }
   const std::vector<uint8_t>& keep_mask() const { return keep_mask_; }
 

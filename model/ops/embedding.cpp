@@ -70,4 +70,14 @@ void EmbeddingOp::backward(Workspace& ws, ParamStore& params) {
                      ws.grads[outputs[0]].data(), ws.tokens.data(), batch_, seq_len_, channels_);
 }
 
+OpCost EmbeddingOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  const double elements = static_cast<double>(batch_) * seq_len_ * channels_;
+  cost.forward_flops = elements;       // wte row + wpe row
+  cost.backward_flops = 2 * elements;  // scatter-add into dwte, sum over b into dwpe
+  // The gathered wte rows, wpe and the token ids.
+  cost.bytes_read += 4.0 * elements + 4.0 * seq_len_ * channels_ + 4.0 * batch_ * seq_len_;
+  return cost;
+}
+
 }  // namespace ft

@@ -19,9 +19,10 @@ void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t
 class EmbeddingOp : public Op {
  public:
   EmbeddingOp(int batch, int seq_len, int channels);
-  const char* kind() const override { return "embedding"; }
+  OpKind op_kind() const override { return OpKind::kEmbedding; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
+  OpCost cost(const Graph& graph) const override;
 
  private:
   void check_wiring(const Workspace& ws, const ParamStore& params) const;

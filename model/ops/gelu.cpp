@@ -39,4 +39,12 @@ void GeluOp::backward(Workspace& ws, ParamStore&) {
                 ws.values[inputs[0]].data(), numel_);
 }
 
+OpCost GeluOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  const double elements = static_cast<double>(numel_);
+  cost.forward_flops = 20 * elements;   // cube, tanh through exp, scale
+  cost.backward_flops = 30 * elements;  // recomputes tanh, then gelu'(x) dy
+  return cost;
+}
+
 }  // namespace ft

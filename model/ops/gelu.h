@@ -18,9 +18,10 @@ void gelu_backward(float* dx, const float* dy, const float* x, int64_t numel);
 class GeluOp : public Op {
  public:
   explicit GeluOp(int64_t numel);
-  const char* kind() const override { return "gelu"; }
+  OpKind op_kind() const override { return OpKind::kGelu; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
+  OpCost cost(const Graph& graph) const override;
 
  private:
   void check_wiring(const Workspace& ws) const;

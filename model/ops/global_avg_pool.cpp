@@ -58,4 +58,12 @@ void GlobalAvgPoolOp::backward(Workspace& ws, ParamStore&) {
   }
 }
 
+OpCost GlobalAvgPoolOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  const double elements = static_cast<double>(batch_) * height_ * width_ * channels_;
+  cost.forward_flops = elements + static_cast<double>(batch_) * channels_;
+  cost.backward_flops = elements;
+  return cost;
+}
+
 }  // namespace ft

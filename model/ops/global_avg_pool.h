@@ -11,9 +11,10 @@ class GlobalAvgPoolOp : public Op {
  public:
   GlobalAvgPoolOp(int batch, int channels, int height, int width);
 
-  const char* kind() const override { return "global_avg_pool"; }
+  OpKind op_kind() const override { return OpKind::kGlobalAvgPool; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
+  OpCost cost(const Graph& graph) const override;
 
  private:
   int batch_, channels_, height_, width_;

@@ -9,22 +9,27 @@
 namespace ft {
 
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight,
-                       const float* bias, int64_t rows, int64_t channels) {
+                       const float* bias, int64_t rows, int64_t channels, int64_t y_stride,
+                       int64_t x_stride) {
+  if (y_stride == 0) y_stride = channels;
+  if (x_stride == 0) x_stride = channels;
 #pragma omp parallel for if (rows * channels > 65536)
   for (int64_t row = 0; row < rows; ++row)
-    layernorm_row_forward(y + row * channels, mean + row, rstd + row, x + row * channels, weight,
+    layernorm_row_forward(y + row * y_stride, mean + row, rstd + row, x + row * x_stride, weight,
                           bias, channels, kLayerNormEps);
 }
 
 void layernorm_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
                         const float* weight, const float* mean, const float* rstd, int64_t rows,
-                        int64_t channels) {
+                        int64_t channels, int64_t dy_stride, int64_t x_stride) {
+  if (dy_stride == 0) dy_stride = channels;
+  if (x_stride == 0) x_stride = channels;
 #pragma omp parallel for if (rows * channels > 65536)
   for (int64_t row = 0; row < rows; ++row)
-    layernorm_row_backward_input(dx + row * channels, dy + row * channels, x + row * channels,
+    layernorm_row_backward_input(dx + row * x_stride, dy + row * dy_stride, x + row * x_stride,
                                  weight, mean[row], rstd[row], channels);
   for (int64_t row = 0; row < rows; ++row)
-    layernorm_row_backward_params(dweight, dbias, dy + row * channels, x + row * channels,
+    layernorm_row_backward_params(dweight, dbias, dy + row * dy_stride, x + row * x_stride,
                                   mean[row], rstd[row], channels);
 }
 
@@ -47,7 +52,8 @@ void LayerNormOp::forward(Workspace& ws, ParamStore& params) {
   rstd_.resize(rows_);
   layernorm_forward(ws.values[outputs[0]].data(), mean_.data(), rstd_.data(),
                     ws.values[inputs[0]].data(), params[this->params[0]].value.data(),
-                    params[this->params[1]].value.data(), rows_, channels_);
+                    params[this->params[1]].value.data(), rows_, channels_,
+                    ws.row_stride(outputs[0]), ws.row_stride(inputs[0]));
 }
 
 void LayerNormOp::backward(Workspace& ws, ParamStore& params) {
@@ -57,7 +63,18 @@ void LayerNormOp::backward(Workspace& ws, ParamStore& params) {
   layernorm_backward(ws.grads[inputs[0]].data(), params[this->params[0]].grad.data(),
                      params[this->params[1]].grad.data(), ws.grads[outputs[0]].data(),
                      ws.values[inputs[0]].data(), params[this->params[0]].value.data(),
-                     mean_.data(), rstd_.data(), rows_, channels_);
+                     mean_.data(), rstd_.data(), rows_, channels_, ws.row_stride(outputs[0]),
+                     ws.row_stride(inputs[0]));
+}
+
+OpCost LayerNormOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  const double elements = static_cast<double>(rows_ * channels_);
+  cost.forward_flops = 8 * elements;    // mean, variance, normalise, scale and shift
+  cost.backward_flops = 14 * elements;  // the two row means, dx, dweight, dbias
+  cost.bytes_read += 8.0 * channels_;
+  cost.saved_bytes = 8.0 * rows_;
+  return cost;
 }
 
 }  // namespace ft

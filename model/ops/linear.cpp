@@ -9,8 +9,11 @@
 namespace ft {
 
 void linear_forward(float* y, const float* x, const float* weight, const float* bias, int64_t rows,
-                    int64_t in_features, int64_t out_features) {
+                    int64_t in_features, int64_t out_features, int64_t y_stride,
+                    int64_t x_stride) {
   GemmArgs args;
+  args.lda = x_stride;
+  args.ldc = y_stride;
   args.m = rows;
   args.n = out_features;
   args.k = in_features;
@@ -20,13 +23,17 @@ void linear_forward(float* y, const float* x, const float* weight, const float* 
 }
 
 void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
-                     const float* weight, int64_t rows, int64_t in_features, int64_t out_features) {
+                     const float* weight, int64_t rows, int64_t in_features, int64_t out_features,
+                     int64_t dy_stride, int64_t x_stride) {
+  if (dy_stride == 0) dy_stride = out_features;
   // y = x W^T  =>  dx = dy W          ([rows, out] · [out, in])
   if (dx != nullptr) {
     GemmArgs args;
     args.m = rows;
     args.n = in_features;
     args.k = out_features;
+    args.lda = dy_stride;
+    args.ldc = x_stride;
     args.accumulate = true;
     gemm(dx, dy, weight, args);
   }
@@ -37,45 +44,76 @@ void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, c
     args.n = in_features;
     args.k = rows;
     args.transpose_a = true;
+    args.lda = dy_stride;
+    args.ldb = x_stride;
     args.accumulate = true;
     gemm(dweight, dy, x, args);
   }
   // y = ... + b broadcast over rows  =>  db = sum over rows of dy
   if (dbias != nullptr) {
     for (int64_t row = 0; row < rows; ++row) {
-      const float* dy_row = dy + row * out_features;
+      const float* dy_row = dy + row * dy_stride;
       for (int64_t o = 0; o < out_features; ++o) dbias[o] += dy_row[o];
     }
   }
 }
 
-LinearOp::LinearOp(int64_t rows, int64_t in_features, int64_t out_features, bool has_bias)
-    : rows_(rows), in_features_(in_features), out_features_(out_features), has_bias_(has_bias) {
+LinearOp::LinearOp(int64_t rows, int64_t in_features, int64_t out_features, bool has_bias,
+                   int64_t weight_row_offset)
+    : rows_(rows),
+      in_features_(in_features),
+      out_features_(out_features),
+      has_bias_(has_bias),
+      weight_row_offset_(weight_row_offset) {
   FT_CHECK(rows > 0 && in_features > 0 && out_features > 0,
            "LinearOp: non-positive shape rows=", rows, " in=", in_features, " out=", out_features);
+  FT_CHECK(weight_row_offset >= 0, "LinearOp: negative weight row offset ", weight_row_offset);
 }
 
 void LinearOp::check_wiring(const Workspace& ws, const ParamStore& params) const {
   expect_arity(*this, 1, 1, has_bias_ ? 2 : 1);
   expect_numel(ws.values[inputs[0]], rows_ * in_features_, *this, "input x");
   expect_numel(ws.values[outputs[0]], rows_ * out_features_, *this, "output y");
-  expect_numel(params[this->params[0]].value, out_features_ * in_features_, *this, "weight");
-  if (has_bias_) expect_numel(params[this->params[1]].value, out_features_, *this, "bias");
+  const Tensor& weight = params[this->params[0]].value;
+  FT_CHECK(weight.numel() >= (weight_row_offset_ + out_features_) * in_features_, kind(), " '",
+           name, "': weight ", shape_str(weight.shape()), " has no rows [", weight_row_offset_,
+           ", ", weight_row_offset_ + out_features_, ") of ", in_features_, " columns");
+  if (has_bias_)
+    FT_CHECK(params[this->params[1]].value.numel() >= weight_row_offset_ + out_features_, kind(),
+             " '", name, "': bias too short for rows [", weight_row_offset_, ", ",
+             weight_row_offset_ + out_features_, ")");
 }
 
 void LinearOp::forward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
-  const float* bias = has_bias_ ? params[this->params[1]].value.data() : nullptr;
+  const int64_t offset = weight_row_offset_;
+  const float* bias = has_bias_ ? params[this->params[1]].value.data() + offset : nullptr;
   linear_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
-                 params[this->params[0]].value.data(), bias, rows_, in_features_, out_features_);
+                 params[this->params[0]].value.data() + offset * in_features_, bias, rows_,
+                 in_features_, out_features_, ws.row_stride(outputs[0]),
+                 ws.row_stride(inputs[0]));
 }
 
 void LinearOp::backward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
-  float* dbias = has_bias_ ? params[this->params[1]].grad.data() : nullptr;
-  linear_backward(ws.grads[inputs[0]].data(), params[this->params[0]].grad.data(), dbias,
+  const int64_t offset = weight_row_offset_;
+  float* dbias = has_bias_ ? params[this->params[1]].grad.data() + offset : nullptr;
+  Tensor& dx = ws.grads[inputs[0]];
+  linear_backward(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr,
+                  params[this->params[0]].grad.data() + offset * in_features_, dbias,
                   ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
-                  params[this->params[0]].value.data(), rows_, in_features_, out_features_);
+                  params[this->params[0]].value.data() + offset * in_features_, rows_,
+                  in_features_, out_features_, ws.row_stride(outputs[0]),
+                  ws.row_stride(inputs[0]));
+}
+
+OpCost LinearOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  const double macs = static_cast<double>(rows_) * in_features_ * out_features_;
+  cost.forward_flops = 2 * macs;
+  cost.backward_flops = 4 * macs;
+  cost.bytes_read += 4.0 * out_features_ * (in_features_ + (has_bias_ ? 1 : 0));
+  return cost;
 }
 
 }  // namespace ft

@@ -1,5 +1,8 @@
 // Fully connected layer, nn.Linear layout: y[rows, out] = x[rows, in] · W[out, in]^T + b[out].
-// Inputs {x}, outputs {y}, params {weight [out, in], bias [out] when has_bias}.
+// Inputs {x}, outputs {y} (either may be a column view), params {weight, bias when has_bias}.
+// The op may use a row range of its parameters: rows [weight_row_offset, +out) of a weight with
+// `in` columns and the same entries of the bias. That is how the eager GPT graph runs q, k and v
+// as three Linears over the one [3C, C] c_attn.weight, so checkpoints never change layout.
 // The free functions are the math; LinearOp wires them to a graph. Fusions reuse the functions.
 // Thread safety: an op instance belongs to one training thread (gemm runs on oneDNN's pool).
 #pragma once
@@ -9,30 +12,38 @@
 
 namespace ft {
 
-// y = x W^T + b. `bias` may be null.
+// y = x W^T + b. `bias` may be null. Strides are floats between rows (0 = packed).
 void linear_forward(float* y, const float* x, const float* weight, const float* bias, int64_t rows,
-                    int64_t in_features, int64_t out_features);
+                    int64_t in_features, int64_t out_features, int64_t y_stride = 0,
+                    int64_t x_stride = 0);
 // dx += dy W; dweight += dy^T x; dbias += colsum(dy). `dx` and `dbias` may be null (skipped).
+// dx shares x's stride, dy y's.
 void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
-                     const float* weight, int64_t rows, int64_t in_features, int64_t out_features);
+                     const float* weight, int64_t rows, int64_t in_features, int64_t out_features,
+                     int64_t dy_stride = 0, int64_t x_stride = 0);
 
 class LinearOp : public Op {
  public:
-  LinearOp(int64_t rows, int64_t in_features, int64_t out_features, bool has_bias);
-  const char* kind() const override { return "linear"; }
+  LinearOp(int64_t rows, int64_t in_features, int64_t out_features, bool has_bias,
+           int64_t weight_row_offset = 0);
+  OpKind op_kind() const override { return OpKind::kLinear; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
+  bool supports_views() const override { return true; }
+  OpCost cost(const Graph& graph) const override;
 
   int64_t rows() const { return rows_; }
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
   bool has_bias() const { return has_bias_; }
+  int64_t weight_row_offset() const { return weight_row_offset_; }
 
  private:
   void check_wiring(const Workspace& ws, const ParamStore& params) const;
 
   int64_t rows_, in_features_, out_features_;
   bool has_bias_;
+  int64_t weight_row_offset_;
 };
 
 }  // namespace ft

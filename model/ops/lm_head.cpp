@@ -35,4 +35,14 @@ void TiedLmHeadOp::backward(Workspace& ws, ParamStore& params) {
                   params[this->params[0]].value.data(), rows_, channels_, vocab_);
 }
 
+// y = x wte^T: a GEMM over the whole vocabulary; backward is the dx and dwte GEMMs.
+OpCost TiedLmHeadOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  const double macs = static_cast<double>(rows_) * channels_ * vocab_;
+  cost.forward_flops = 2 * macs;
+  cost.backward_flops = 4 * macs;
+  cost.bytes_read += 4.0 * vocab_ * channels_;
+  return cost;
+}
+
 }  // namespace ft

@@ -12,9 +12,10 @@ namespace ft {
 class TiedLmHeadOp : public Op {
  public:
   TiedLmHeadOp(int64_t rows, int64_t channels, int64_t vocab);
-  const char* kind() const override { return "lm_head"; }
+  OpKind op_kind() const override { return OpKind::kLmHead; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
+  OpCost cost(const Graph& graph) const override;
 
  private:
   void check_wiring(const Workspace& ws, const ParamStore& params) const;

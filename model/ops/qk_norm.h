@@ -15,7 +15,7 @@ namespace ft {
 class QkNormOp : public Op {
  public:
   QkNormOp(int batch, int seq_len, int channels, int n_head);
-  const char* kind() const override { return "qk_norm"; }
+  OpKind op_kind() const override { return OpKind::kBatchedLayerNorm; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
 

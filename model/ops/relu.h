@@ -12,7 +12,7 @@ class ReluOp : public Op {
  public:
   explicit ReluOp(int64_t numel);
 
-  const char* kind() const override { return "relu"; }
+  OpKind op_kind() const override { return OpKind::kRelu; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }

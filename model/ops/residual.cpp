@@ -60,4 +60,11 @@ void ResidualAddOp::backward(Workspace& ws, ParamStore&) {
                     ws.grad_is_fresh(inputs[1]));
 }
 
+OpCost ResidualAddOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  cost.forward_flops = static_cast<double>(numel_);
+  cost.backward_flops = 2.0 * static_cast<double>(numel_);  // da += dout, db += dout
+  return cost;
+}
+
 }  // namespace ft

@@ -16,9 +16,10 @@ void residual_backward(float* da, float* db, const float* dout, int64_t numel, b
 class ResidualAddOp : public Op {
  public:
   explicit ResidualAddOp(int64_t numel);
-  const char* kind() const override { return "residual"; }
+  OpKind op_kind() const override { return OpKind::kResidualAdd; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
+  OpCost cost(const Graph& graph) const override;
   bool overwrites_fresh_input_grads() const override { return true; }
 
  private:

@@ -1,0 +1,136 @@
+// fusion.vertical.attention: AttentionScoresOp -> CausalSoftmaxOp -> AttentionMixOp (three eager
+// ops, two [B, NH, T, T] intermediates) becomes one FlashAttentionOp that keeps only a [B, NH, T]
+// log-sum-exp. The unfused twin is the chain itself (model/ops/attention_scores, causal_softmax,
+// attention_mix); tests/fusion_attention_test.cpp checks the two agree.
+// Thread safety: stateless.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "fusion/ops/flash_attention.h"
+#include "fusion/passes.h"
+#include "model/graph_edit.h"
+#include "model/ops/attention_mix.h"
+#include "model/ops/attention_scores.h"
+#include "model/ops/causal_softmax.h"
+
+namespace ft {
+namespace {
+
+constexpr const char* kPass = "attention";
+constexpr int kChainOps = 3;
+constexpr int kMinTile = 8;
+
+// The chain starting at a scores op, or the reason it cannot be fused.
+struct AttentionChain {
+  int scores = -1, softmax = -1, mix = -1;  // op indices
+  std::string refusal;                      // empty when fusable
+};
+
+// The op reading `id`, when it is the only one and `id` is no graph result; else -1 and `why`.
+int sole_consumer(const Graph& graph, const GraphIndex& index, ValueId id, std::string* why) {
+  const std::string& name = graph.values[id].name;
+  if (index.is_graph_result(id)) {
+    *why = "'" + name + "' is a graph result";
+    return -1;
+  }
+  const int readers = index.reader_count_with_views(id);
+  if (readers != 1) {
+    *why = "'" + name + "' has " + std::to_string(readers) + " consumers";
+    return -1;
+  }
+  if (index.consumers(id).size() != 1) {
+    *why = "'" + name + "' is read through a view";
+    return -1;
+  }
+  return index.consumers(id)[0];
+}
+
+AttentionChain match_chain(const Graph& graph, const GraphIndex& index, int scores_index) {
+  AttentionChain chain;
+  chain.scores = scores_index;
+  const Op& scores = *graph.ops[scores_index];
+  chain.softmax = sole_consumer(graph, index, scores.outputs[0], &chain.refusal);
+  if (chain.softmax < 0) return chain;
+  const Op& softmax = *graph.ops[chain.softmax];
+  if (softmax.op_kind() != OpKind::kCausalSoftmax) {
+    chain.refusal = "scores feed a " + std::string(softmax.kind()) + ", not a causal softmax";
+    return chain;
+  }
+  chain.mix = sole_consumer(graph, index, softmax.outputs[0], &chain.refusal);
+  if (chain.mix < 0) return chain;
+  const Op& mix = *graph.ops[chain.mix];
+  if (mix.op_kind() != OpKind::kAttentionMix || mix.inputs[0] != softmax.outputs[0]) {
+    chain.refusal = "probabilities feed a " + std::string(mix.kind()) + ", not an attention mix";
+    return chain;
+  }
+  const auto& s = static_cast<const AttentionScoresOp&>(scores);
+  const auto& m = static_cast<const AttentionMixOp&>(mix);
+  if (s.batch() != m.batch() || s.seq_len() != m.seq_len() || s.channels() != m.channels() ||
+      s.n_head() != m.n_head())
+    chain.refusal = "scores and mix ops disagree on the attention shape";
+  return chain;
+}
+
+// Query and key rows per tile such that one tile x tile block of scores fits tile_kb KiB.
+int tile_rows(int tile_kb, int seq_len) {
+  const int fitting = static_cast<int>(std::sqrt(static_cast<double>(tile_kb) * 1024.0 / 4.0));
+  return std::min(std::max(fitting, kMinTile), std::max(seq_len, 1));
+}
+
+// "h.0.attn.scores" -> "h.0.attn.flash_attention".
+std::string fused_name(const std::string& scores_name) {
+  const size_t dot = scores_name.rfind('.');
+  return (dot == std::string::npos ? std::string() : scores_name.substr(0, dot + 1)) +
+         "flash_attention";
+}
+
+class AttentionPass : public FusionPass {
+ public:
+  const char* name() const override { return kPass; }
+  bool enabled(const FusionOptions& options) const override { return options.vertical.attention; }
+
+  int apply(Graph& graph, PassContext& context) const override {
+    int fused = 0;
+    for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index) {
+      if (graph.ops[op_index]->op_kind() != OpKind::kAttentionScores) continue;
+      const std::string site = graph.ops[op_index]->name;
+      const GraphIndex index(graph);
+      const AttentionChain chain = match_chain(graph, index, op_index);
+      if (!chain.refusal.empty()) {
+        context.skipped(kPass, site, chain.refusal);
+        continue;
+      }
+      if (context.options.max_ops < kChainOps) {
+        context.skipped(kPass, site, "max_ops " + std::to_string(context.options.max_ops));
+        continue;
+      }
+      const auto& scores = static_cast<const AttentionScoresOp&>(*graph.ops[chain.scores]);
+      const Op& mix = *graph.ops[chain.mix];
+      const int tile = tile_rows(context.options.tile_kb, scores.seq_len());
+      auto flash = std::make_unique<FlashAttentionOp>(scores.batch(), scores.seq_len(),
+                                                      scores.channels(), scores.n_head(), tile);
+      flash->name = fused_name(site);
+      flash->inputs = {scores.inputs[0], scores.inputs[1], mix.inputs[1]};
+      flash->outputs = {mix.outputs[0]};
+      flash->eager_ops = kChainOps;
+      // Placed where the mix was: v may be produced after the scores op.
+      replace_op_set(graph, {chain.scores, chain.softmax, chain.mix}, std::move(flash));
+      context.fused(
+          kPass, site,
+          "scores+causal_softmax+mix -> flash_attention (tile " + std::to_string(tile) + ")",
+          kChainOps);
+      ++fused;
+      --op_index;  // the op now at op_index followed the removed scores op
+    }
+    return fused;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<FusionPass> make_attention_pass() {
+  return std::make_unique<AttentionPass>();
+}
+
+}  // namespace ft

@@ -1,0 +1,59 @@
+// Fused causal attention, FlashAttention-style, on the CPU: replaces the eager chain
+// AttentionScoresOp -> CausalSoftmaxOp -> AttentionMixOp (model/ops/) by one op that never stores
+// a T x T matrix.
+//   y[b, t, head h] = sum_{s <= t} softmax_s(q_t · k_s / sqrt(hd)) v_s      (heads concatenated)
+// Forward walks, per (b, h), query tiles x key tiles (tiles of `tile` rows; key tiles above the
+// diagonal are skipped) with an online softmax: a running max m_t and sum l_t per query row, the
+// partial output rescaled by exp(m_old - m_new) whenever the max grows. It saves only the
+// log-sum-exp L_t = m_t + log l_t per row, [B, NH, T].
+// Backward (FlashAttention-2) recomputes each score tile from q, k and L: P = exp(S - L), then
+//   dV += P^T dY,  dP = dY V^T,  dS = P (dP - D) with D_t = rowsum(dY_t y_t) = <P_t, dP_t>,
+//   dQ += scale dS K,  dK += scale dS^T Q.
+// Inputs {q, k, v [B, T, C]} (any may be a column view), outputs {y [B, T, C]} (may be a view).
+// Thread safety: an op instance belongs to one training thread; (b, h) pairs run on OpenMP.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "model/graph.h"
+
+namespace ft {
+
+// Row strides, in floats, of the four [B*T, C] activations (their gradients share them).
+struct AttentionStrides {
+  int64_t q = 0, k = 0, v = 0, y = 0;
+};
+
+// Writes y and lse [B, NH, T]. REQUIRES: tile >= 1.
+void flash_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v,
+                             const AttentionStrides& strides, int batch, int seq_len, int channels,
+                             int n_head, int tile);
+// dq, dk, dv += their gradients, recomputing the probabilities from q, k and lse.
+void flash_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* y,
+                              const float* lse, const float* q, const float* k, const float* v,
+                              const AttentionStrides& strides, int batch, int seq_len, int channels,
+                              int n_head, int tile);
+
+class FlashAttentionOp : public Op {
+ public:
+  // REQUIRES: tile >= 1 (tiles longer than seq_len are clamped to it).
+  FlashAttentionOp(int batch, int seq_len, int channels, int n_head, int tile);
+  OpKind op_kind() const override { return OpKind::kFlashAttention; }
+  void forward(Workspace& ws, ParamStore& params) override;
+  void backward(Workspace& ws, ParamStore& params) override;
+  bool overwrites_fresh_input_grads() const override { return true; }
+  bool supports_views() const override { return true; }
+  OpCost cost(const Graph& graph) const override;
+
+  int tile() const { return tile_; }
+  // Log-sum-exp of every score row of the last forward, [B, NH, T].
+  const Tensor& lse() const { return lse_; }
+
+ private:
+  void check_wiring(const Workspace& ws) const;
+  AttentionStrides strides(const Workspace& ws) const;
+  int batch_, seq_len_, channels_, n_head_, tile_;
+  Tensor lse_;  // saved by forward
+};
+
+}  // namespace ft

@@ -1,0 +1,47 @@
+// Horizontal fusion of `count` Linears that read the same input and own consecutive row blocks of
+// one weight (q, k and v over c_attn): one GEMM
+//   y[rows, count * width] = x[rows, in] · W[offset : offset + count * width, :]^T + b[same rows]
+// instead of `count` GEMMs of `width` output columns each. The unfused twin is `count` LinearOps
+// (model/ops/linear.h) with weight_row_offset offset, offset + width, ...; fusion/qkv_pass.cpp
+// makes their outputs column views of this op's output, so consumers read q, k, v in place.
+// Backward is the Linear backward over the wide dy: dx += dy W, dW += dy^T x, db += colsum(dy),
+// which sums the three Linears' dx contributions inside one GEMM instead of three.
+// Inputs {x}, outputs {y [rows, count * width]} (either may be a view), params {weight, bias when
+// has_bias}.
+// Thread safety: an op instance belongs to one training thread (gemm runs on oneDNN's pool).
+#pragma once
+#include <cstdint>
+
+#include "model/graph.h"
+
+namespace ft {
+
+class QkvLinearOp : public Op {
+ public:
+  // REQUIRES: rows, in_features, width, count > 0; weight_row_offset >= 0.
+  QkvLinearOp(int64_t rows, int64_t in_features, int64_t width, int count, bool has_bias,
+              int64_t weight_row_offset);
+  OpKind op_kind() const override { return OpKind::kQkvLinear; }
+  void forward(Workspace& ws, ParamStore& params) override;
+  void backward(Workspace& ws, ParamStore& params) override;
+  bool supports_views() const override { return true; }
+  OpCost cost(const Graph& graph) const override;
+
+  int64_t rows() const { return rows_; }
+  int64_t in_features() const { return in_features_; }
+  int64_t width() const { return width_; }  // output columns of each absorbed Linear
+  int count() const { return count_; }
+  int64_t out_features() const { return width_ * count_; }
+  bool has_bias() const { return has_bias_; }
+  int64_t weight_row_offset() const { return weight_row_offset_; }
+
+ private:
+  void check_wiring(const Workspace& ws, const ParamStore& params) const;
+
+  int64_t rows_, in_features_, width_;
+  int count_;
+  bool has_bias_;
+  int64_t weight_row_offset_;
+};
+
+}  // namespace ft

@@ -1,0 +1,67 @@
+// FusionPass: one graph rewrite of fusion/, switched by one fusion.* key. Deciding is apart from
+// doing (XLA's ShouldFuse/Fuse): a pass records a Decision for every candidate it looks at,
+// fused or skipped with the reason, which is what `fusiontrain plan` prints.
+// Thread safety: passes are stateless; run on the thread that builds the graph.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/graph.h"
+
+namespace ft {
+
+// Mirrors the fusion.* config keys (app/config.h), so fusion/ does not depend on app/.
+struct FusionOptions {
+  bool enabled = true;  // false: no compute fusion at all; the executed graph is the built one
+  struct Vertical {
+    bool gemm_epilogue = true;       // Linear -> GELU
+    bool residual_layernorm = true;  // (dropout ->) residual add -> LayerNorm
+    bool classifier = true;          // LM head -> softmax cross-entropy
+    bool attention = true;           // scores -> causal softmax -> weighted sum
+    bool bn_relu = true;             // BatchNorm -> ReLU; residual add -> ReLU
+  } vertical;
+  struct Horizontal {
+    bool qkv = true;                  // q, k, v Linears -> one GEMM
+    bool batched_layernorm = true;    // per-head q/k LayerNorms -> one op
+    bool multi_tensor = true;         // optimizer, zeroing, grad norm: one chunked pass
+    bool conv_shortcut = true;        // stride-2 3x3 conv + 1x1 shortcut -> one conv
+    double max_padding_overhead = 0.25;  // conv_shortcut: extra FLOPs / useful FLOPs allowed
+  } horizontal;
+  int max_ops = 4;     // eager ops one fused op may absorb; 1 fuses nothing
+  int tile_kb = 256;   // live intermediates per row tile of a fused row-tiled op
+};
+
+// One candidate a pass looked at.
+struct FusionDecision {
+  std::string pass;   // "gemm_epilogue"
+  std::string site;   // op name where the candidate starts: "h.1.mlp.c_fc"
+  bool fused = false;
+  std::string reason;  // why not (or what was fused: "linear+gelu")
+  int ops_absorbed = 0;
+};
+
+struct PassContext {
+  const FusionOptions& options;
+  const ParamStore& params;
+  std::vector<FusionDecision>& decisions;  // the pass appends one per candidate
+
+  void fused(const std::string& pass, const std::string& site, const std::string& what,
+             int ops) {
+    decisions.push_back({pass, site, true, what, ops});
+  }
+  void skipped(const std::string& pass, const std::string& site, const std::string& why) {
+    decisions.push_back({pass, site, false, why, 0});
+  }
+};
+
+class FusionPass {
+ public:
+  virtual ~FusionPass() = default;
+  virtual const char* name() const = 0;  // the config key's last part: "gemm_epilogue"
+  virtual bool enabled(const FusionOptions& options) const = 0;
+  // Rewrites `graph` in place; returns how many fused ops it created. Parameter storage is never
+  // changed by a pass, so checkpoints move freely between fused and unfused runs.
+  virtual int apply(Graph& graph, PassContext& context) const = 0;
+};
+
+}  // namespace ft

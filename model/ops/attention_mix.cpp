@@ -1,0 +1,92 @@
+// Attention mix (see attention_mix.h). Per sequence b, with heads as the gemm batch: Y = P V.
+#include "model/ops/attention_mix.h"
+
+#include "core/check.h"
+#include "core/gemm.h"
+#include "model/ops/attention_heads.h"
+#include "model/ops/op_checks.h"
+
+namespace ft {
+
+void attention_mix_forward(float* y, const float* probs, const float* v, int64_t y_stride,
+                           int64_t v_stride, int batch, int seq_len, int channels, int n_head) {
+  const int64_t T = seq_len, hd = channels / n_head;
+  // Y[h] = P[h] V[h]: [T, T] x [T, hd], written into head h's columns of y.
+  GemmArgs args = head_gemm(T, hd, T, n_head);
+  args.ldb = v_stride;
+  args.batch_stride_b = hd;
+  args.ldc = y_stride;
+  args.batch_stride_c = hd;
+  for (int b = 0; b < batch; ++b)
+    gemm(y + b * T * y_stride, probs + b * n_head * T * T, v + b * T * v_stride, args);
+}
+
+void attention_mix_backward(float* dprobs, float* dv, const float* dy, const float* probs,
+                            const float* v, int64_t y_stride, int64_t v_stride,
+                            bool overwrite_dprobs, bool overwrite_dv, int batch, int seq_len,
+                            int channels, int n_head) {
+  const int64_t T = seq_len, hd = channels / n_head;
+  // Y = P V  =>  dP = dY V^T   ([T, hd] x [hd, T]; V stored [T, hd] = [N, K])
+  GemmArgs dp_args = head_gemm(T, T, hd, n_head);
+  dp_args.transpose_b = true;
+  dp_args.lda = y_stride;
+  dp_args.ldb = v_stride;
+  dp_args.batch_stride_a = dp_args.batch_stride_b = hd;
+  dp_args.accumulate = !overwrite_dprobs;
+  //           dV = P^T dY     ([T, T] x [T, hd]; P stored [T, T] = [K, M])
+  GemmArgs dv_args = head_gemm(T, hd, T, n_head);
+  dv_args.transpose_a = true;
+  dv_args.ldb = y_stride;
+  dv_args.batch_stride_b = hd;
+  dv_args.ldc = v_stride;
+  dv_args.batch_stride_c = hd;
+  dv_args.accumulate = !overwrite_dv;
+  for (int b = 0; b < batch; ++b) {
+    const float* dy_b = dy + b * T * y_stride;
+    const float* p = probs + b * n_head * T * T;
+    gemm(dprobs + b * n_head * T * T, dy_b, v + b * T * v_stride, dp_args);
+    gemm(dv + b * T * v_stride, p, dy_b, dv_args);
+  }
+}
+
+AttentionMixOp::AttentionMixOp(int batch, int seq_len, int channels, int n_head)
+    : batch_(batch), seq_len_(seq_len), channels_(channels), n_head_(n_head) {
+  check_attention_shape("AttentionMixOp", batch, seq_len, channels, n_head);
+}
+
+void AttentionMixOp::check_wiring(const Workspace& ws) const {
+  expect_arity(*this, 2, 1, 0);
+  const int64_t tokens = static_cast<int64_t>(batch_) * seq_len_;
+  expect_numel(ws.values[inputs[0]], tokens * n_head_ * seq_len_, *this, "input probs");
+  expect_numel(ws.values[inputs[1]], tokens * channels_, *this, "input v");
+  expect_numel(ws.values[outputs[0]], tokens * channels_, *this, "output y");
+  FT_CHECK(ws.row_stride(inputs[0]) == seq_len_, kind(), " '", name,
+           "': input probs must not be a view");
+}
+
+void AttentionMixOp::forward(Workspace& ws, ParamStore&) {
+  check_wiring(ws);
+  attention_mix_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
+                        ws.values[inputs[1]].data(), ws.row_stride(outputs[0]),
+                        ws.row_stride(inputs[1]), batch_, seq_len_, channels_, n_head_);
+}
+
+void AttentionMixOp::backward(Workspace& ws, ParamStore&) {
+  check_wiring(ws);
+  attention_mix_backward(ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
+                         ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
+                         ws.values[inputs[1]].data(), ws.row_stride(outputs[0]),
+                         ws.row_stride(inputs[1]), ws.grad_is_fresh(inputs[0]),
+                         ws.grad_is_fresh(inputs[1]), batch_, seq_len_, channels_, n_head_);
+}
+
+OpCost AttentionMixOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  const double macs =
+      static_cast<double>(batch_) * n_head_ * seq_len_ * seq_len_ * (channels_ / n_head_);
+  cost.forward_flops = 2 * macs;
+  cost.backward_flops = 4 * macs;  // dP and dV
+  return cost;
+}
+
+}  // namespace ft

@@ -1,0 +1,44 @@
+// Attention mix, the last eager attention op: the probability-weighted sum of values per head,
+//   y[b, t, head h] = sum_s probs[b, h, t, s] v[b, s, head h]      (heads concatenated, hd = C/NH).
+// Every (t, s) enters the gemm; causal probabilities are zero above the diagonal.
+// Backward, per head:  dP += dY V^T,  dV += P^T dY.
+// Inputs {probs [B, NH, T, T], v [B, T, C]} (v may be a column view), outputs {y [B, T, C]}
+// (may be a view). No state is saved.
+// Thread safety: an op instance belongs to one training thread (gemm runs on oneDNN's pool).
+#pragma once
+#include <cstdint>
+
+#include "model/graph.h"
+
+namespace ft {
+
+// Writes y. v and y rows are `v_stride` and `y_stride` floats apart.
+void attention_mix_forward(float* y, const float* probs, const float* v, int64_t y_stride,
+                           int64_t v_stride, int batch, int seq_len, int channels, int n_head);
+// dprobs (+=) dY V^T and dv (+=) P^T dY; `overwrite_dprobs` / `overwrite_dv` write (=) instead.
+void attention_mix_backward(float* dprobs, float* dv, const float* dy, const float* probs,
+                            const float* v, int64_t y_stride, int64_t v_stride,
+                            bool overwrite_dprobs, bool overwrite_dv, int batch, int seq_len,
+                            int channels, int n_head);
+
+class AttentionMixOp : public Op {
+ public:
+  AttentionMixOp(int batch, int seq_len, int channels, int n_head);
+  OpKind op_kind() const override { return OpKind::kAttentionMix; }
+  void forward(Workspace& ws, ParamStore& params) override;
+  void backward(Workspace& ws, ParamStore& params) override;
+  bool overwrites_fresh_input_grads() const override { return true; }
+  bool supports_views() const override { return true; }
+  OpCost cost(const Graph& graph) const override;
+
+  int batch() const { return batch_; }
+  int seq_len() const { return seq_len_; }
+  int channels() const { return channels_; }
+  int n_head() const { return n_head_; }
+
+ private:
+  void check_wiring(const Workspace& ws) const;
+  int batch_, seq_len_, channels_, n_head_;
+};
+
+}  // namespace ft

@@ -1,0 +1,97 @@
+// Attention scores (see attention_scores.h). Per sequence b, with heads as the gemm batch:
+//   S = scale Q K^T.
+#include "model/ops/attention_scores.h"
+
+#include <cmath>
+
+#include "core/check.h"
+#include "core/gemm.h"
+#include "model/ops/attention_heads.h"
+#include "model/ops/op_checks.h"
+
+namespace ft {
+
+void attention_scores_forward(float* scores, const float* q, const float* k, int64_t q_stride,
+                              int64_t k_stride, int batch, int seq_len, int channels, int n_head) {
+  const int64_t T = seq_len, hd = channels / n_head;
+  // S[h] = scale Q[h] K[h]^T: [T, hd] x [hd, T]; K[h] is stored [T, hd] = [N, K].
+  GemmArgs args = head_gemm(T, T, hd, n_head);
+  args.transpose_b = true;
+  args.lda = q_stride;
+  args.ldb = k_stride;
+  args.batch_stride_a = args.batch_stride_b = hd;
+  args.alpha = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int b = 0; b < batch; ++b)
+    gemm(scores + b * n_head * T * T, q + b * T * q_stride, k + b * T * k_stride, args);
+}
+
+void attention_scores_backward(float* dq, float* dk, const float* dscores, const float* q,
+                               const float* k, int64_t q_stride, int64_t k_stride,
+                               bool overwrite_dq, bool overwrite_dk, int batch, int seq_len,
+                               int channels, int n_head) {
+  const int64_t T = seq_len, hd = channels / n_head;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // S = scale Q K^T  =>  dQ = scale dS K     ([T, T] x [T, hd])
+  GemmArgs dqueries = head_gemm(T, hd, T, n_head);
+  dqueries.ldb = k_stride;
+  dqueries.batch_stride_b = hd;
+  dqueries.ldc = q_stride;
+  dqueries.batch_stride_c = hd;
+  dqueries.alpha = scale;
+  dqueries.accumulate = !overwrite_dq;
+  //                      dK = scale dS^T Q   ([T, T] x [T, hd]; dS stored [T, T] = [K, M])
+  GemmArgs dkeys = dqueries;
+  dkeys.transpose_a = true;
+  dkeys.ldb = q_stride;
+  dkeys.ldc = k_stride;
+  dkeys.accumulate = !overwrite_dk;
+  for (int b = 0; b < batch; ++b) {
+    const float* ds = dscores + b * n_head * T * T;
+    gemm(dq + b * T * q_stride, ds, k + b * T * k_stride, dqueries);
+    gemm(dk + b * T * k_stride, ds, q + b * T * q_stride, dkeys);
+  }
+}
+
+AttentionScoresOp::AttentionScoresOp(int batch, int seq_len, int channels, int n_head)
+    : batch_(batch), seq_len_(seq_len), channels_(channels), n_head_(n_head) {
+  check_attention_shape("AttentionScoresOp", batch, seq_len, channels, n_head);
+}
+
+void AttentionScoresOp::check_wiring(const Workspace& ws) const {
+  expect_arity(*this, 2, 1, 0);
+  const int64_t tokens = static_cast<int64_t>(batch_) * seq_len_;
+  expect_numel(ws.values[inputs[0]], tokens * channels_, *this, "input q");
+  expect_numel(ws.values[inputs[1]], tokens * channels_, *this, "input k");
+  expect_numel(ws.values[outputs[0]], tokens * n_head_ * seq_len_, *this, "output scores");
+  FT_CHECK(ws.row_stride(outputs[0]) == seq_len_, kind(), " '", name,
+           "': output scores must not be a view");
+}
+
+void AttentionScoresOp::forward(Workspace& ws, ParamStore&) {
+  check_wiring(ws);
+  attention_scores_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
+                           ws.values[inputs[1]].data(), ws.row_stride(inputs[0]),
+                           ws.row_stride(inputs[1]), batch_, seq_len_, channels_, n_head_);
+}
+
+void AttentionScoresOp::backward(Workspace& ws, ParamStore&) {
+  check_wiring(ws);
+  // With q and k one value, dk must add to the dq just written.
+  const bool same = inputs[0] == inputs[1];
+  attention_scores_backward(
+      ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(), ws.grads[outputs[0]].data(),
+      ws.values[inputs[0]].data(), ws.values[inputs[1]].data(), ws.row_stride(inputs[0]),
+      ws.row_stride(inputs[1]), ws.grad_is_fresh(inputs[0]), ws.grad_is_fresh(inputs[1]) && !same,
+      batch_, seq_len_, channels_, n_head_);
+}
+
+OpCost AttentionScoresOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  const double macs =
+      static_cast<double>(batch_) * n_head_ * seq_len_ * seq_len_ * (channels_ / n_head_);
+  cost.forward_flops = 2 * macs;
+  cost.backward_flops = 4 * macs;  // dQ and dK
+  return cost;
+}
+
+}  // namespace ft

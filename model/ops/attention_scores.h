@@ -1,0 +1,46 @@
+// Attention scores, the first of the three eager attention ops (scores -> causal softmax -> mix):
+//   scores[b, h, t, s] = q[b, t, head h] · k[b, s, head h] / sqrt(hd),   hd = C / NH,
+// where head h owns columns [h*hd, (h+1)*hd) of q and k. Every (t, s) is computed, the upper
+// triangle included: the causal mask belongs to CausalSoftmaxOp.
+// Backward, with scale = 1 / sqrt(hd) and per head:  dq += scale dS K,  dk += scale dS^T Q.
+// Inputs {q [B, T, C], k [B, T, C]} (either may be a column view, e.g. of one [B*T, 3C] QKV
+// buffer), outputs {scores [B, NH, T, T]}. No state is saved: backward reads q and k.
+// Thread safety: an op instance belongs to one training thread (gemm runs on oneDNN's pool).
+#pragma once
+#include <cstdint>
+
+#include "model/graph.h"
+
+namespace ft {
+
+// Writes scores [B, NH, T, T]. q and k rows are `q_stride` and `k_stride` floats apart.
+void attention_scores_forward(float* scores, const float* q, const float* k, int64_t q_stride,
+                              int64_t k_stride, int batch, int seq_len, int channels, int n_head);
+// dq (+=) scale dS K and dk (+=) scale dS^T Q; `overwrite_dq` / `overwrite_dk` write (=)
+// instead. The gradients share the row strides of their values.
+void attention_scores_backward(float* dq, float* dk, const float* dscores, const float* q,
+                               const float* k, int64_t q_stride, int64_t k_stride,
+                               bool overwrite_dq, bool overwrite_dk, int batch, int seq_len,
+                               int channels, int n_head);
+
+class AttentionScoresOp : public Op {
+ public:
+  AttentionScoresOp(int batch, int seq_len, int channels, int n_head);
+  OpKind op_kind() const override { return OpKind::kAttentionScores; }
+  void forward(Workspace& ws, ParamStore& params) override;
+  void backward(Workspace& ws, ParamStore& params) override;
+  bool overwrites_fresh_input_grads() const override { return true; }
+  bool supports_views() const override { return true; }
+  OpCost cost(const Graph& graph) const override;
+
+  int batch() const { return batch_; }
+  int seq_len() const { return seq_len_; }
+  int channels() const { return channels_; }
+  int n_head() const { return n_head_; }
+
+ private:
+  void check_wiring(const Workspace& ws) const;
+  int batch_, seq_len_, channels_, n_head_;
+};
+
+}  // namespace ft
