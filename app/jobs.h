@@ -26,6 +26,17 @@ struct EvalArgs {
 };
 int run_eval(const EvalArgs& args);
 
+struct PlanArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string mode = "train";  // train | eval
+  int batch = 0;               // used when batch_given; else train.batch_size
+  bool batch_given = false;
+  std::string json_path;  // the whole report as JSON; empty = none
+};
+// Prints the op list before and after the fusion passes, every pass decision and the totals.
+int run_plan(const PlanArgs& args);
+
 // Threads for this rank: train.threads, or cores / local ranks (at least 1) when it is 0.
 int resolve_threads(int configured_threads);
 

@@ -1,9 +1,8 @@
 // fusiontrain: command-line entry. Parses the job and its flags with CLI11, starts MPI, and turns
 // any error into a message naming the rank plus a non-zero exit of the whole job.
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
-
-#include <CLI/CLI.hpp>
 
 #include "app/bandwidth.h"
 #include "app/jobs.h"
@@ -30,7 +29,8 @@ int main(int argc, char** argv) {
 
   ft::TrainArgs train_args;
   train_args.config_path = kDefaultConfig;
-  CLI::App* train = app.add_subcommand("train", "train a model (run under mpirun for data parallel)");
+  CLI::App* train =
+      app.add_subcommand("train", "train a model (run under mpirun for data parallel)");
   add_config_flags(train, &train_args.config_path, &train_args.overrides);
   train->add_option("--json", train_args.json_path, "write per-step metrics as JSON Lines");
 
@@ -41,6 +41,16 @@ int main(int argc, char** argv) {
       ->required();
   eval->add_option("--data", eval_args.data_path, "GPT: text file to evaluate");
   eval->add_option("--json", eval_args.json_path, "write the result as JSON");
+
+  ft::PlanArgs plan_args;
+  plan_args.config_path = kDefaultConfig;
+  CLI::App* plan =
+      app.add_subcommand("plan", "print the op list before and after the fusion passes, and why");
+  add_config_flags(plan, &plan_args.config_path, &plan_args.overrides);
+  plan->add_option("--mode", plan_args.mode, "graph to plan: train or eval (default train)");
+  CLI::Option* plan_batch =
+      plan->add_option("--batch", plan_args.batch, "batch size (default train.batch_size)");
+  plan->add_option("--json", plan_args.json_path, "write the whole report as JSON");
 
   ft::BandwidthArgs bandwidth_args;
   CLI::App* bandwidth =
@@ -53,8 +63,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   bandwidth->add_option("--iters", bandwidth_args.iters, "timed iterations")
       ->check(CLI::PositiveNumber);
-  bandwidth->add_option("--peak-gbps", bandwidth_args.peak_gbps,
-                        "peak bandwidth for utilization, GB/s (0 = measure memory bandwidth)")
+  bandwidth
+      ->add_option("--peak-gbps", bandwidth_args.peak_gbps,
+                   "peak bandwidth for utilization, GB/s (0 = measure memory bandwidth)")
       ->check(CLI::NonNegativeNumber);
   bandwidth->add_option("--json", bandwidth_args.json_path, "write the sweep as JSON");
 
@@ -63,6 +74,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     return app.exit(error);
   }
+  plan_args.batch_given = plan_batch->count() > 0;
 
   int rank = 0;
   try {
@@ -76,6 +88,10 @@ int main(int argc, char** argv) {
       if (app.got_subcommand(eval)) {
         FT_CHECK(mpi.world_size() == 1, "eval runs on one rank; drop mpirun -np");
         return ft::run_eval(eval_args);
+      }
+      if (app.got_subcommand(plan)) {
+        FT_CHECK(mpi.world_size() == 1, "plan runs on one rank; drop mpirun -np");
+        return ft::run_plan(plan_args);
       }
       if (app.got_subcommand(bandwidth)) return ft::run_bandwidth(*comm, bandwidth_args);
     } catch (const std::exception& error) {

@@ -22,9 +22,9 @@ struct PlanOp {
   std::string kind;
   std::string shapes;  // "[256,128] [128] -> [256,384]": inputs -> outputs
   OpCost cost;
-  double flops = 0;        // forward + backward for a train graph, forward for an eval graph
-  double intensity = 0;    // forward FLOPs per forward byte read or written (0 without bytes)
-  int eager_ops = 1;       // ops of the eager graph this op stands for
+  double flops = 0;      // forward + backward for a train graph, forward for an eval graph
+  double intensity = 0;  // forward FLOPs per forward byte read or written (0 without bytes)
+  int eager_ops = 1;     // ops of the eager graph this op stands for
 };
 
 // Bytes of activation memory a graph needs at its peak.

@@ -28,7 +28,7 @@ GraphRun& GraphCache::get(int batch, GraphMode mode) {
 namespace {
 
 GptShape gpt_shape(const ModelConfig& model) {
-  return GptShape{model.n_layer, model.n_head,  model.d_model, model.seq_len,
+  return GptShape{model.n_layer,    model.n_head,  model.d_model, model.seq_len,
                   model.vocab_size, model.dropout, model.qk_norm};
 }
 
@@ -38,8 +38,8 @@ void load_tokens(const TokenBatch& batch, Workspace& ws) {
 }
 
 // Mean loss over every window of `bytes`, in batches of `batch` (a smaller graph takes the rest).
-EvalResult evaluate_windows(GraphCache& graphs, const uint8_t* bytes, size_t num_bytes,
-                            int seq_len, int batch, int max_batches) {
+EvalResult evaluate_windows(GraphCache& graphs, const uint8_t* bytes, size_t num_bytes, int seq_len,
+                            int batch, int max_batches) {
   const size_t windows = count_eval_windows(num_bytes, seq_len);
   FT_CHECK(windows > 0, "evaluation text is shorter than one window of ", seq_len + 1, " bytes");
   TokenBatch tokens;

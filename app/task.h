@@ -17,17 +17,17 @@
 namespace ft {
 
 struct EvalResult {
-  double loss = 0.0;           // mean cross-entropy (nats)
-  double accuracy = -1.0;      // classification only
-  double bits_per_byte = -1.0; // byte-level text only
-  int64_t examples = 0;        // windows or images evaluated
+  double loss = 0.0;            // mean cross-entropy (nats)
+  double accuracy = -1.0;       // classification only
+  double bits_per_byte = -1.0;  // byte-level text only
+  int64_t examples = 0;         // windows or images evaluated
 };
 
 // A graph, its executor and buffers for one batch size and mode; built on first use.
 struct GraphRun {
-  Graph graph;          // after the fusion passes; frozen: the executor's tables derive from it
+  Graph graph;           // after the fusion passes; frozen: the executor's tables derive from it
   size_t eager_ops = 0;  // op count of the graph as model/ built it
-  FusionResult fusion;  // what every pass did
+  FusionResult fusion;   // what every pass did
   std::unique_ptr<Executor> executor;
   Workspace workspace;
 };

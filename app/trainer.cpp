@@ -4,6 +4,7 @@
 #include "core/check.h"
 #include "core/rng.h"
 #include "core/timer.h"
+#include "fusion/multi_tensor.h"
 
 namespace ft {
 namespace {
@@ -48,7 +49,11 @@ Trainer::Trainer(const Config& config, Communicator* comm) : config_(config), co
       [this](int batch, GraphMode mode) { return task_->build_graph(batch, mode); }, params_,
       config.fusion);
   train_run_ = &graphs_->get(config.train.batch_size, GraphMode::kTrain);
-  optimizer_ = make_optimizer(optimizer_options(config.optim), params_);
+  if (config.fusion.enabled && config.fusion.horizontal.multi_tensor)
+    sweep_ = make_multi_tensor_sweep(params_);
+  else
+    sweep_ = make_per_tensor_sweep();
+  optimizer_ = make_optimizer(optimizer_options(config.optim), params_, sweep_);
   schedule_ = LrSchedule{config.optim.lr, config.optim.min_lr, config.optim.warmup_steps,
                          config.train.steps};
   if (comm != nullptr) {
@@ -71,13 +76,13 @@ StepStats Trainer::train_step() {
   Workspace& ws = train_run_->workspace;
   Executor& executor = *train_run_->executor;
   const int micro_batches = config_.train.grad_accum;
-  params_.zero_grads();
+  sweep_->zero(params_);
   StepStats stats;
   double loss_sum = 0.0;
   for (int micro = 0; micro < micro_batches; ++micro) {
     // Masks depend only on (seed, step, micro-batch), so a resumed run draws the same ones.
-    ws.dropout_seed = mix_u64(config_.train.seed ^ mix_u64(static_cast<uint64_t>(step_) *
-                                                             micro_batches + micro + 1));
+    ws.dropout_seed = mix_u64(config_.train.seed ^
+                              mix_u64(static_cast<uint64_t>(step_) * micro_batches + micro + 1));
     task_->next_train_batch(ws, train_run_->graph);
     executor.forward(ws);
     loss_sum += executor.loss(ws);
@@ -97,7 +102,7 @@ StepStats Trainer::train_step() {
     float* grad = grads.data();
     for (int64_t i = 0; i < grads.numel(); ++i) grad[i] *= grad_scale;
   }
-  stats.grad_norm = clip_grad_norm(params_, config_.optim.grad_clip);
+  stats.grad_norm = clip_grad_norm(params_, config_.optim.grad_clip, *sweep_);
   stats.lr = schedule_.at(step_);
   optimizer_->step(params_, stats.lr);
   ++step_;

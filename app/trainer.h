@@ -1,7 +1,7 @@
 // Trainer: one data-parallel training run. Owns the parameters, the training graph, the
-// optimizer and the gradient synchroniser, and drives a Task through optimizer steps:
-// forward → backward (gradients announced to comm/ as they become final) → bucket allreduce →
-// clip → optimizer. Checkpoints save and restore everything needed for a bitwise-exact resume.
+// parameter sweep, the optimizer and the gradient synchroniser, and drives a Task through optimizer
+// steps: forward → backward (gradients announced to comm/ as they become final) → bucket allreduce
+// → clip → optimizer. Checkpoints save and restore everything needed for a bitwise-exact resume.
 // Thread safety: one training thread per rank drives a Trainer.
 #pragma once
 #include <memory>
@@ -55,6 +55,9 @@ class Trainer {
   ParamStore params_;
   std::unique_ptr<GraphCache> graphs_;
   GraphRun* train_run_ = nullptr;
+  // Every pass over the flat buffers (step, clip, zero): chunked when
+  // fusion.horizontal.multi_tensor is on, else per tensor. Shared with optimizer_.
+  std::shared_ptr<ParamSweep> sweep_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<GradSync> grad_sync_;
   LrSchedule schedule_;

@@ -1,8 +1,133 @@
-// PLACEHOLDER until the pass lands: returns no pass, so the pipeline skips it.
+// fusion.vertical.classifier: TiedLmHeadOp -> SoftmaxCrossEntropyOp (two eager ops, with the
+// probabilities and the logits' gradient as two more [rows, V] tensors) becomes one ClassifierOp
+// (fusion/ops/classifier.h) that writes logits, loss and, in training, dlogits row block by row
+// block. The unfused twin is the pair itself; tests/fusion_classifier_test.cpp checks the two
+// agree. A candidate is every cross-entropy; only one fed by the tied LM head is fused (the
+// ResNet's fc -> loss is left alone, with its reason).
+// Thread safety: stateless.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "fusion/ops/classifier.h"
 #include "fusion/passes.h"
+#include "model/graph_edit.h"
 
 namespace ft {
+namespace {
 
-std::unique_ptr<FusionPass> make_classifier_pass() { return nullptr; }
+constexpr const char* kPass = "classifier";
+constexpr int kChainOps = 2;
+
+// The LM head feeding the cross-entropy at `loss_index`, or the reason it cannot be fused.
+struct ClassifierMatch {
+  int lm_head = -1;     // op index
+  std::string refusal;  // empty when fusable
+};
+
+ClassifierMatch match_classifier(const Graph& graph, const GraphIndex& index, int loss_index) {
+  ClassifierMatch match;
+  const Op& loss_op = *graph.ops[loss_index];
+  const ValueId logits = loss_op.inputs[0];
+  const int producer = index.producer(logits);
+  if (producer < 0) {
+    match.refusal = "logits '" + graph.values[logits].name + "' have no producing op";
+    return match;
+  }
+  const Op& head = *graph.ops[producer];
+  if (head.op_kind() != OpKind::kLmHead) {
+    match.refusal = "logits come from " + std::string(head.kind()) + " '" + head.name +
+                    "'; only the tied LM head is fused";
+    return match;
+  }
+  // The fused op's backward knows only d loss: any other reader's gradient would be lost.
+  const int readers = index.reader_count_with_views(logits);
+  if (readers != 1) {
+    match.refusal = "logits have " + std::to_string(readers) + " consumers";
+    return match;
+  }
+  if (graph.values[logits].is_view()) {
+    match.refusal = "logits '" + graph.values[logits].name + "' are a column view";
+    return match;
+  }
+  match.lm_head = producer;
+  return match;
+}
+
+// 2048 bytes -> "2", 1536 -> "1.5".
+std::string kib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", static_cast<double>(bytes) / 1024.0);
+  return text;
+}
+
+// "lm_head" -> "lm_head.classifier".
+std::string fused_name(const std::string& head_name) {
+  return head_name + ".classifier";
+}
+
+class ClassifierPass : public FusionPass {
+ public:
+  const char* name() const override { return kPass; }
+  bool enabled(const FusionOptions& options) const override { return options.vertical.classifier; }
+
+  int apply(Graph& graph, PassContext& context) const override {
+    int fused = 0;
+    for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index) {
+      if (graph.ops[op_index]->op_kind() != OpKind::kCrossEntropy) continue;
+      const GraphIndex index(graph);
+      const ClassifierMatch match = match_classifier(graph, index, op_index);
+      const std::string site =
+          match.lm_head >= 0 ? graph.ops[match.lm_head]->name : graph.ops[op_index]->name;
+      if (!match.refusal.empty()) {
+        context.skipped(kPass, site, match.refusal);
+        continue;
+      }
+      if (context.options.max_ops < kChainOps) {
+        context.skipped(kPass, site, "max_ops " + std::to_string(context.options.max_ops));
+        continue;
+      }
+      const Op& head = *graph.ops[match.lm_head];
+      const Op& loss_op = *graph.ops[op_index];
+      const ValueId logits = loss_op.inputs[0];
+      const int64_t vocab = graph.shape(logits).back();
+      const int64_t rows = graph.numel(logits) / vocab;
+      const int64_t channels = graph.numel(head.inputs[0]) / rows;
+      const int64_t tile = static_cast<int64_t>(context.options.tile_kb) * 1024 / (4 * vocab);
+      if (tile < 1) {
+        context.skipped(kPass, site,
+                        "row of " + kib(4 * vocab) + " KiB exceeds tile_kb " +
+                            std::to_string(context.options.tile_kb));
+        continue;
+      }
+      const int tile_rows = static_cast<int>(std::min(tile, rows));
+      const bool training = graph.mode == GraphMode::kTrain;
+      auto classifier = std::make_unique<ClassifierOp>(
+          rows, channels, vocab, tile_rows,
+          training ? ClassifierForward::kLossAndDlogits : ClassifierForward::kLossOnly);
+      classifier->name = fused_name(head.name);
+      classifier->inputs = head.inputs;
+      classifier->outputs = {logits, loss_op.outputs[0]};
+      classifier->params = head.params;
+      classifier->eager_ops = kChainOps;
+      // No op reads the logits' gradient any more: it gets no buffer and no per-step zeroing.
+      graph.values[logits].needs_grad = false;
+      replace_op_set(graph, {match.lm_head, op_index}, std::move(classifier));
+      context.fused(kPass, site,
+                    "lm_head+cross_entropy -> classifier (block " + std::to_string(tile_rows) +
+                        " rows" + (training ? ", dlogits in forward)" : ", loss only)"),
+                    kChainOps);
+      ++fused;
+      --op_index;  // the LM head before it is gone: the next op now sits at op_index
+    }
+    return fused;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<FusionPass> make_classifier_pass() {
+  return std::make_unique<ClassifierPass>();
+}
 
 }  // namespace ft

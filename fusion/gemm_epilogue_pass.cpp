@@ -1,8 +1,135 @@
-// PLACEHOLDER until the pass lands: returns no pass, so the pipeline skips it.
+// fusion.vertical.gemm_epilogue: LinearOp -> GeluOp (two eager ops and a [rows, out]
+// pre-activation between them) becomes one LinearGeluOp (fusion/ops/linear_gelu.h). The unfused
+// twin is the pair itself; tests/fusion_gemm_epilogue_test.cpp checks the two agree.
+// A candidate is a Linear whose output some GELU reads. Train graphs get the row-tiled form,
+// whose tile of pre-activation rows must fit fusion.tile_kb; eval graphs get oneDNN's GELU
+// post-op, which keeps no intermediate.
+// Thread safety: stateless.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "fusion/ops/linear_gelu.h"
 #include "fusion/passes.h"
+#include "model/graph_edit.h"
+#include "model/ops/linear.h"
 
 namespace ft {
+namespace {
 
-std::unique_ptr<FusionPass> make_gemm_epilogue_pass() { return nullptr; }
+constexpr const char* kPass = "gemm_epilogue";
+constexpr int kChainOps = 2;
+
+// The GELU fused into the Linear at `linear_index`, or the reason it cannot be.
+struct EpilogueMatch {
+  int gelu = -1;        // op index
+  std::string refusal;  // empty when fusable
+};
+
+// The first GELU reading the output of the op at `op_index`; -1 if none (not a candidate).
+int gelu_reader(const Graph& graph, const GraphIndex& index, int op_index) {
+  for (int reader : index.consumers(graph.ops[op_index]->outputs[0]))
+    if (graph.ops[reader]->op_kind() == OpKind::kGelu) return reader;
+  return -1;
+}
+
+EpilogueMatch match_epilogue(const Graph& graph, const GraphIndex& index, int linear_index,
+                             int gelu_index) {
+  EpilogueMatch match;
+  const ValueId pre = graph.ops[linear_index]->outputs[0];
+  const std::string& name = graph.values[pre].name;
+  const int readers = index.reader_count_with_views(pre);
+  if (index.is_graph_result(pre))
+    match.refusal = "output '" + name + "' is a graph result";
+  else if (graph.values[pre].is_view())
+    match.refusal = "output '" + name + "' is a column view";
+  else if (readers != 1)
+    match.refusal = "output has " + std::to_string(readers) + " consumers";
+  else if (graph.ops[gelu_index]->inputs.size() != 1 ||
+           graph.numel(graph.ops[gelu_index]->outputs[0]) != graph.numel(pre))
+    match.refusal = "gelu '" + graph.ops[gelu_index]->name + "' does not map the whole output";
+  else
+    match.gelu = gelu_index;
+  return match;
+}
+
+// Rows per tile whose pre-activation (out floats a row) fits tile_kb; 0 if not even one row.
+int64_t tile_rows_for(int tile_kb, int64_t out_features) {
+  return static_cast<int64_t>(tile_kb) * 1024 / (4 * out_features);
+}
+
+// 2048 bytes -> "2", 1536 -> "1.5".
+std::string kib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", static_cast<double>(bytes) / 1024.0);
+  return text;
+}
+
+// "h.1.mlp.c_fc" -> "h.1.mlp.c_fc_gelu".
+std::string fused_name(const std::string& linear_name) {
+  return linear_name + "_gelu";
+}
+
+class GemmEpiloguePass : public FusionPass {
+ public:
+  const char* name() const override { return kPass; }
+  bool enabled(const FusionOptions& options) const override {
+    return options.vertical.gemm_epilogue;
+  }
+
+  int apply(Graph& graph, PassContext& context) const override {
+    int fused = 0;
+    for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index) {
+      if (graph.ops[op_index]->op_kind() != OpKind::kLinear) continue;
+      const GraphIndex index(graph);
+      const int gelu_index = gelu_reader(graph, index, op_index);
+      if (gelu_index < 0) continue;  // no GELU epilogue to fuse: not a candidate
+      const std::string site = graph.ops[op_index]->name;
+      const EpilogueMatch match = match_epilogue(graph, index, op_index, gelu_index);
+      if (!match.refusal.empty()) {
+        context.skipped(kPass, site, match.refusal);
+        continue;
+      }
+      if (context.options.max_ops < kChainOps) {
+        context.skipped(kPass, site, "max_ops " + std::to_string(context.options.max_ops));
+        continue;
+      }
+      const auto& linear = static_cast<const LinearOp&>(*graph.ops[op_index]);
+      const bool training = graph.mode == GraphMode::kTrain;
+      const int64_t tile = tile_rows_for(context.options.tile_kb, linear.out_features());
+      if (training && tile < 1) {
+        context.skipped(kPass, site,
+                        "row of " + kib(4 * linear.out_features()) + " KiB exceeds tile_kb " +
+                            std::to_string(context.options.tile_kb));
+        continue;
+      }
+      const int tile_rows = static_cast<int>(std::max<int64_t>(1, std::min(tile, linear.rows())));
+      auto fused_op = std::make_unique<LinearGeluOp>(
+          linear.rows(), linear.in_features(), linear.out_features(), linear.has_bias(),
+          linear.weight_row_offset(), tile_rows,
+          training ? LinearGeluForward::kTiledKeepPreactivation : LinearGeluForward::kGeluPostOp);
+      fused_op->name = fused_name(site);
+      fused_op->inputs = linear.inputs;
+      fused_op->outputs = graph.ops[match.gelu]->outputs;
+      fused_op->params = linear.params;
+      fused_op->eager_ops = kChainOps;
+      replace_op_set(graph, {op_index, match.gelu}, std::move(fused_op));
+      context.fused(kPass, site,
+                    training
+                        ? "linear+gelu -> linear_gelu (tile " + std::to_string(tile_rows) + " rows)"
+                        : "linear+gelu -> linear_gelu (oneDNN gelu_tanh post-op)",
+                    kChainOps);
+      ++fused;
+      --op_index;  // the op now at op_index followed the removed Linear
+    }
+    return fused;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<FusionPass> make_gemm_epilogue_pass() {
+  return std::make_unique<GemmEpiloguePass>();
+}
 
 }  // namespace ft

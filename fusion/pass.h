@@ -21,20 +21,20 @@ struct FusionOptions {
     bool bn_relu = true;             // BatchNorm -> ReLU; residual add -> ReLU
   } vertical;
   struct Horizontal {
-    bool qkv = true;                  // q, k, v Linears -> one GEMM
-    bool batched_layernorm = true;    // per-head q/k LayerNorms -> one op
-    bool multi_tensor = true;         // optimizer, zeroing, grad norm: one chunked pass
-    bool conv_shortcut = true;        // stride-2 3x3 conv + 1x1 shortcut -> one conv
+    bool qkv = true;                     // q, k, v Linears -> one GEMM
+    bool batched_layernorm = true;       // per-head q/k LayerNorms -> one op
+    bool multi_tensor = true;            // optimizer, zeroing, grad norm: one chunked pass
+    bool conv_shortcut = true;           // stride-2 3x3 conv + 1x1 shortcut -> one conv
     double max_padding_overhead = 0.25;  // conv_shortcut: extra FLOPs / useful FLOPs allowed
   } horizontal;
-  int max_ops = 4;     // eager ops one fused op may absorb; 1 fuses nothing
-  int tile_kb = 256;   // live intermediates per row tile of a fused row-tiled op
+  int max_ops = 4;    // eager ops one fused op may absorb; 1 fuses nothing
+  int tile_kb = 256;  // live intermediates per row tile of a fused row-tiled op
 };
 
 // One candidate a pass looked at.
 struct FusionDecision {
-  std::string pass;   // "gemm_epilogue"
-  std::string site;   // op name where the candidate starts: "h.1.mlp.c_fc"
+  std::string pass;  // "gemm_epilogue"
+  std::string site;  // op name where the candidate starts: "h.1.mlp.c_fc"
   bool fused = false;
   std::string reason;  // why not (or what was fused: "linear+gelu")
   int ops_absorbed = 0;
@@ -45,8 +45,7 @@ struct PassContext {
   const ParamStore& params;
   std::vector<FusionDecision>& decisions;  // the pass appends one per candidate
 
-  void fused(const std::string& pass, const std::string& site, const std::string& what,
-             int ops) {
+  void fused(const std::string& pass, const std::string& site, const std::string& what, int ops) {
     decisions.push_back({pass, site, true, what, ops});
   }
   void skipped(const std::string& pass, const std::string& site, const std::string& why) {

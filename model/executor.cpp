@@ -3,12 +3,14 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/denormals.h"
 
 namespace ft {
 
 Executor::Executor(const Graph& graph, ParamStore& params) : graph_(graph), params_(params) {
   FT_CHECK(params.allocated(), "executor built before parameters were allocated");
   FT_CHECK(graph.loss >= 0, "graph has no loss value");
+  flush_denormals_to_zero();  // see core/denormals.h: the GELU and softmax tails
   // A gradient is final once backward has passed the earliest op that reads the parameter.
   std::vector<int> first_user(params.size(), -1);
   for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index)
@@ -79,8 +81,8 @@ Workspace Executor::make_workspace() const {
   for (ValueId id = 0; id < count; ++id) {
     const Value& value = graph_.values[id];
     if (!value.is_view()) continue;
-    ws.values[id] = Tensor::wrap(ws.values[value.view_of].data() + value.column_offset,
-                                 value.shape);
+    ws.values[id] =
+        Tensor::wrap(ws.values[value.view_of].data() + value.column_offset, value.shape);
     if (needs_grad(value.view_of))
       ws.grads[id] =
           Tensor::wrap(ws.grads[value.view_of].data() + value.column_offset, value.shape);

@@ -185,10 +185,10 @@ Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids, 
 
     const ValueId ln_1 = builder.layernorm(prefix + "ln_1", x, block.ln_1_weight, block.ln_1_bias);
     // q, k and v: three GEMMs over row blocks of c_attn (fusion.horizontal.qkv makes them one).
-    ValueId q = builder.linear(prefix + "attn.q", ln_1, C, C, block.c_attn_weight,
-                               block.c_attn_bias, 0);
-    ValueId k = builder.linear(prefix + "attn.k", ln_1, C, C, block.c_attn_weight,
-                               block.c_attn_bias, C);
+    ValueId q =
+        builder.linear(prefix + "attn.q", ln_1, C, C, block.c_attn_weight, block.c_attn_bias, 0);
+    ValueId k =
+        builder.linear(prefix + "attn.k", ln_1, C, C, block.c_attn_weight, block.c_attn_bias, C);
     const ValueId v = builder.linear(prefix + "attn.v", ln_1, C, C, block.c_attn_weight,
                                      block.c_attn_bias, 2 * C);
     if (shape.qk_norm) {

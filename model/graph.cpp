@@ -4,37 +4,68 @@
 
 namespace ft {
 
-const char* graph_mode_name(GraphMode mode) { return mode == GraphMode::kTrain ? "train" : "eval"; }
+const char* graph_mode_name(GraphMode mode) {
+  return mode == GraphMode::kTrain ? "train" : "eval";
+}
 
 const char* op_kind_name(OpKind kind) {
   switch (kind) {
-    case OpKind::kEmbedding: return "embedding";
-    case OpKind::kLayerNorm: return "layernorm";
-    case OpKind::kLinear: return "linear";
-    case OpKind::kGelu: return "gelu";
-    case OpKind::kDropout: return "dropout";
-    case OpKind::kResidualAdd: return "residual";
-    case OpKind::kAttentionScores: return "attention_scores";
-    case OpKind::kCausalSoftmax: return "causal_softmax";
-    case OpKind::kAttentionMix: return "attention_mix";
-    case OpKind::kLmHead: return "lm_head";
-    case OpKind::kCrossEntropy: return "cross_entropy";
-    case OpKind::kConv2d: return "conv2d";
-    case OpKind::kBatchNorm: return "batchnorm2d";
-    case OpKind::kBatchNormInference: return "batchnorm2d_inference";
-    case OpKind::kRelu: return "relu";
-    case OpKind::kGlobalAvgPool: return "global_avg_pool";
-    case OpKind::kLinearGelu: return "linear_gelu";
-    case OpKind::kResidualLayerNorm: return "residual_layernorm";
-    case OpKind::kClassifier: return "classifier";
-    case OpKind::kFlashAttention: return "flash_attention";
-    case OpKind::kBatchNormRelu: return "batchnorm_relu";
-    case OpKind::kAddRelu: return "add_relu";
-    case OpKind::kQkvLinear: return "qkv_linear";
-    case OpKind::kBatchedLayerNorm: return "batched_layernorm";
-    case OpKind::kConvShortcut: return "conv_shortcut";
-    case OpKind::kConvBias: return "conv_bias";
-    case OpKind::kOther: return "other";
+    case OpKind::kEmbedding:
+      return "embedding";
+    case OpKind::kLayerNorm:
+      return "layernorm";
+    case OpKind::kLinear:
+      return "linear";
+    case OpKind::kGelu:
+      return "gelu";
+    case OpKind::kDropout:
+      return "dropout";
+    case OpKind::kResidualAdd:
+      return "residual";
+    case OpKind::kAttentionScores:
+      return "attention_scores";
+    case OpKind::kCausalSoftmax:
+      return "causal_softmax";
+    case OpKind::kAttentionMix:
+      return "attention_mix";
+    case OpKind::kLmHead:
+      return "lm_head";
+    case OpKind::kCrossEntropy:
+      return "cross_entropy";
+    case OpKind::kConv2d:
+      return "conv2d";
+    case OpKind::kBatchNorm:
+      return "batchnorm2d";
+    case OpKind::kBatchNormInference:
+      return "batchnorm2d_inference";
+    case OpKind::kRelu:
+      return "relu";
+    case OpKind::kGlobalAvgPool:
+      return "global_avg_pool";
+    case OpKind::kLinearGelu:
+      return "linear_gelu";
+    case OpKind::kResidualLayerNorm:
+      return "residual_layernorm";
+    case OpKind::kClassifier:
+      return "classifier";
+    case OpKind::kFlashAttention:
+      return "flash_attention";
+    case OpKind::kBatchNormRelu:
+      return "batchnorm_relu";
+    case OpKind::kBatchNormInferenceRelu:
+      return "batchnorm_inference_relu";
+    case OpKind::kAddRelu:
+      return "add_relu";
+    case OpKind::kQkvLinear:
+      return "qkv_linear";
+    case OpKind::kBatchedLayerNorm:
+      return "batched_layernorm";
+    case OpKind::kConvShortcut:
+      return "conv_shortcut";
+    case OpKind::kConvBias:
+      return "conv_bias";
+    case OpKind::kOther:
+      return "other";
   }
   return "unknown";
 }

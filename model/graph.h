@@ -50,6 +50,7 @@ enum class OpKind {
   kClassifier,
   kFlashAttention,
   kBatchNormRelu,
+  kBatchNormInferenceRelu,  // eval: running statistics + ReLU
   kAddRelu,
   kQkvLinear,
   kBatchedLayerNorm,
@@ -81,12 +82,12 @@ struct Value {
 
 // Per-run buffers for every value and its gradient, plus the integer inputs of a batch.
 struct Workspace {
-  std::vector<Tensor> values;  // a view's tensor starts at its first element; see row_stride
-  std::vector<Tensor> grads;   // undefined for values with !needs_grad
+  std::vector<Tensor> values;        // a view's tensor starts at its first element; see row_stride
+  std::vector<Tensor> grads;         // undefined for values with !needs_grad
   std::vector<int64_t> row_strides;  // per value, floats between rows: shape.back() for roots
-  std::vector<int32_t> tokens;   // GPT: input byte ids [B*T]
-  std::vector<int32_t> targets;  // GPT: next-byte ids [B*T]; ResNet: class labels [B]
-  uint64_t dropout_seed = 0;     // changes every step; masks are a pure function of it
+  std::vector<int32_t> tokens;       // GPT: input byte ids [B*T]
+  std::vector<int32_t> targets;      // GPT: next-byte ids [B*T]; ResNet: class labels [B]
+  uint64_t dropout_seed = 0;         // changes every step; masks are a pure function of it
   // Per value, set by the executor only for an op that overwrites_fresh_input_grads(): the
   // gradient buffer holds stale data, and that op's backward must write (=) all of it.
   std::vector<uint8_t> grad_fresh;

@@ -121,8 +121,8 @@ void validate(const Graph& graph) {
   for (ValueId id = 0; id < count; ++id) {
     const Value& value = graph.values[id];
     if (!value.is_view()) continue;
-    FT_CHECK(value.view_of < count && !graph.values[value.view_of].is_view(), "view '",
-             value.name, "' must view a root value");
+    FT_CHECK(value.view_of < count && !graph.values[value.view_of].is_view(), "view '", value.name,
+             "' must view a root value");
     const int64_t stride = graph.values[value.view_of].shape.back();
     FT_CHECK(value.column_offset >= 0 && value.column_offset + value.shape.back() <= stride,
              "view '", value.name, "' exceeds the rows of '", graph.values[value.view_of].name,
@@ -170,7 +170,8 @@ std::string describe_op(const Graph& graph, const Op& op) {
     for (size_t i = 0; i < ids.size(); ++i) {
       const Value& value = graph.values[ids[i]];
       out << (i ? ", " : "") << value.name << shape_str(value.shape);
-      if (value.is_view()) out << "@" << graph.values[value.view_of].name << "+" << value.column_offset;
+      if (value.is_view())
+        out << "@" << graph.values[value.view_of].name << "+" << value.column_offset;
     }
   };
   list(op.inputs);

@@ -2,46 +2,168 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/check.h"
 
 namespace ft {
-namespace {
 
 // AdamW (Loshchilov & Hutter): m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2,
 // p -= lr (m_hat / (sqrt(v_hat) + eps) + wd p), with m_hat = m / (1-b1^t), v_hat = v / (1-b2^t).
 // The decay is decoupled: it is not folded into g, so it does not pass through the moments.
+void adamw_update(float* value, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t count,
+                  const AdamWStep& step, bool weight_decay) {
+  const float b1 = step.beta1, b2 = step.beta2, eps = step.eps;
+  const float step_size = step.step_size, inv_sqrt_bias2 = step.inv_sqrt_bias2;
+  const float decay = weight_decay ? step.decay : 0.0f;
+#pragma omp simd
+  for (int64_t i = 0; i < count; ++i) {
+    const float m = b1 * exp_avg[i] + (1.0f - b1) * grad[i];
+    const float v = b2 * exp_avg_sq[i] + (1.0f - b2) * grad[i] * grad[i];
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    const float denom = std::sqrt(v) * inv_sqrt_bias2 + eps;
+    value[i] -= step_size * m / denom + decay * value[i];
+  }
+}
+
+// SGD with momentum, PyTorch semantics: g' = g + wd p; buf = mu buf + g' (buf = g' on the first
+// step); p -= lr (nesterov ? g' + mu buf : buf).
+void sgd_update(float* value, float* momentum_buffer, const float* grad, int64_t count,
+                const SgdStep& step, bool weight_decay) {
+  const float decay = weight_decay ? step.weight_decay : 0.0f;
+  const float mu = step.momentum, lr = step.lr;
+  const bool first_step = step.first_step, nesterov = step.nesterov;
+#pragma omp simd
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = grad[i] + decay * value[i];
+    const float buf = first_step ? g : mu * momentum_buffer[i] + g;
+    momentum_buffer[i] = buf;
+    value[i] -= lr * (nesterov ? g + mu * buf : buf);
+  }
+}
+
+void accumulate_squares(NormLanes& lanes, const float* grad, int64_t flat_index, int64_t count) {
+  int64_t i = 0;
+  for (; i < count && (flat_index + i) % kNormLanes != 0; ++i)
+    lanes[(flat_index + i) % kNormLanes] += static_cast<double>(grad[i]) * grad[i];
+  // From here flat_index + i is a multiple of kNormLanes, so element i + lane is in `lane`.
+  double acc[kNormLanes];
+  for (int lane = 0; lane < kNormLanes; ++lane) acc[lane] = lanes[lane];
+  for (; i + kNormLanes <= count; i += kNormLanes) {
+#pragma omp simd
+    for (int lane = 0; lane < kNormLanes; ++lane)
+      acc[lane] += static_cast<double>(grad[i + lane]) * grad[i + lane];
+  }
+  for (int lane = 0; lane < kNormLanes; ++lane) lanes[lane] = acc[lane];
+  for (; i < count; ++i)
+    lanes[(flat_index + i) % kNormLanes] += static_cast<double>(grad[i]) * grad[i];
+}
+
+double sum_chunk_lanes(const std::vector<NormLanes>& chunk_lanes) {
+  double total = 0.0;
+  for (const NormLanes& lanes : chunk_lanes) {
+    double chunk = 0.0;
+    for (double lane : lanes) chunk += lane;
+    total += chunk;
+  }
+  return total;
+}
+
+namespace {
+
+// Per-tensor sweeps split a large tensor into blocks over the threads, as the per-tensor loops
+// of PyTorch's foreach-free optimizers do: one parallel region per tensor.
+constexpr int64_t kTensorBlock = 16384;
+
+template <typename Update>
+void for_each_tensor(ParamStore& params, const Update& update) {
+  for (ParamId id = 0; id < params.size(); ++id) {
+    Param& param = params[id];
+    if (!param.trainable) continue;
+    const int64_t count = param.value.numel();
+    const int64_t blocks = (count + kTensorBlock - 1) / kTensorBlock;
+#pragma omp parallel for if (blocks > 2)
+    for (int64_t block = 0; block < blocks; ++block) {
+      const int64_t begin = block * kTensorBlock;
+      update(param, begin, std::min(count, begin + kTensorBlock) - begin);
+    }
+  }
+}
+
+AdamWStep adamw_step_constants(const OptimizerOptions& options, int64_t step, float lr) {
+  AdamWStep constants;
+  constants.beta1 = options.beta1;
+  constants.beta2 = options.beta2;
+  constants.eps = options.eps;
+  const float bias1 = 1.0f - std::pow(options.beta1, static_cast<float>(step));
+  const float bias2 = 1.0f - std::pow(options.beta2, static_cast<float>(step));
+  constants.step_size = lr / bias1;
+  constants.inv_sqrt_bias2 = 1.0f / std::sqrt(bias2);
+  constants.decay = lr * options.weight_decay;
+  return constants;
+}
+
+// The twin of fusion/multi_tensor.h's chunked sweep.
+class PerTensorSweep : public ParamSweep {
+ public:
+  void adamw(ParamStore& params, Tensor& exp_avg, Tensor& exp_avg_sq,
+             const AdamWStep& step) override {
+    for_each_tensor(params, [&](Param& param, int64_t begin, int64_t count) {
+      const int64_t at = param.offset + begin;
+      adamw_update(param.value.data() + begin, exp_avg.data() + at, exp_avg_sq.data() + at,
+                   param.grad.data() + begin, count, step, param.weight_decay);
+    });
+  }
+
+  void sgd(ParamStore& params, Tensor& momentum_buffer, const SgdStep& step) override {
+    for_each_tensor(params, [&](Param& param, int64_t begin, int64_t count) {
+      sgd_update(param.value.data() + begin, momentum_buffer.data() + param.offset + begin,
+                 param.grad.data() + begin, count, step, param.weight_decay);
+    });
+  }
+
+  // Tensors are visited in offset order, so each chunk's lanes see their floats in index order,
+  // exactly as the chunked pass does (see kNormLanes in optimizer.h).
+  double square_sum(ParamStore& params) override {
+    const float* grads = params.flat_grads().data();
+    const int64_t count = params.flat_grads().numel();
+    std::vector<NormLanes> chunk_lanes((count + kSweepChunk - 1) / kSweepChunk, NormLanes{});
+    for (ParamId id = 0; id < params.size(); ++id) {
+      const Param& param = params[id];
+      if (!param.trainable) continue;
+      const int64_t end = param.offset + param.grad.numel();
+      for (int64_t at = param.offset; at < end;) {
+        const int64_t chunk = at / kSweepChunk;
+        const int64_t stop = std::min(end, (chunk + 1) * kSweepChunk);
+        accumulate_squares(chunk_lanes[chunk], grads + at, at, stop - at);
+        at = stop;
+      }
+    }
+    return sum_chunk_lanes(chunk_lanes);
+  }
+
+  void scale(ParamStore& params, float scale) override {
+    for_each_tensor(params, [&](Param& param, int64_t begin, int64_t count) {
+      float* grad = param.grad.data() + begin;
+      for (int64_t i = 0; i < count; ++i) grad[i] *= scale;
+    });
+  }
+
+  void zero(ParamStore& params) override { params.zero_grads(); }
+};
+
 class AdamW : public Optimizer {
  public:
-  AdamW(const OptimizerOptions& options, ParamStore& params)
+  AdamW(const OptimizerOptions& options, ParamStore& params, std::shared_ptr<ParamSweep> sweep)
       : options_(options),
+        sweep_(std::move(sweep)),
         exp_avg_(Tensor::zeros({params.num_trainable_floats()})),
         exp_avg_sq_(Tensor::zeros({params.num_trainable_floats()})) {}
 
   void step(ParamStore& params, float lr) override {
     ++steps_taken_;
-    const float b1 = options_.beta1, b2 = options_.beta2, eps = options_.eps;
-    const float bias1 = 1.0f - std::pow(b1, static_cast<float>(steps_taken_));
-    const float bias2 = 1.0f - std::pow(b2, static_cast<float>(steps_taken_));
-    const float step_size = lr / bias1;
-    const float inv_sqrt_bias2 = 1.0f / std::sqrt(bias2);
-    for (ParamId id = 0; id < params.size(); ++id) {
-      Param& param = params[id];
-      if (!param.trainable) continue;
-      const float decay = param.weight_decay ? lr * options_.weight_decay : 0.0f;
-      float* value = param.value.data();
-      const float* grad = param.grad.data();
-      float* m = exp_avg_.data() + param.offset;
-      float* v = exp_avg_sq_.data() + param.offset;
-      const int64_t count = param.value.numel();
-#pragma omp parallel for simd if (count > 32768)
-      for (int64_t i = 0; i < count; ++i) {
-        m[i] = b1 * m[i] + (1.0f - b1) * grad[i];
-        v[i] = b2 * v[i] + (1.0f - b2) * grad[i] * grad[i];
-        const float denom = std::sqrt(v[i]) * inv_sqrt_bias2 + eps;
-        value[i] -= step_size * m[i] / denom + decay * value[i];
-      }
-    }
+    sweep_->adamw(params, exp_avg_, exp_avg_sq_, adamw_step_constants(options_, steps_taken_, lr));
   }
 
   std::vector<std::pair<std::string, Tensor*>> state_slots() override {
@@ -50,34 +172,26 @@ class AdamW : public Optimizer {
 
  private:
   OptimizerOptions options_;
+  std::shared_ptr<ParamSweep> sweep_;
   Tensor exp_avg_, exp_avg_sq_;
 };
 
-// SGD with momentum, PyTorch semantics: g' = g + wd p; buf = mu buf + g' (buf = g' on the first
-// step); p -= lr (nesterov ? g' + mu buf : buf).
 class Sgd : public Optimizer {
  public:
-  Sgd(const OptimizerOptions& options, ParamStore& params)
-      : options_(options), momentum_buffer_(Tensor::zeros({params.num_trainable_floats()})) {}
+  Sgd(const OptimizerOptions& options, ParamStore& params, std::shared_ptr<ParamSweep> sweep)
+      : options_(options),
+        sweep_(std::move(sweep)),
+        momentum_buffer_(Tensor::zeros({params.num_trainable_floats()})) {}
 
   void step(ParamStore& params, float lr) override {
-    const bool first_step = steps_taken_ == 0;
+    SgdStep constants;
+    constants.lr = lr;
+    constants.momentum = options_.momentum;
+    constants.weight_decay = options_.weight_decay;
+    constants.nesterov = options_.nesterov;
+    constants.first_step = steps_taken_ == 0;
     ++steps_taken_;
-    const float mu = options_.momentum;
-    for (ParamId id = 0; id < params.size(); ++id) {
-      Param& param = params[id];
-      if (!param.trainable) continue;
-      const float decay = param.weight_decay ? options_.weight_decay : 0.0f;
-      float* value = param.value.data();
-      const float* grad = param.grad.data();
-      float* buf = momentum_buffer_.data() + param.offset;
-      const int64_t count = param.value.numel();
-      for (int64_t i = 0; i < count; ++i) {
-        const float g = grad[i] + decay * value[i];
-        buf[i] = first_step ? g : mu * buf[i] + g;
-        value[i] -= lr * (options_.nesterov ? g + mu * buf[i] : buf[i]);
-      }
-    }
+    sweep_->sgd(params, momentum_buffer_, constants);
   }
 
   std::vector<std::pair<std::string, Tensor*>> state_slots() override {
@@ -86,14 +200,21 @@ class Sgd : public Optimizer {
 
  private:
   OptimizerOptions options_;
+  std::shared_ptr<ParamSweep> sweep_;
   Tensor momentum_buffer_;
 };
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, ParamStore& params) {
-  if (options.name == "adamw") return std::make_unique<AdamW>(options, params);
-  if (options.name == "sgd") return std::make_unique<Sgd>(options, params);
+std::unique_ptr<ParamSweep> make_per_tensor_sweep() {
+  return std::make_unique<PerTensorSweep>();
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, ParamStore& params,
+                                          std::shared_ptr<ParamSweep> sweep) {
+  FT_CHECK(sweep != nullptr, "make_optimizer: no parameter sweep given");
+  if (options.name == "adamw") return std::make_unique<AdamW>(options, params, std::move(sweep));
+  if (options.name == "sgd") return std::make_unique<Sgd>(options, params, std::move(sweep));
   FT_FAIL("unknown optimizer '", options.name, "' (allowed: adamw, sgd)");
 }
 
@@ -106,31 +227,15 @@ float LrSchedule::at(int step) const {
   return min_lr + (peak_lr - min_lr) * cosine;
 }
 
-float clip_grad_norm(ParamStore& params, float max_norm) {
-  Tensor& grads = params.flat_grads();
-  float* grad = grads.data();
-  const int64_t count = grads.numel();
-  // Fixed-size chunks summed in a fixed order keep the norm bitwise reproducible for any thread
-  // count, which resume exactness relies on.
-  constexpr int64_t kChunk = 16384;
-  const int64_t num_chunks = (count + kChunk - 1) / kChunk;
-  std::vector<double> partial(num_chunks, 0.0);
-#pragma omp parallel for if (num_chunks > 4)
-  for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
-    double sum_sq = 0.0;
-    const int64_t end = std::min(count, (chunk + 1) * kChunk);
-    for (int64_t i = chunk * kChunk; i < end; ++i) sum_sq += static_cast<double>(grad[i]) * grad[i];
-    partial[chunk] = sum_sq;
-  }
-  double total = 0.0;
-  for (double sum_sq : partial) total += sum_sq;
-  const float norm = static_cast<float>(std::sqrt(total));
-  if (max_norm > 0.0f && norm > max_norm) {
-    const float scale = max_norm / (norm + 1e-6f);
-#pragma omp parallel for simd if (count > 65536)
-    for (int64_t i = 0; i < count; ++i) grad[i] *= scale;
-  }
+float clip_grad_norm(ParamStore& params, float max_norm, ParamSweep& sweep) {
+  const float norm = static_cast<float>(std::sqrt(sweep.square_sum(params)));
+  if (max_norm > 0.0f && norm > max_norm) sweep.scale(params, max_norm / (norm + 1e-6f));
   return norm;
+}
+
+float clip_grad_norm(ParamStore& params, float max_norm) {
+  PerTensorSweep sweep;
+  return clip_grad_norm(params, max_norm, sweep);
 }
 
 }  // namespace ft

@@ -1,8 +1,14 @@
-// Per-tensor optimizers (AdamW, SGD with momentum), the learning-rate schedule and global-norm
-// gradient clipping. State tensors mirror the flat parameter buffer, so a parameter's state is a
-// view at the same offset, and checkpoints store it per parameter under "optim.<slot>.<name>".
+// Optimizers (AdamW, SGD with momentum), the learning-rate schedule, global-norm gradient
+// clipping and gradient zeroing. Every pass over the parameters goes through a ParamSweep, a
+// narrow interface saying how a sweep over the flat buffers is carried out: this file implements
+// the per-tensor one (the twin); fusion/multi_tensor.h implements the chunked one, and app/
+// chooses between them. Both call the range kernels below, so they agree bitwise.
+// State tensors mirror the flat parameter buffer, so a parameter's state is a view at the same
+// offset, and checkpoints store it per parameter under "optim.<slot>.<name>" either way.
 // Thread safety: not synchronised; the training thread owns it.
 #pragma once
+#include <array>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +25,60 @@ struct OptimizerOptions {
   bool nesterov = false;
 };
 
+// Per-step AdamW constants, computed once by the optimizer for every range it updates.
+struct AdamWStep {
+  float beta1 = 0, beta2 = 0, eps = 0;
+  float step_size = 0;       // lr / (1 - beta1^t)
+  float inv_sqrt_bias2 = 0;  // 1 / sqrt(1 - beta2^t)
+  float decay = 0;           // lr * weight_decay, for ranges with Param::weight_decay
+};
+// Updates `count` consecutive floats of value, exp_avg and exp_avg_sq from grad.
+void adamw_update(float* value, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t count,
+                  const AdamWStep& step, bool weight_decay);
+
+struct SgdStep {
+  float lr = 0, momentum = 0, weight_decay = 0;
+  bool nesterov = false;
+  bool first_step = false;  // the momentum buffer starts as the first gradient
+};
+void sgd_update(float* value, float* momentum_buffer, const float* grad, int64_t count,
+                const SgdStep& step, bool weight_decay);
+
+// The gradient norm's summation order, the same for both sweeps so their norms agree bitwise:
+// the flat gradient buffer is cut into chunks of kSweepChunk floats; in a chunk, lane L (flat
+// index % kNormLanes) sums the squares of its floats in double in index order; a chunk adds its
+// lanes in lane order, and the total adds the chunks in chunk order. Lanes let the chunked pass
+// vectorise while a tensor boundary inside a chunk changes nothing.
+constexpr int64_t kSweepChunk = 65536;  // floats per chunk of a multi-tensor pass
+constexpr int kNormLanes = 8;
+using NormLanes = std::array<double, kNormLanes>;
+// Adds the squares of grad[0, count), which start at flat index `flat_index`, into `lanes`.
+void accumulate_squares(NormLanes& lanes, const float* grad, int64_t flat_index, int64_t count);
+double sum_chunk_lanes(const std::vector<NormLanes>& chunk_lanes);
+
+// How a sweep over the flat parameter buffers is carried out: what the optimizers, clipping and
+// zeroing need. State tensors are laid out like ParamStore::flat_values(). Implementations
+// must give the same bits as the per-tensor sweep (make_per_tensor_sweep).
+// REQUIRES: params allocated, and the store the sweep was made for where an implementation
+// precomputes a layout.
+class ParamSweep {
+ public:
+  virtual ~ParamSweep() = default;
+  // adamw_update / sgd_update over every trainable float, with each parameter's decay flag.
+  virtual void adamw(ParamStore& params, Tensor& exp_avg, Tensor& exp_avg_sq,
+                     const AdamWStep& step) = 0;
+  virtual void sgd(ParamStore& params, Tensor& momentum_buffer, const SgdStep& step) = 0;
+  // Sum of the squares of every trainable gradient, in the order documented at kNormLanes.
+  virtual double square_sum(ParamStore& params) = 0;
+  // Multiplies every trainable gradient by `scale`.
+  virtual void scale(ParamStore& params, float scale) = 0;
+  // Sets every trainable gradient to zero.
+  virtual void zero(ParamStore& params) = 0;
+};
+
+// Tensor by tensor, in offset order; holds no state, so one serves any store.
+std::unique_ptr<ParamSweep> make_per_tensor_sweep();
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -33,7 +93,10 @@ class Optimizer {
   int64_t steps_taken_ = 0;
 };
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, ParamStore& params);
+// `sweep` carries out every step (shared: the trainer clips and zeroes with the same one).
+std::unique_ptr<Optimizer> make_optimizer(
+    const OptimizerOptions& options, ParamStore& params,
+    std::shared_ptr<ParamSweep> sweep = make_per_tensor_sweep());
 
 struct LrSchedule {
   float peak_lr = 1e-3f, min_lr = 0.0f;
@@ -43,7 +106,8 @@ struct LrSchedule {
 };
 
 // Returns the global L2 norm of every gradient; scales them down to `max_norm` when it is larger
-// (max_norm <= 0: no clipping).
+// (max_norm <= 0: no clipping). Without a sweep: the per-tensor one.
+float clip_grad_norm(ParamStore& params, float max_norm, ParamSweep& sweep);
 float clip_grad_norm(ParamStore& params, float max_norm);
 
 }  // namespace ft

@@ -16,8 +16,8 @@ ParamId ParamStore::add_entry(Param param) {
   return id;
 }
 
-ParamId ParamStore::add(const std::string& name, const Shape& shape, ParamInit init,
-                        float init_std, bool weight_decay) {
+ParamId ParamStore::add(const std::string& name, const Shape& shape, ParamInit init, float init_std,
+                        bool weight_decay) {
   Param param;
   param.name = name;
   param.shape = shape;
@@ -79,7 +79,11 @@ void ParamStore::initialize(uint64_t seed) {
   }
 }
 
-void ParamStore::zero_grads() { flat_grads_.fill(0.0f); }
+// One fill per tensor: the per-tensor twin of fusion/multi_tensor.h's chunked zeroing.
+void ParamStore::zero_grads() {
+  for (Param& param : params_)
+    if (param.trainable) param.grad.fill(0.0f);
+}
 
 ParamId ParamStore::find(const std::string& name) const {
   auto it = index_.find(name);

@@ -20,12 +20,12 @@ struct Param {
   std::string name;
   Shape shape;
   ParamInit init = ParamInit::kZeros;
-  float init_std = 0.0f;      // for kNormal
-  bool weight_decay = true;   // false for biases and normalisation weights
-  bool trainable = true;      // false for buffers: no gradient, not reduced
-  int64_t offset = 0;         // floats into the flat value (and grad) buffer of its kind
+  float init_std = 0.0f;     // for kNormal
+  bool weight_decay = true;  // false for biases and normalisation weights
+  bool trainable = true;     // false for buffers: no gradient, not reduced
+  int64_t offset = 0;        // floats into the flat value (and grad) buffer of its kind
   Tensor value;
-  Tensor grad;                // undefined for buffers
+  Tensor grad;  // undefined for buffers
 };
 
 class ParamStore {
@@ -43,6 +43,8 @@ class ParamStore {
   void allocate();
   // Deterministic initialisation from `seed`, in registration order.
   void initialize(uint64_t seed);
+  // Zeroes every trainable gradient, tensor by tensor (the per-tensor ParamSweep's zero; see
+  // model/optimizer.h).
   void zero_grads();
 
   int size() const { return static_cast<int>(params_.size()); }

@@ -18,14 +18,16 @@ namespace {
 
 constexpr int kStages = 3;
 
-int stage_width(const ResnetShape& shape, int stage) { return shape.width << stage; }
+int stage_width(const ResnetShape& shape, int stage) {
+  return shape.width << stage;
+}
 
 // Kaiming normal, fan_out mode with the ReLU gain, as torchvision initialises ResNet convs.
 ParamId add_conv(ParamStore& params, const std::string& name, int out_channels, int in_channels,
                  int kernel) {
   const float init_std = std::sqrt(2.0f / static_cast<float>(out_channels * kernel * kernel));
-  return params.add(name, {out_channels, in_channels, kernel, kernel}, ParamInit::kNormal,
-                    init_std, /*weight_decay=*/true);
+  return params.add(name, {out_channels, in_channels, kernel, kernel}, ParamInit::kNormal, init_std,
+                    /*weight_decay=*/true);
 }
 
 BatchNormParamIds add_batchnorm(ParamStore& params, const std::string& prefix, int channels) {
@@ -137,8 +139,7 @@ ResnetParamIds register_resnet_params(const ResnetShape& shape, ParamStore& para
     const int out_channels = stage_width(shape, stage);
     std::vector<BasicBlockParamIds> blocks;
     for (int block = 0; block < shape.blocks_per_stage; ++block) {
-      const std::string prefix =
-          "layer" + std::to_string(stage + 1) + "." + std::to_string(block);
+      const std::string prefix = "layer" + std::to_string(stage + 1) + "." + std::to_string(block);
       BasicBlockParamIds b;
       b.conv1 = add_conv(params, prefix + ".conv1.weight", out_channels, in_channels, 3);
       b.bn1 = add_batchnorm(params, prefix + ".bn1", out_channels);
@@ -172,11 +173,11 @@ Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamI
   ResnetGraphBuilder builder(batch, shape.conv_algorithm);
   Graph& graph = builder.graph();
   graph.mode = mode;
-  graph.input = graph.add_value("images",
-                                {batch, shape.in_channels, shape.image_size, shape.image_size});
+  graph.input =
+      graph.add_value("images", {batch, shape.in_channels, shape.image_size, shape.image_size});
   int size = shape.image_size;
-  ValueId h = builder.conv("conv1", graph.input, ids.conv1, shape.in_channels, shape.width, size,
-                           3, 1, 1);
+  ValueId h =
+      builder.conv("conv1", graph.input, ids.conv1, shape.in_channels, shape.width, size, 3, 1, 1);
   h = builder.batchnorm("bn1", h, ids.bn1);
   h = builder.relu("relu", h);
   int in_channels = shape.width;
@@ -187,8 +188,7 @@ Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamI
              stage + 1, ", shape says ", shape.blocks_per_stage);
     for (int block = 0; block < shape.blocks_per_stage; ++block) {
       const int stride = (block == 0 && stage > 0) ? 2 : 1;
-      const std::string prefix =
-          "layer" + std::to_string(stage + 1) + "." + std::to_string(block);
+      const std::string prefix = "layer" + std::to_string(stage + 1) + "." + std::to_string(block);
       h = builder.basic_block(prefix, h, ids.layers[stage][block], in_channels, out_channels, size,
                               stride);
       size = (size - 1) / stride + 1;

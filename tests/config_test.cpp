@@ -91,8 +91,9 @@ TEST(Config, UnknownSectionAndMisplacedKey) {
   EXPECT_NE(section.find("did you mean 'model'?"), std::string::npos) << section;
   const std::string misplaced = parse_error("train:\n  n_layer: 2\n");
   EXPECT_NE(misplaced.find("'n_layer' belongs in section 'model'"), std::string::npos) << misplaced;
-  const std::string fusion = parse_error("fusion:\n  anything: 1\n");
-  EXPECT_NE(fusion.find("has no keys yet"), std::string::npos) << fusion;
+  const std::string fusion = parse_error("fusion:\n  vertical:\n    gemm_epilog: true\n");
+  EXPECT_NE(fusion.find("test.yaml:3:5"), std::string::npos) << fusion;
+  EXPECT_NE(fusion.find("did you mean 'gemm_epilogue'?"), std::string::npos) << fusion;
   const std::string nested = parse_error("comm:\n  emulate:\n    latency: 3\n");
   EXPECT_NE(nested.find("test.yaml:3:5"), std::string::npos) << nested;
   EXPECT_NE(nested.find("did you mean 'latency_us'?"), std::string::npos) << nested;
@@ -225,7 +226,7 @@ TEST(Config, YamlRoundTrip) {
 
 TEST(Config, FlattenOrderAndText) {
   const auto flat = flatten_config(Config{});
-  ASSERT_EQ(flat.size(), 55u);
+  ASSERT_EQ(flat.size(), 68u);
   EXPECT_EQ(flat.front(), (std::pair<std::string, std::string>{"model.arch", "gpt"}));
   EXPECT_EQ(flat[1], (std::pair<std::string, std::string>{"model.n_layer", "4"}));
   EXPECT_EQ(flat.back(), (std::pair<std::string, std::string>{"inference.fold_bn", "true"}));

@@ -1,5 +1,6 @@
-// Tests for attention, qk-norm, the tied LM head and dropout, plus large shapes that take the ops'
-// OpenMP paths. Tolerances are explained at the top of tests/gpt_ops_test.cpp.
+// Tests for attention, per-head (qk_norm) LayerNorms, the tied LM head and dropout, plus large
+// shapes that take the ops' OpenMP paths. Tolerances are explained at the top of
+// tests/gpt_ops_test.cpp.
 #include "tests/op_test_util.h"
 
 namespace ft {
@@ -7,7 +8,7 @@ namespace {
 
 using namespace op_test;
 
-// Straightforward per-head attention in double, for comparison with the gemm-based op.
+// Straightforward per-head attention in double, for comparison with the gemm-based chain.
 std::vector<double> naive_attention(const float* qkv, int B, int T, int C, int NH) {
   const int hd = C / NH;
   std::vector<double> y(static_cast<size_t>(B) * T * C, 0.0);
@@ -33,33 +34,48 @@ std::vector<double> naive_attention(const float* qkv, int B, int T, int C, int N
   return y;
 }
 
-TEST(CausalSelfAttentionOpTest, GradientsMatchFiniteDifferences) {
+// The eager attention chain over one fused [B, T, 3C] qkv input, as model/gpt.cpp builds it:
+// q, k, v are column views, then scores -> causal softmax -> mix. The softmax is the op under
+// test (the one whose backward the accumulation check repeats): backward_accumulation_error
+// compares a view's gradient as if it were contiguous, so it needs an op that reads no view.
+// Returns y [B, T, C].
+ValueId add_attention_chain(OpGraph& g, ValueId qkv, int B, int T, int C, int NH) {
+  const ValueId q = g.graph.add_view("q", qkv, 0, C);
+  const ValueId k = g.graph.add_view("k", qkv, C, C);
+  const ValueId v = g.graph.add_view("v", qkv, 2 * C, C);
+  const ValueId scores = g.value("scores", {B, NH, T, T});
+  const ValueId probs = g.value("probs", {B, NH, T, T});
+  const ValueId y = g.value("y", {B, T, C});
+  g.graph.add_op<AttentionScoresOp>("scores", {q, k}, {scores}, {}, B, T, C, NH);
+  g.op<CausalSoftmaxOp>({scores}, {probs}, {}, B, NH, T);
+  g.graph.add_op<AttentionMixOp>("mix", {probs, v}, {y}, {}, B, T, C, NH);
+  return y;
+}
+
+TEST(AttentionChainTest, GradientsMatchFiniteDifferences) {
   OpGraph g;
   const ValueId qkv = g.input("qkv", {2, 5, 24});
-  const ValueId y = g.value("y", {2, 5, 8});
-  g.op<CausalSelfAttentionOp>({qkv}, {y}, {}, 2, 5, 8, 2);
+  const ValueId y = add_attention_chain(g, qkv, 2, 5, 8, 2);
   g.finish(y);
   expect_gradients_match(g, kSmoothTolerance);
 }
 
-TEST(CausalSelfAttentionOpTest, ForwardMatchesNaiveAttention) {
+TEST(AttentionChainTest, ForwardMatchesNaiveAttention) {
   const int B = 2, T = 7, C = 12, NH = 3;
   OpGraph g;
   const ValueId qkv = g.input("qkv", {B, T, 3 * C});
-  const ValueId y = g.value("y", {B, T, C});
-  g.op<CausalSelfAttentionOp>({qkv}, {y}, {}, B, T, C, NH);
+  const ValueId y = add_attention_chain(g, qkv, B, T, C, NH);
   g.finish(y);
   g.forward();
   const std::vector<double> expected = naive_attention(g.data(qkv), B, T, C, NH);
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(g.data(y)[i], expected[i], 1e-5) << i;
 }
 
-TEST(CausalSelfAttentionOpTest, OutputAtTDoesNotDependOnLaterTokens) {
+TEST(AttentionChainTest, OutputAtTDoesNotDependOnLaterTokens) {
   const int B = 2, T = 6, C = 8, NH = 2, t0 = 2;
   OpGraph g;
   const ValueId qkv = g.input("qkv", {B, T, 3 * C});
-  const ValueId y = g.value("y", {B, T, C});
-  g.op<CausalSelfAttentionOp>({qkv}, {y}, {}, B, T, C, NH);
+  const ValueId y = add_attention_chain(g, qkv, B, T, C, NH);
   g.finish(y);
   g.forward();
   const std::vector<float> before(g.data(y), g.data(y) + B * T * C);
@@ -80,42 +96,61 @@ TEST(CausalSelfAttentionOpTest, OutputAtTDoesNotDependOnLaterTokens) {
   EXPECT_GT(later_change, 0.1f);  // the perturbation is visible where it is allowed to be
 }
 
-TEST(QkNormOpTest, GradientsMatchFiniteDifferences) {
+// qk_norm's eager form: one LayerNorm per head over that head's columns of q and of k (column
+// views), q's heads sharing one (weight, bias) pair and k's another, writing y [rows, 2C].
+struct HeadNormGraph {
   OpGraph g;
-  const ValueId qkv = g.input("qkv", {2, 3, 24});
-  const ValueId y = g.value("y", {2, 3, 24});
-  std::vector<ParamId> ps = {g.param("qw", {4}, 1.0f, 0.3f), g.param("qb", {4}, 0.0f, 0.3f),
-                             g.param("kw", {4}, 1.0f, 0.3f), g.param("kb", {4}, 0.0f, 0.3f)};
-  g.op<QkNormOp>({qkv}, {y}, ps, 2, 3, 8, 2);
-  g.finish(y);
-  expect_gradients_match(g, kSmoothTolerance);
+  ValueId q = -1, k = -1, y = -1;
+  std::vector<ParamId> ps;  // qw, qb, kw, kb
+};
+
+void build_head_norms(HeadNormGraph& h, int rows, int C, int NH, bool batched) {
+  const int hd = C / NH;
+  h.q = h.g.input("q", {rows, C});
+  h.k = h.g.input("k", {rows, C});
+  h.ps = {h.g.param("qw", {hd}, 1.0f, 0.3f), h.g.param("qb", {hd}, 0.0f, 0.3f),
+          h.g.param("kw", {hd}, 1.0f, 0.3f), h.g.param("kb", {hd}, 0.0f, 0.3f)};
+  h.y = h.g.value("y", {rows, 2 * C});
+  std::vector<ValueId> ins, outs;
+  std::vector<ParamId> ps;
+  for (int part = 0; part < 2; ++part)
+    for (int head = 0; head < NH; ++head) {
+      const std::string name = std::string(part ? "k" : "q") + "_norm." + std::to_string(head);
+      ins.push_back(h.g.graph.add_view(name + ".in", part ? h.k : h.q, head * hd, hd));
+      outs.push_back(h.g.graph.add_view(name, h.y, part * C + head * hd, hd));
+      ps.insert(ps.end(), {h.ps[2 * part], h.ps[2 * part + 1]});
+      if (!batched)
+        h.g.op<LayerNormOp>({ins.back()}, {outs.back()}, {ps[ps.size() - 2], ps.back()}, rows, hd);
+    }
+  if (batched) h.g.op<BatchedLayerNormOp>(ins, outs, ps, rows, hd, 2 * NH);
+  h.g.finish(h.y);
 }
 
-TEST(QkNormOpTest, NormalisesQAndKSlicesAndCopiesV) {
+TEST(HeadLayerNormTest, BatchedGradientsMatchFiniteDifferences) {
+  HeadNormGraph h;
+  build_head_norms(h, 3, 8, 2, true);
+  expect_gradients_match(h.g, kSmoothTolerance);
+}
+
+TEST(HeadLayerNormTest, PerHeadLayerNormsNormaliseEachHeadSlice) {
   const int C = 8, NH = 2, hd = 4, rows = 3;
-  OpGraph g;
-  const ValueId qkv = g.input("qkv", {1, rows, 3 * C});
-  const ValueId y = g.value("y", {1, rows, 3 * C});
-  std::vector<ParamId> ps = {g.param("qw", {hd}, 1.0f, 0.3f), g.param("qb", {hd}, 0.0f, 0.3f),
-                             g.param("kw", {hd}, 1.0f, 0.3f), g.param("kb", {hd}, 0.0f, 0.3f)};
-  g.op<QkNormOp>({qkv}, {y}, ps, 1, rows, C, NH);
-  g.finish(y);
-  g.forward();
-  for (int r = 0; r < rows; ++r) {
-    const float* in = g.data(qkv) + r * 3 * C;
-    const float* out = g.data(y) + r * 3 * C;
-    for (int c = 2 * C; c < 3 * C; ++c) EXPECT_EQ(out[c], in[c]);
-    for (int part = 0; part < 2; ++part)  // q then k
-      for (int h = 0; h < NH; ++h) {
-        const int at = part * C + h * hd;
-        double mean = 0, var = 0;
-        for (int i = 0; i < hd; ++i) mean += in[at + i] / static_cast<double>(hd);
-        for (int i = 0; i < hd; ++i) var += std::pow(in[at + i] - mean, 2) / hd;
-        const float* w = g.params[ps[2 * part]].value.data();
-        const float* b = g.params[ps[2 * part + 1]].value.data();
-        for (int i = 0; i < hd; ++i)
-          EXPECT_NEAR(out[at + i], (in[at + i] - mean) / std::sqrt(var + 1e-5) * w[i] + b[i], 1e-5);
-      }
+  for (bool batched : {false, true}) {
+    HeadNormGraph h;
+    build_head_norms(h, rows, C, NH, batched);
+    h.g.forward();
+    for (int r = 0; r < rows; ++r)
+      for (int part = 0; part < 2; ++part)  // q then k
+        for (int head = 0; head < NH; ++head) {
+          const float* in = h.g.data(part ? h.k : h.q) + r * C + head * hd;
+          const float* out = h.g.data(h.y) + r * 2 * C + part * C + head * hd;
+          double mean = 0, var = 0;
+          for (int i = 0; i < hd; ++i) mean += in[i] / static_cast<double>(hd);
+          for (int i = 0; i < hd; ++i) var += std::pow(in[i] - mean, 2) / hd;
+          const float* w = h.g.params[h.ps[2 * part]].value.data();
+          const float* b = h.g.params[h.ps[2 * part + 1]].value.data();
+          for (int i = 0; i < hd; ++i)
+            EXPECT_NEAR(out[i], (in[i] - mean) / std::sqrt(var + 1e-5) * w[i] + b[i], 1e-5);
+        }
   }
 }
 
@@ -146,8 +181,7 @@ TEST(LargeShapeTest, AttentionMatchesNaiveAndGradients) {
   const int B = 1, T = 130, C = 16, NH = 4;  // NH * T * T > 65536
   OpGraph g;
   const ValueId qkv = g.input("qkv", {B, T, 3 * C});
-  const ValueId y = g.value("y", {B, T, C});
-  g.op<CausalSelfAttentionOp>({qkv}, {y}, {}, B, T, C, NH);
+  const ValueId y = add_attention_chain(g, qkv, B, T, C, NH);
   g.finish(y);
   g.forward();
   const std::vector<double> expected = naive_attention(g.data(qkv), B, T, C, NH);
@@ -181,7 +215,7 @@ TEST(LargeShapeTest, CrossEntropyMatchesDoubleReference) {
   EXPECT_NEAR(g.data(loss)[0], expected_loss, 1e-5);
 }
 
-TEST(LargeShapeTest, LayerNormAndQkNormGradients) {
+TEST(LargeShapeTest, LayerNormAndBatchedHeadLayerNormGradients) {
   OpGraph ln;
   const ValueId x = ln.input("x", {600, 128});  // rows * C > 65536
   const ValueId y = ln.value("y", {600, 128});
@@ -190,14 +224,9 @@ TEST(LargeShapeTest, LayerNormAndQkNormGradients) {
   ln.finish(y);
   expect_gradients_match(ln, kSmoothTolerance, 1e-2f, kLargeEps);
 
-  OpGraph qk;
-  const ValueId qkv = qk.input("qkv", {700, 96});  // tokens * 3C > 65536
-  const ValueId out = qk.value("out", {700, 96});
-  std::vector<ParamId> ps = {qk.param("qw", {8}, 1.0f, 0.3f), qk.param("qb", {8}, 0.0f, 0.3f),
-                             qk.param("kw", {8}, 1.0f, 0.3f), qk.param("kb", {8}, 0.0f, 0.3f)};
-  qk.op<QkNormOp>({qkv}, {out}, ps, 700, 1, 32, 4);
-  qk.finish(out);
-  expect_gradients_match(qk, kSmoothTolerance, 1e-2f, kLargeEps);
+  HeadNormGraph qk;  // 300 rows * 8 LayerNorms * 32 columns > 65536
+  build_head_norms(qk, 300, 128, 4, true);
+  expect_gradients_match(qk.g, kSmoothTolerance, 1e-2f, kLargeEps);
 }
 
 // A dropout graph over `numel` inputs all equal to 1, so kept outputs show the scale directly.
@@ -209,8 +238,7 @@ struct DropoutGraph {
     g.finish(y);
     std::fill(g.data(x), g.data(x) + numel, 1.0f);
   }
-  std::vector<float> run(bool training, uint64_t seed) {
-    g.ws.training = training;
+  std::vector<float> run(uint64_t seed) {
     g.ws.dropout_seed = seed;
     g.forward();
     return std::vector<float>(g.data(y), g.data(y) + g.ws.values[y].numel());
@@ -220,20 +248,18 @@ struct DropoutGraph {
   DropoutOp* op;
 };
 
-TEST(DropoutOpTest, IdentityWhenPIsZeroOrEvaluating) {
+// Eval graphs are built without dropout ops, so p = 0 is the only identity case.
+TEST(DropoutOpTest, IdentityWhenPIsZero) {
   DropoutGraph zero_p(100, 0.0f, 1);
-  for (float value : zero_p.run(true, 7)) EXPECT_EQ(value, 1.0f);
+  for (float value : zero_p.run(7)) EXPECT_EQ(value, 1.0f);
   EXPECT_FALSE(zero_p.op->masked());
-  DropoutGraph eval(100, 0.5f, 1);
-  for (float value : eval.run(false, 7)) EXPECT_EQ(value, 1.0f);
-  EXPECT_FALSE(eval.op->masked());
-  expect_gradients_match(eval.g, kLinearTolerance);
+  expect_gradients_match(zero_p.g, kLinearTolerance);
 }
 
 TEST(DropoutOpTest, HalfKeptAndScaledByTwo) {
   const int64_t numel = 100000;  // above the threshold for the parallel loop
   DropoutGraph half(numel, 0.5f, 3);
-  const std::vector<float> out = half.run(true, 11);
+  const std::vector<float> out = half.run(11);
   int64_t kept = 0;
   for (float value : out) {
     EXPECT_TRUE(value == 0.0f || value == 2.0f) << value;
@@ -246,13 +272,13 @@ TEST(DropoutOpTest, HalfKeptAndScaledByTwo) {
 
 TEST(DropoutOpTest, MaskIsAPureFunctionOfSeedAndSalt) {
   DropoutGraph a(1000, 0.3f, 3), b(1000, 0.3f, 3), other_salt(1000, 0.3f, 4);
-  const std::vector<float> first = a.run(true, 42);
-  EXPECT_EQ(first, b.run(true, 42));
-  EXPECT_EQ(first, a.run(true, 42));
-  EXPECT_NE(first, a.run(true, 43));
-  EXPECT_NE(first, other_salt.run(true, 42));
+  const std::vector<float> first = a.run(42);
+  EXPECT_EQ(first, b.run(42));
+  EXPECT_EQ(first, a.run(42));
+  EXPECT_NE(first, a.run(43));
+  EXPECT_NE(first, other_salt.run(42));
   // Backward reuses the forward mask: gradient checking a masked op needs it to be fixed.
-  a.run(true, 42);
+  a.run(42);
   expect_gradients_match(a.g, kLinearTolerance);
 }
 
@@ -270,7 +296,6 @@ TEST(OpWiringTest, WrongShapesAreReported) {
   g.finish(y);
   EXPECT_THROW(g.forward(), Error);
 }
-
 
 }  // namespace
 }  // namespace ft

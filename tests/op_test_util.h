@@ -12,9 +12,12 @@
 #include "core/check.h"
 #include "core/math/gelu.h"
 #include "core/rng.h"
+#include "fusion/ops/batched_layernorm.h"
 #include "model/executor.h"
 #include "model/gradcheck.h"
-#include "model/ops/attention.h"
+#include "model/ops/attention_mix.h"
+#include "model/ops/attention_scores.h"
+#include "model/ops/causal_softmax.h"
 #include "model/ops/cross_entropy.h"
 #include "model/ops/dropout.h"
 #include "model/ops/embedding.h"
@@ -22,9 +25,7 @@
 #include "model/ops/layernorm.h"
 #include "model/ops/linear.h"
 #include "model/ops/lm_head.h"
-#include "model/ops/qk_norm.h"
 #include "model/ops/residual.h"
-
 
 namespace ft {
 namespace op_test {

@@ -1,14 +1,14 @@
 // Tests of the ResNet builder: torchvision parameter names, shapes, order and flags for resnet8
-// and resnet20; graph shapes; a finite-difference check of a whole tiny ResNet; train/eval
-// behaviour of BatchNorm inside the model; and that a few SGD steps fit a fixed batch.
+// and resnet20; graph shapes; a finite-difference check of a whole tiny ResNet; train and eval
+// graphs (batch against running statistics); and that a few SGD steps fit a fixed batch.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "core/check.h"
 #include "core/rng.h"
@@ -81,6 +81,7 @@ TEST(Resnet, Resnet8ParamTable) {
   ParamStore params;
   register_resnet_params({1, 16}, params);
   // The table for resnet8 spelled out, so a systematic error in expected_params shows up here.
+  // clang-format off
   const std::vector<Entry> table = {
       {"conv1.weight", {16, 1, 3, 3}},
       {"bn1.weight", {16}}, {"bn1.bias", {16}},
@@ -111,6 +112,7 @@ TEST(Resnet, Resnet8ParamTable) {
       {"layer3.0.downsample.1.running_mean", {64}}, {"layer3.0.downsample.1.running_var", {64}},
       {"fc.weight", {10, 64}}, {"fc.bias", {10}},
   };
+  // clang-format on
   expect_params_match(params, table);
   expect_params_match(params, expected_params(1, 16));
 }
@@ -174,7 +176,6 @@ TEST(Resnet, GraphShapes) {
   EXPECT_EQ(shape_of("avgpool"), (Shape{3, 64}));
 }
 
-
 // softplus(x) = log(1 + e^x): a smooth stand-in for ReLU, so the whole-model check below can be
 // tight. Test-only; ReluOp itself is checked in resnet_norm_test.
 class SoftplusOp : public Op {
@@ -202,7 +203,7 @@ class SoftplusOp : public Op {
 int swap_relu_for_softplus(Graph& graph) {
   int swapped = 0;
   for (auto& op : graph.ops) {
-    if (std::string(op->kind()) != "relu") continue;
+    if (op->op_kind() != OpKind::kRelu) continue;
     auto smooth = std::make_unique<SoftplusOp>(shape_numel(graph.shape(op->inputs[0])));
     smooth->name = op->name;
     smooth->inputs = op->inputs;
@@ -233,7 +234,6 @@ GradcheckOptions tiny_resnet_options() {
 TEST(Resnet, GradcheckTinyResnetWithSmoothActivations) {
   TinyResnet net(4);
   ASSERT_EQ(swap_relu_for_softplus(net.graph), 7);  // stem + 2 per block
-  net.ws.training = true;
   const GradcheckReport report =
       gradcheck(net.graph, net.params, net.ws, {}, tiny_resnet_options());
   EXPECT_LT(report.max_rel_error, 5e-2f) << report.worst;
@@ -251,7 +251,6 @@ TEST(Resnet, GradcheckTinyResnetWithSmoothActivations) {
 // entry (always sampled) is above the floor, and the smooth check above covers the rest.
 TEST(Resnet, GradcheckTinyResnetWithRelu) {
   TinyResnet net(4);
-  net.ws.training = true;
   GradcheckOptions options = tiny_resnet_options();
   options.eps = 2e-3f;
   options.floor = 5e-2f;
@@ -261,50 +260,78 @@ TEST(Resnet, GradcheckTinyResnetWithRelu) {
   EXPECT_EQ(report.entries_checked, kTinyResnetEntries);
 }
 
+// A train graph and an eval graph (GraphMode::kEval) over the same parameters, fed the same
+// images and labels.
+struct EvalTwin {
+  Graph graph;
+  std::unique_ptr<Executor> executor;
+  Workspace ws;
+  EvalTwin(TinyResnet& net, int batch, GraphMode mode) {
+    graph = build_resnet_graph(net.shape, batch, net.ids, mode);
+    executor = std::make_unique<Executor>(graph, net.params);
+    ws = executor->make_workspace();
+    ws.values[graph.input].copy_from(net.ws.values[net.graph.input].rows(0, batch));
+    ws.targets.assign(net.ws.targets.begin(), net.ws.targets.begin() + batch);
+  }
+  std::vector<float> logits() {
+    executor->forward(ws);
+    const Tensor& out = ws.values[graph.output];
+    return std::vector<float>(out.data(), out.data() + out.numel());
+  }
+};
+
+int count_kind(const Graph& graph, OpKind kind) {
+  return static_cast<int>(std::count_if(graph.ops.begin(), graph.ops.end(),
+                                        [&](const auto& op) { return op->op_kind() == kind; }));
+}
+
+TEST(Resnet, EvalGraphNormalisesWithRunningStatisticsOnly) {
+  TinyResnet net(4);
+  EvalTwin eval(net, 4, GraphMode::kEval);
+  // stem 1 + 2 per block + 1 per downsampling shortcut
+  EXPECT_EQ(count_kind(net.graph, OpKind::kBatchNorm), 9);
+  EXPECT_EQ(count_kind(net.graph, OpKind::kBatchNormInference), 0);
+  EXPECT_EQ(count_kind(eval.graph, OpKind::kBatchNorm), 0);
+  EXPECT_EQ(count_kind(eval.graph, OpKind::kBatchNormInference), 9);
+  EXPECT_EQ(eval.graph.mode, GraphMode::kEval);
+  EXPECT_TRUE(eval.ws.grads[eval.graph.output].numel() == 0) << "eval graphs hold no gradients";
+  EXPECT_THROW(eval.executor->backward(eval.ws), Error);
+}
+
 TEST(Resnet, TrainingUpdatesRunningStatsEvalDoesNotAndIsPerSample) {
   TinyResnet net(4);
   const Param& running_mean = net.params[net.ids.layers[2][0].bn2.running_mean];
   const Param& running_var = net.params[net.ids.bn1.running_var];
-  net.ws.training = true;
   net.executor->forward(net.ws);
   const float mean_after_train = running_mean.value.data()[0];
   const float var_after_train = running_var.value.data()[0];
   EXPECT_NE(mean_after_train, 0.0f);
   EXPECT_NE(var_after_train, 1.0f);
 
-  net.ws.training = false;
-  net.executor->forward(net.ws);
+  EvalTwin eval(net, 4, GraphMode::kEval);
+  const std::vector<float> eval_logits = eval.logits();
   EXPECT_EQ(running_mean.value.data()[0], mean_after_train);
   EXPECT_EQ(running_var.value.data()[0], var_after_train);
-  const Tensor& logits = net.ws.values[net.graph.output];
-  const std::vector<float> eval_logits(logits.data(), logits.data() + logits.numel());
 
-  // Eval mode treats samples independently: a batch-2 graph on the same parameters gives the
-  // same logits for the first two images. Training mode does not (batch statistics differ).
-  Graph small = build_resnet_graph(net.shape, 2, net.ids);
-  Executor small_executor(small, net.params);
-  Workspace small_ws = small_executor.make_workspace();
-  small_ws.values[small.input].copy_from(net.ws.values[net.graph.input].rows(0, 2));
-  small_ws.targets = {net.ws.targets[0], net.ws.targets[1]};
-  small_ws.training = false;
-  small_executor.forward(small_ws);
-  for (int i = 0; i < 20; ++i)
-    EXPECT_NEAR(small_ws.values[small.output].data()[i], eval_logits[i], 1e-5) << i;
-  small_ws.training = true;
-  small_executor.forward(small_ws);
-  float max_diff = 0.0f;
-  net.ws.training = true;
+  // An eval graph treats samples independently: a batch-2 eval graph on the same parameters
+  // gives the same logits for the first two images. A train graph does not (batch statistics
+  // differ).
+  EvalTwin small_eval(net, 2, GraphMode::kEval);
+  const std::vector<float> small_eval_logits = small_eval.logits();
+  for (int i = 0; i < 20; ++i) EXPECT_NEAR(small_eval_logits[i], eval_logits[i], 1e-5) << i;
+  EvalTwin small_train(net, 2, GraphMode::kTrain);
+  const std::vector<float> small_train_logits = small_train.logits();
   net.executor->forward(net.ws);
+  float max_diff = 0.0f;
   for (int i = 0; i < 20; ++i)
-    max_diff = std::max(max_diff, std::fabs(small_ws.values[small.output].data()[i] -
-                                            net.ws.values[net.graph.output].data()[i]));
+    max_diff = std::max(
+        max_diff, std::fabs(small_train_logits[i] - net.ws.values[net.graph.output].data()[i]));
   EXPECT_GT(max_diff, 1e-4f);
 }
 
 // Plain SGD on one fixed batch of 8 must fit it: the loss falls well below its start.
 TEST(Resnet, SgdFitsAFixedBatch) {
   TinyResnet net(8);
-  net.ws.training = true;
   net.executor->forward(net.ws);
   const float initial = net.executor->loss(net.ws);
   EXPECT_GT(initial, 1.0f);

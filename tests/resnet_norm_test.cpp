@@ -1,6 +1,8 @@
 // Tests of the ResNet BatchNorm2d, ReLU and global average pool ops: finite-difference gradient
-// checks, running statistics in train and eval mode, and the accumulate (+=) contract. Activations
-// are channels-last (NHWC); references index them through nhwc_index.
+// checks, running statistics in train graphs (BatchNorm2dOp) and eval graphs
+// (BatchNormInferenceOp), and the accumulate (+=) contract. Activations are channels-last (NHWC);
+// references index them through nhwc_index.
+#include "model/ops/batchnorm_inference.h"
 #include "tests/resnet_test_util.h"
 
 namespace ft {
@@ -8,21 +10,25 @@ namespace {
 
 using namespace resnet_test;
 
-// BatchNorm over NHWC [B=3, H=7, W=7, C] with non-trivial gamma and beta. The 147 rows make one
-// full chunk of the reduction and an odd remainder; C = 3 runs only the scalar channel loop,
-// C = 11 one 8-channel vector block and a scalar tail of 3.
+// BatchNorm over NHWC [B=3, H=7, W=7, C] with non-trivial gamma and beta: a BatchNorm2dOp in a
+// train graph, a BatchNormInferenceOp in an eval graph. The 147 rows make one full chunk of the
+// reduction and an odd remainder; C = 3 runs only the scalar channel loop, C = 11 one 8-channel
+// vector block and a scalar tail of 3.
 struct BatchNormGraph : SingleOpGraph {
   static constexpr int kB = 3, kH = 7, kW = 7;
   const int kC;
   ParamId weight, bias, running_mean, running_var;
-  BatchNorm2dOp* bn;
-  explicit BatchNormGraph(int channels, float momentum = 0.1f)
+  explicit BatchNormGraph(int channels, float momentum = 0.1f, GraphMode mode = GraphMode::kTrain)
       : SingleOpGraph({kB, kH, kW, channels}, {kB, kH, kW, channels}), kC(channels) {
     weight = params.add("weight", {kC}, ParamInit::kNormal, 1.0f, false);
     bias = params.add("bias", {kC}, ParamInit::kNormal, 1.0f, false);
     running_mean = params.add_buffer("running_mean", {kC}, ParamInit::kZeros);
     running_var = params.add_buffer("running_var", {kC}, ParamInit::kOnes);
-    bn = &add<BatchNorm2dOp>({weight, bias, running_mean, running_var}, kB, kC, kH, kW, momentum);
+    graph.mode = mode;
+    if (mode == GraphMode::kEval)
+      add<BatchNormInferenceOp>({weight, bias, running_mean, running_var}, kB, kC, kH, kW);
+    else
+      add<BatchNorm2dOp>({weight, bias, running_mean, running_var}, kB, kC, kH, kW, momentum);
     finish(31);
     // Per-channel offsets and scales, so mean and variance differ between channels.
     float* x_data = ws.values[x].data();
@@ -62,7 +68,6 @@ class BatchNormTest : public ::testing::TestWithParam<int> {};
 // the batch-statistics terms of dx gives O(1) errors.
 TEST_P(BatchNormTest, GradcheckTrainingThroughBatchStatistics) {
   BatchNormGraph g(GetParam());
-  g.ws.training = true;
   GradcheckOptions options;
   options.eps = 5e-2f;
   options.samples_per_tensor = 40;
@@ -76,7 +81,6 @@ TEST_P(BatchNormTest, GradcheckTrainingThroughBatchStatistics) {
 TEST_P(BatchNormTest, TrainingForwardNormalisesAndUpdatesRunningStatistics) {
   const float momentum = 0.25f;
   BatchNormGraph g(GetParam(), momentum);
-  g.ws.training = true;
   g.executor->forward(g.ws);
   const int plane = BatchNormGraph::kH * BatchNormGraph::kW;
   for (int c = 0; c < g.kC; ++c) {
@@ -104,7 +108,6 @@ TEST_P(BatchNormTest, TrainingStatisticsSurviveALargeMean) {
   BatchNormGraph g(GetParam(), /*momentum=*/1.0f);
   float* x_data = g.ws.values[g.x].data();
   for (int64_t i = 0; i < g.ws.values[g.x].numel(); ++i) x_data[i] += 1000.0f;
-  g.ws.training = true;
   g.executor->forward(g.ws);
   for (int c = 0; c < g.kC; ++c) {
     double mean, var_biased, var_unbiased;
@@ -115,15 +118,15 @@ TEST_P(BatchNormTest, TrainingStatisticsSurviveALargeMean) {
   }
 }
 
-TEST_P(BatchNormTest, EvalUsesRunningStatisticsAndLeavesThemAlone) {
-  BatchNormGraph g(GetParam());
+TEST_P(BatchNormTest, EvalGraphUsesRunningStatisticsAndLeavesThemAlone) {
+  BatchNormGraph g(GetParam(), 0.1f, GraphMode::kEval);
+  ASSERT_EQ(g.op->op_kind(), OpKind::kBatchNormInference);
   auto running_mean_of = [](int c) { return 0.5f - 0.7f * c; };
   auto running_var_of = [](int c) { return 0.25f + 0.5f * c; };
   for (int c = 0; c < g.kC; ++c) {
     g.params[g.running_mean].value.data()[c] = running_mean_of(c);
     g.params[g.running_var].value.data()[c] = running_var_of(c);
   }
-  g.ws.training = false;
   g.executor->forward(g.ws);
   const int plane = BatchNormGraph::kH * BatchNormGraph::kW;
   for (int c = 0; c < g.kC; ++c) {
@@ -141,6 +144,43 @@ TEST_P(BatchNormTest, EvalUsesRunningStatisticsAndLeavesThemAlone) {
       }
   }
   EXPECT_THROW(g.executor->backward(g.ws), Error);
+  try {
+    g.op->backward(g.ws, g.params);
+    ADD_FAILURE() << "BatchNormInferenceOp::backward did not throw";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("eval graph has no backward"), std::string::npos)
+        << error.what();
+  }
+}
+
+// Train graphs always normalise with batch statistics: a second forward on the same input gives
+// the same output although the running statistics moved.
+TEST_P(BatchNormTest, TrainGraphAlwaysUsesBatchStatistics) {
+  BatchNormGraph g(GetParam());
+  g.executor->forward(g.ws);
+  const Tensor& y = g.ws.values[g.y];
+  const std::vector<float> first(y.data(), y.data() + y.numel());
+  const float running_mean = g.params[g.running_mean].value.data()[0];
+  g.executor->forward(g.ws);
+  EXPECT_NE(g.params[g.running_mean].value.data()[0], running_mean);
+  for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(y.data()[i], first[i]) << i;
+}
+
+TEST(BatchNormAccessors, GeometryEpsAndMomentumAreReadable) {
+  const BatchNorm2dOp train(2, 5, 3, 4, 0.3f, 1e-3f);
+  EXPECT_EQ(train.batch(), 2);
+  EXPECT_EQ(train.channels(), 5);
+  EXPECT_EQ(train.height(), 3);
+  EXPECT_EQ(train.width(), 4);
+  EXPECT_FLOAT_EQ(train.momentum(), 0.3f);
+  EXPECT_FLOAT_EQ(train.eps(), 1e-3f);
+  EXPECT_EQ(train.shape(), (Shape{2, 3, 4, 5}));
+  const BatchNormInferenceOp eval(2, 5, 3, 4, 1e-4f);
+  EXPECT_EQ(eval.channels(), 5);
+  EXPECT_FLOAT_EQ(eval.eps(), 1e-4f);
+  EXPECT_EQ(eval.shape(), (Shape{2, 3, 4, 5}));
+  EXPECT_EQ(eval.op_kind(), OpKind::kBatchNormInference);
+  EXPECT_THROW(BatchNormInferenceOp(2, 5, 3, 4, 0.0f), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Channels, BatchNormTest, ::testing::Values(3, 11),

@@ -1,12 +1,12 @@
 // The whole ResNet against an independent forward in PyTorch's NCHW semantics, in double.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "core/check.h"
 #include "core/rng.h"
@@ -20,9 +20,9 @@ namespace {
 
 using resnet_test::TinyResnet;
 
-// An independent forward of the ResNet in PyTorch's NCHW semantics, in double and training mode
-// (BatchNorm on batch statistics). The graph stores activations NHWC; matching logits show that
-// every op reads channels where the builder put them.
+// An independent forward of the ResNet in PyTorch's NCHW semantics, in double, in training mode
+// (BatchNorm on batch statistics) or eval mode (on the running statistics). The graph stores
+// activations NHWC; matching logits show that every op reads channels where the builder put them.
 struct NchwActivation {
   int batch, channels, height, width;
   std::vector<double> data;  // [b][c][h][w]
@@ -34,10 +34,11 @@ struct NchwActivation {
 
 struct ReferenceResnet {
   const ParamStore& params;
+  GraphMode mode = GraphMode::kTrain;
   const float* param(ParamId id) const { return params[id].value.data(); }
 
-  NchwActivation conv(NchwActivation& x, ParamId weight, int out_channels, int kernel,
-                      int stride, int padding) const {
+  NchwActivation conv(NchwActivation& x, ParamId weight, int out_channels, int kernel, int stride,
+                      int padding) const {
     const int out_size = (x.height + 2 * padding - kernel) / stride + 1;
     NchwActivation y{x.batch, out_channels, out_size, out_size, {}};
     y.data.assign(static_cast<size_t>(x.batch) * out_channels * out_size * out_size, 0.0);
@@ -51,21 +52,25 @@ struct ReferenceResnet {
                 for (int q = 0; q < kernel; ++q) {
                   const int h = i * stride + p - padding, v = j * stride + q - padding;
                   if (h < 0 || h >= x.height || v < 0 || v >= x.width) continue;
-                  y.at(b, o, i, j) += w[((o * x.channels + c) * kernel + p) * kernel + q] *
-                                      x.at(b, c, h, v);
+                  y.at(b, o, i, j) +=
+                      w[((o * x.channels + c) * kernel + p) * kernel + q] * x.at(b, c, h, v);
                 }
     return y;
   }
   void batchnorm(NchwActivation& x, const BatchNormParamIds& ids, bool relu) const {
     const int plane = x.height * x.width;
     for (int c = 0; c < x.channels; ++c) {
-      double sum = 0.0, squares = 0.0;
-      for (int b = 0; b < x.batch; ++b)
-        for (int i = 0; i < plane; ++i) sum += x.at(b, c, i);
-      const double mean = sum / (x.batch * plane);
-      for (int b = 0; b < x.batch; ++b)
-        for (int i = 0; i < plane; ++i) squares += std::pow(x.at(b, c, i) - mean, 2);
-      const double invstd = 1.0 / std::sqrt(squares / (x.batch * plane) + 1e-5);
+      double mean = param(ids.running_mean)[c], var = param(ids.running_var)[c];
+      if (mode == GraphMode::kTrain) {
+        double sum = 0.0, squares = 0.0;
+        for (int b = 0; b < x.batch; ++b)
+          for (int i = 0; i < plane; ++i) sum += x.at(b, c, i);
+        mean = sum / (x.batch * plane);
+        for (int b = 0; b < x.batch; ++b)
+          for (int i = 0; i < plane; ++i) squares += std::pow(x.at(b, c, i) - mean, 2);
+        var = squares / (x.batch * plane);
+      }
+      const double invstd = 1.0 / std::sqrt(var + 1e-5);
       for (int b = 0; b < x.batch; ++b)
         for (int i = 0; i < plane; ++i) {
           double& value = x.at(b, c, i);
@@ -113,26 +118,51 @@ struct ReferenceResnet {
   }
 };
 
-TEST(Resnet, TrainingForwardMatchesAnNchwReference) {
-  TinyResnet net(3);
-  // Distinct gamma and beta per channel, so a channel read from the wrong place shows.
+// Distinct gamma and beta per channel (and running statistics), so a channel read from the
+// wrong place shows.
+void perturb_batchnorm_params(ParamStore& params) {
   Rng rng(9);
-  for (int id = 0; id < net.params.size(); ++id) {
-    Param& p = net.params[id];
-    if (!p.trainable || p.shape.size() != 1 || p.name == "fc.bias") continue;  // BN gamma, beta
-    for (int64_t i = 0; i < p.value.numel(); ++i) p.value.data()[i] += 0.5f * rng.normal();
+  for (int id = 0; id < params.size(); ++id) {
+    Param& p = params[id];
+    if (p.shape.size() != 1 || p.name == "fc.bias") continue;  // BN gamma, beta, statistics
+    const bool variance = p.name.find("running_var") != std::string::npos;
+    for (int64_t i = 0; i < p.value.numel(); ++i)
+      p.value.data()[i] =
+          variance ? 0.5f + std::fabs(rng.normal()) : p.value.data()[i] + 0.5f * rng.normal();
   }
-  net.ws.training = true;
-  net.executor->forward(net.ws);
-  const std::vector<double> expected =
-      ReferenceResnet{net.params}.logits(net, net.ws.values[net.graph.input].data());
-  const float* logits = net.ws.values[net.graph.output].data();
+}
+
+void expect_logits_match(const float* logits, const std::vector<double>& expected) {
   double largest = 0.0;
   for (size_t i = 0; i < expected.size(); ++i) {
     EXPECT_NEAR(logits[i], expected[i], 1e-3 * (1.0 + std::fabs(expected[i]))) << "logit " << i;
     largest = std::max(largest, std::fabs(expected[i]));
   }
   EXPECT_GT(largest, 0.1);
+}
+
+TEST(Resnet, TrainingForwardMatchesAnNchwReference) {
+  TinyResnet net(3);
+  perturb_batchnorm_params(net.params);
+  const std::vector<double> expected =
+      ReferenceResnet{net.params}.logits(net, net.ws.values[net.graph.input].data());
+  net.executor->forward(net.ws);
+  expect_logits_match(net.ws.values[net.graph.output].data(), expected);
+}
+
+// The eval graph (BatchNormInferenceOp throughout) against the reference on running statistics.
+TEST(Resnet, EvalForwardMatchesAnNchwReference) {
+  TinyResnet net(3);
+  perturb_batchnorm_params(net.params);
+  const std::vector<double> expected = ReferenceResnet{net.params, GraphMode::kEval}.logits(
+      net, net.ws.values[net.graph.input].data());
+  Graph eval = build_resnet_graph(net.shape, net.batch, net.ids, GraphMode::kEval);
+  Executor executor(eval, net.params);
+  Workspace ws = executor.make_workspace();
+  ws.values[eval.input].copy_from(net.ws.values[net.graph.input]);
+  ws.targets = net.ws.targets;
+  executor.forward(ws);
+  expect_logits_match(ws.values[eval.output].data(), expected);
 }
 }  // namespace
 }  // namespace ft

@@ -10,29 +10,95 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/math/fast_exp.h"
 #include "model/ops/attention_heads.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
 namespace {
 
-// kt[d * tile + s] = k_rows[s][d] for the n rows of one key tile.
+// Keys per register block of a score row: four 8-float accumulators on AVX2.
+constexpr int64_t kKeyBlock = 32;
+
+// kt[d * ld + s] = k_rows[s][d] for the n rows of one key tile.
 void pack_transposed(float* kt, const float* k_rows, int64_t stride, int64_t n, int64_t hd,
-                     int64_t tile) {
+                     int64_t ld) {
   for (int64_t s = 0; s < n; ++s)
-    for (int64_t d = 0; d < hd; ++d) kt[d * tile + s] = k_rows[s * stride + d];
+    for (int64_t d = 0; d < hd; ++d) kt[d * ld + s] = k_rows[s * stride + d];
 }
 
-// scores[s] = sum_d q_scaled[d] kt[d][s] for s < count.
+// scores[s] = sum_d q_scaled[d] kt[d][s] for s < count, in blocks of kKeyBlock keys kept in
+// registers across the d loop. REQUIRES: scores and every kt row hold count rounded up to
+// kKeyBlock floats (the tail of the last block is computed from padding and ignored).
 void score_row(float* scores, const float* q_scaled, const float* kt, int64_t count, int64_t hd,
-               int64_t tile) {
-  std::fill(scores, scores + count, 0.0f);
-  for (int64_t d = 0; d < hd; ++d) {
-    const float qd = q_scaled[d];
-    const float* kt_row = kt + d * tile;
+               int64_t ld) {
+  for (int64_t s0 = 0; s0 < count; s0 += kKeyBlock) {
+    float acc[kKeyBlock] = {};
+    for (int64_t d = 0; d < hd; ++d) {
+      const float qd = q_scaled[d];
+      const float* kt_row = kt + d * ld + s0;
 #pragma omp simd
-    for (int64_t s = 0; s < count; ++s) scores[s] += qd * kt_row[s];
+      for (int64_t s = 0; s < kKeyBlock; ++s) acc[s] += qd * kt_row[s];
+    }
+    std::copy(acc, acc + kKeyBlock, scores + s0);
   }
+}
+
+// out[d] += sum_{s < count} weights[s] rows[s * stride + d] for d < hd. With the head width a
+// constant the row stays in registers, split over two accumulators to halve the FMA chain.
+template <int kHd>
+void accumulate_rows(float* out, const float* weights, const float* rows, int64_t stride,
+                     int64_t count, int64_t) {
+  float even[kHd], odd[kHd];
+#pragma omp simd
+  for (int d = 0; d < kHd; ++d) even[d] = out[d], odd[d] = 0.0f;
+  int64_t s = 0;
+  for (; s + 1 < count; s += 2) {
+    const float w0 = weights[s], w1 = weights[s + 1];
+    const float* row0 = rows + s * stride;
+    const float* row1 = row0 + stride;
+#pragma omp simd
+    for (int d = 0; d < kHd; ++d) {
+      even[d] += w0 * row0[d];
+      odd[d] += w1 * row1[d];
+    }
+  }
+  if (s < count) {
+    const float w = weights[s];
+    const float* row = rows + s * stride;
+#pragma omp simd
+    for (int d = 0; d < kHd; ++d) even[d] += w * row[d];
+  }
+#pragma omp simd
+  for (int d = 0; d < kHd; ++d) out[d] = even[d] + odd[d];
+}
+
+void accumulate_rows_any(float* out, const float* weights, const float* rows, int64_t stride,
+                         int64_t count, int64_t hd) {
+  for (int64_t s = 0; s < count; ++s) {
+    const float w = weights[s];
+    const float* row = rows + s * stride;
+#pragma omp simd
+    for (int64_t d = 0; d < hd; ++d) out[d] += w * row[d];
+  }
+}
+
+using AccumulateRowsFn = void (*)(float*, const float*, const float*, int64_t, int64_t, int64_t);
+AccumulateRowsFn accumulate_rows_for(int64_t hd) {
+  switch (hd) {
+    case 16:
+      return accumulate_rows<16>;
+    case 32:
+      return accumulate_rows<32>;
+    case 64:
+      return accumulate_rows<64>;
+    default:
+      return accumulate_rows_any;
+  }
+}
+
+int64_t round_up(int64_t n, int64_t multiple) {
+  return (n + multiple - 1) / multiple * multiple;
 }
 
 }  // namespace
@@ -41,11 +107,12 @@ void flash_attention_forward(float* y, float* lse, const float* q, const float* 
                              const AttentionStrides& strides, int batch, int seq_len, int channels,
                              int n_head, int tile) {
   const int64_t T = seq_len, hd = channels / n_head, heads = static_cast<int64_t>(batch) * n_head;
-  const int64_t tile_rows = std::min<int64_t>(tile, T);
+  const int64_t tile_rows = std::min<int64_t>(tile, T), ld = round_up(tile_rows, kKeyBlock);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const AccumulateRowsFn accumulate = accumulate_rows_for(hd);
 #pragma omp parallel if (heads > 1)
   {
-    std::vector<float> kt(hd * tile_rows), scores(tile_rows), q_scaled(hd);
+    std::vector<float> kt(hd * ld), scores(ld), q_scaled(hd);
     std::vector<float> out(tile_rows * hd), row_max(tile_rows), row_sum(tile_rows);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh) {
@@ -62,16 +129,18 @@ void flash_attention_forward(float* y, float* lse, const float* q, const float* 
         // Causal: key tiles starting after the query tile's last row contribute nothing.
         for (int64_t j0 = 0; j0 < i1; j0 += tile_rows) {
           const int64_t j1 = std::min(j0 + tile_rows, T);
-          pack_transposed(kt.data(), kh + j0 * strides.k, strides.k, j1 - j0, hd, tile_rows);
+          pack_transposed(kt.data(), kh + j0 * strides.k, strides.k, j1 - j0, hd, ld);
           for (int64_t t = std::max(i0, j0); t < i1; ++t) {
             const int64_t r = t - i0, count = std::min(j1, t + 1) - j0;
             const float* q_row = qh + t * strides.q;
 #pragma omp simd
             for (int64_t d = 0; d < hd; ++d) q_scaled[d] = scale * q_row[d];
-            score_row(scores.data(), q_scaled.data(), kt.data(), count, hd, tile_rows);
-            float tile_max = scores[0];
+            score_row(scores.data(), q_scaled.data(), kt.data(), count, hd, ld);
+            // A select, not std::max, so the reduction vectorises.
+            float tile_max = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : tile_max)
-            for (int64_t s = 1; s < count; ++s) tile_max = std::max(tile_max, scores[s]);
+            for (int64_t s = 0; s < count; ++s)
+              tile_max = scores[s] > tile_max ? scores[s] : tile_max;
             // Online softmax: with m' = max(m, tile max), the earlier terms of l and of the
             // output were weighted by exp(S - m) and are rescaled by exp(m - m').
             const float new_max = std::max(row_max[r], tile_max);
@@ -79,7 +148,7 @@ void flash_attention_forward(float* y, float* lse, const float* q, const float* 
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
             for (int64_t s = 0; s < count; ++s) {
-              scores[s] = std::exp(scores[s] - new_max);
+              scores[s] = fast_exp(scores[s] - new_max);
               sum += scores[s];
             }
             row_sum[r] = row_sum[r] * rescale + sum;
@@ -87,12 +156,7 @@ void flash_attention_forward(float* y, float* lse, const float* q, const float* 
             float* out_row = out.data() + r * hd;
 #pragma omp simd
             for (int64_t d = 0; d < hd; ++d) out_row[d] *= rescale;
-            for (int64_t s = 0; s < count; ++s) {
-              const float p = scores[s];
-              const float* v_row = vh + (j0 + s) * strides.v;
-#pragma omp simd
-              for (int64_t d = 0; d < hd; ++d) out_row[d] += p * v_row[d];
-            }
+            accumulate(out_row, scores.data(), vh + j0 * strides.v, strides.v, count, hd);
           }
         }
         for (int64_t t = i0; t < i1; ++t) {
@@ -114,12 +178,13 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dy, 
                               const AttentionStrides& strides, int batch, int seq_len, int channels,
                               int n_head, int tile) {
   const int64_t T = seq_len, hd = channels / n_head, heads = static_cast<int64_t>(batch) * n_head;
-  const int64_t tile_rows = std::min<int64_t>(tile, T);
+  const int64_t tile_rows = std::min<int64_t>(tile, T), ld = round_up(tile_rows, kKeyBlock);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const AccumulateRowsFn accumulate = accumulate_rows_for(hd);
 #pragma omp parallel if (heads > 1)
   {
-    std::vector<float> kt(hd * tile_rows), vt(hd * tile_rows), q_scaled(hd), dot_dy_y(T);
-    std::vector<float> probs(tile_rows), dprobs(tile_rows);
+    std::vector<float> kt(hd * ld), vt(hd * ld), q_scaled(hd), dot_dy_y(T);
+    std::vector<float> probs(ld), dprobs(ld), probs1(ld), dprobs1(ld);
     std::vector<float> dk_tile(tile_rows * hd), dv_tile(tile_rows * hd);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh) {
@@ -139,39 +204,58 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dy, 
       }
       for (int64_t j0 = 0; j0 < T; j0 += tile_rows) {
         const int64_t j1 = std::min(j0 + tile_rows, T);
-        pack_transposed(kt.data(), k + k_at + j0 * strides.k, strides.k, j1 - j0, hd, tile_rows);
-        pack_transposed(vt.data(), v + v_at + j0 * strides.v, strides.v, j1 - j0, hd, tile_rows);
+        pack_transposed(kt.data(), k + k_at + j0 * strides.k, strides.k, j1 - j0, hd, ld);
+        pack_transposed(vt.data(), v + v_at + j0 * strides.v, strides.v, j1 - j0, hd, ld);
         std::fill(dk_tile.begin(), dk_tile.end(), 0.0f);
         std::fill(dv_tile.begin(), dv_tile.end(), 0.0f);
-        // Causal: query rows before the tile's first key see none of it.
-        for (int64_t t = j0; t < T; ++t) {
+        // Row t's probabilities P_t. and dS_t. over this key tile (the scale of S folded into
+        // dS), and its dQ_t; returns how many of the tile's keys it sees.
+        auto row_gradients = [&](int64_t t, float* row_probs, float* row_dscores) {
           const int64_t count = std::min(j1, t + 1) - j0;
           const float* q_row = q + q_at + t * strides.q;
-          const float* dy_row = dy + y_at + t * strides.y;
 #pragma omp simd
           for (int64_t d = 0; d < hd; ++d) q_scaled[d] = scale * q_row[d];
           // P_ts = exp(S_ts - L_t), exactly the forward's normalised probabilities.
-          score_row(probs.data(), q_scaled.data(), kt.data(), count, hd, tile_rows);
+          score_row(row_probs, q_scaled.data(), kt.data(), count, hd, ld);
           const float row_lse = lse_h[t];
 #pragma omp simd
-          for (int64_t s = 0; s < count; ++s) probs[s] = std::exp(probs[s] - row_lse);
-          // dP_ts = <dY_t, V_s>;  dS_ts = P_ts (dP_ts - D_t), with the scale of S folded in.
-          score_row(dprobs.data(), dy_row, vt.data(), count, hd, tile_rows);
+          for (int64_t s = 0; s < count; ++s) row_probs[s] = fast_exp(row_probs[s] - row_lse);
+          // dP_ts = <dY_t, V_s>;  dS_ts = P_ts (dP_ts - D_t)
+          score_row(row_dscores, dy + y_at + t * strides.y, vt.data(), count, hd, ld);
           const float row_dot = dot_dy_y[t];
 #pragma omp simd
-          for (int64_t s = 0; s < count; ++s) dprobs[s] = scale * probs[s] * (dprobs[s] - row_dot);
-          float* dq_row = dq + q_at + t * strides.q;
-          for (int64_t s = 0; s < count; ++s) {
-            const float p = probs[s], ds = dprobs[s];
-            const float* k_row = k + k_at + (j0 + s) * strides.k;
+          for (int64_t s = 0; s < count; ++s)
+            row_dscores[s] = scale * row_probs[s] * (row_dscores[s] - row_dot);
+          // dQ_t += sum_s dS_ts K_s
+          accumulate(dq + q_at + t * strides.q, row_dscores, k + k_at + j0 * strides.k, strides.k,
+                     count, hd);
+          return count;
+        };
+        // Causal: query rows before the tile's first key see none of it. Rows go in pairs so
+        // each dV_s and dK_s row is loaded and stored once per two query rows.
+        for (int64_t t = j0; t < T; t += 2) {
+          const int64_t count0 = row_gradients(t, probs.data(), dprobs.data());
+          const bool pair = t + 1 < T;
+          const int64_t count1 = pair ? row_gradients(t + 1, probs1.data(), dprobs1.data()) : 0;
+          if (!pair) {
+            std::fill(probs1.begin(), probs1.begin() + count0, 0.0f);
+            std::fill(dprobs1.begin(), dprobs1.begin() + count0, 0.0f);
+          }
+          const int64_t t1 = pair ? t + 1 : t;
+          const float* q0 = q + q_at + t * strides.q;
+          const float* q1 = q + q_at + t1 * strides.q;
+          const float* dy0 = dy + y_at + t * strides.y;
+          const float* dy1 = dy + y_at + t1 * strides.y;
+          // dV_s += P_ts dY_t;  dK_s += dS_ts Q_t   (row t + 1 sees at most one key more)
+          for (int64_t s = 0; s < std::max(count0, count1); ++s) {
+            const float p0 = s < count0 ? probs[s] : 0.0f, ds0 = s < count0 ? dprobs[s] : 0.0f;
+            const float p1 = probs1[s], ds1 = dprobs1[s];
             float* dv_row = dv_tile.data() + s * hd;
             float* dk_row = dk_tile.data() + s * hd;
-            // dV_s += P_ts dY_t;  dQ_t += dS_ts K_s;  dK_s += dS_ts Q_t
 #pragma omp simd
             for (int64_t d = 0; d < hd; ++d) {
-              dv_row[d] += p * dy_row[d];
-              dq_row[d] += ds * k_row[d];
-              dk_row[d] += ds * q_row[d];
+              dv_row[d] += p0 * dy0[d] + p1 * dy1[d];
+              dk_row[d] += ds0 * q0[d] + ds1 * q1[d];
             }
           }
         }

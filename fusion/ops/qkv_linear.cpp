@@ -8,8 +8,8 @@
 
 namespace ft {
 
-QkvLinearOp::QkvLinearOp(int64_t rows, int64_t in_features, int64_t width, int count,
-                         bool has_bias, int64_t weight_row_offset)
+QkvLinearOp::QkvLinearOp(int64_t rows, int64_t in_features, int64_t width, int count, bool has_bias,
+                         int64_t weight_row_offset)
     : rows_(rows),
       in_features_(in_features),
       width_(width),
@@ -19,8 +19,7 @@ QkvLinearOp::QkvLinearOp(int64_t rows, int64_t in_features, int64_t width, int c
   FT_CHECK(rows > 0 && in_features > 0 && width > 0 && count > 0,
            "QkvLinearOp: non-positive shape rows=", rows, " in=", in_features, " width=", width,
            " count=", count);
-  FT_CHECK(weight_row_offset >= 0, "QkvLinearOp: negative weight row offset ",
-           weight_row_offset);
+  FT_CHECK(weight_row_offset >= 0, "QkvLinearOp: negative weight row offset ", weight_row_offset);
 }
 
 void QkvLinearOp::check_wiring(const Workspace& ws, const ParamStore& params) const {
@@ -42,8 +41,7 @@ void QkvLinearOp::forward(Workspace& ws, ParamStore& params) {
   const float* bias = has_bias_ ? params[this->params[1]].value.data() + offset : nullptr;
   linear_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
                  params[this->params[0]].value.data() + offset * in_features_, bias, rows_,
-                 in_features_, out_features(), ws.row_stride(outputs[0]),
-                 ws.row_stride(inputs[0]));
+                 in_features_, out_features(), ws.row_stride(outputs[0]), ws.row_stride(inputs[0]));
 }
 
 void QkvLinearOp::backward(Workspace& ws, ParamStore& params) {
@@ -54,9 +52,8 @@ void QkvLinearOp::backward(Workspace& ws, ParamStore& params) {
   linear_backward(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr,
                   params[this->params[0]].grad.data() + offset * in_features_, dbias,
                   ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
-                  params[this->params[0]].value.data() + offset * in_features_, rows_,
-                  in_features_, out_features(), ws.row_stride(outputs[0]),
-                  ws.row_stride(inputs[0]));
+                  params[this->params[0]].value.data() + offset * in_features_, rows_, in_features_,
+                  out_features(), ws.row_stride(outputs[0]), ws.row_stride(inputs[0]));
 }
 
 OpCost QkvLinearOp::cost(const Graph& graph) const {

@@ -1,13 +1,14 @@
-// BatchNorm2dOp on NHWC: a channel is every C-th float, so each row of C channels is a few
-// 8-float vectors and the per-channel statistics are vectors of partial sums. Each direction
-// reads the activations twice: once to reduce the statistics, once for the elementwise pass.
-// Reductions sum a chunk of rows in float and the chunks in double, so large batches keep float
-// precision.
+// BatchNorm on NHWC: a channel is every C-th float, so each row of C channels is a few 8-float
+// vectors and the per-channel statistics are vectors of partial sums. Each direction reads the
+// activations twice: once to reduce the statistics, once for the elementwise pass. Reductions
+// sum a chunk of rows in float and the chunks in double, so large batches keep float precision.
 //
 // The loops use GCC/Clang vector extensions (Lanes) over blocks of 8 channels, with a scalar
 // tail for channel counts that are not a multiple of 8. Written as plain per-row loops over C,
 // GCC keeps the partial sums in memory: a reduction pass over [64, 28, 28, 16] took 0.28 ms
 // instead of 0.07 ms (BM_BatchNormForwardBackward in bench/resnet_bench.cpp times the op).
+// The ReLU variants (kRelu, relu_output) evaluate the very same expressions as BatchNorm followed
+// by ReluOp, so BatchNormReluOp agrees with the unfused pair bit for bit.
 #include "model/ops/batchnorm.h"
 
 #include <algorithm>
@@ -31,15 +32,30 @@ Lanes load(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-void store(float* p, Lanes v) { std::memcpy(p, &v, sizeof v); }
+void store(float* p, Lanes v) {
+  std::memcpy(p, &v, sizeof v);
+}
 
-// Over rows [begin, end) of x (and w when kWeighted), with d = x - centre[c] and w = d unless
-// weighted: first[c] = sum w, second[c] = sum w * d. Two row accumulators per vector hide the
-// add latency.
-template <bool kWeighted>
-void sum_centred_chunk(const float* x, const float* w, const float* centre, int64_t begin,
-                       int64_t end, int channels, float* first, float* second) {
+// dy where the ReLU passed its input (y > 0), else 0; y > 0 exactly where z > 0.
+Lanes relu_masked(Lanes dy, Lanes y) {
+  const Lanes zero = {};
+  return y > zero ? dy : zero;
+}
+float relu_masked(float dy, float y) {
+  return y > 0.0f ? dy : 0.0f;
+}
+
+// Over rows [begin, end) of x, with d = x - centre[c] and w = d, or w = dy (kWeighted), or
+// w = dy masked by y > 0 (kMasked): first[c] = sum w, second[c] = sum w * d. Two row
+// accumulators per vector hide the add latency.
+template <bool kWeighted, bool kMasked>
+void sum_centred_chunk(const float* x, const float* dy, const float* y, const float* centre,
+                       int64_t begin, int64_t end, int channels, float* first, float* second) {
   const int vector_channels = channels - channels % kLanes;
+  auto weight_at = [&](int64_t at, Lanes d) {
+    if (!kWeighted) return d;
+    return kMasked ? relu_masked(load(dy + at), load(y + at)) : load(dy + at);
+  };
   for (int c = 0; c < vector_channels; c += kLanes) {
     const Lanes k = load(centre + c);
     Lanes first_even = {}, second_even = {}, first_odd = {}, second_odd = {};
@@ -48,8 +64,8 @@ void sum_centred_chunk(const float* x, const float* w, const float* centre, int6
       const int64_t at = r * channels + c;
       const Lanes d_even = load(x + at) - k;
       const Lanes d_odd = load(x + at + channels) - k;
-      const Lanes w_even = kWeighted ? load(w + at) : d_even;
-      const Lanes w_odd = kWeighted ? load(w + at + channels) : d_odd;
+      const Lanes w_even = weight_at(at, d_even);
+      const Lanes w_odd = weight_at(at + channels, d_odd);
       first_even += w_even;
       second_even += w_even * d_even;
       first_odd += w_odd;
@@ -58,7 +74,7 @@ void sum_centred_chunk(const float* x, const float* w, const float* centre, int6
     if (r < end) {
       const int64_t at = r * channels + c;
       const Lanes d = load(x + at) - k;
-      const Lanes weight = kWeighted ? load(w + at) : d;
+      const Lanes weight = weight_at(at, d);
       first_even += weight;
       second_even += weight * d;
     }
@@ -68,8 +84,10 @@ void sum_centred_chunk(const float* x, const float* w, const float* centre, int6
   for (int c = vector_channels; c < channels; ++c) {
     float first_sum = 0.0f, second_sum = 0.0f;
     for (int64_t r = begin; r < end; ++r) {
-      const float d = x[r * channels + c] - centre[c];
-      const float weight = kWeighted ? w[r * channels + c] : d;
+      const int64_t at = r * channels + c;
+      const float d = x[at] - centre[c];
+      float weight = d;
+      if (kWeighted) weight = kMasked ? relu_masked(dy[at], y[at]) : dy[at];
       first_sum += weight;
       second_sum += weight * d;
     }
@@ -80,18 +98,18 @@ void sum_centred_chunk(const float* x, const float* w, const float* centre, int6
 
 // sum_centred_chunk over every row: chunks run in parallel and their float sums are added in
 // chunk order into first[C] and second[C] (double), the same for any thread count.
-template <bool kWeighted>
-void sum_centred(const float* x, const float* w, const float* centre, int64_t rows, int channels,
-                 std::vector<float>& chunk_sums, double* first, double* second) {
+template <bool kWeighted, bool kMasked>
+void sum_centred(const float* x, const float* dy, const float* y, const float* centre, int64_t rows,
+                 int channels, std::vector<float>& chunk_sums, double* first, double* second) {
   const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
   chunk_sums.resize(static_cast<size_t>(chunks) * 2 * channels);
   float* partials = chunk_sums.data();
 #pragma omp parallel for schedule(static)
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     float* sums = partials + chunk * 2 * channels;
-    sum_centred_chunk<kWeighted>(x, w, centre, chunk * kRowsPerChunk,
-                                 std::min(rows, (chunk + 1) * kRowsPerChunk), channels, sums,
-                                 sums + channels);
+    sum_centred_chunk<kWeighted, kMasked>(x, dy, y, centre, chunk * kRowsPerChunk,
+                                          std::min(rows, (chunk + 1) * kRowsPerChunk), channels,
+                                          sums, sums + channels);
   }
   std::fill(first, first + channels, 0.0);
   std::fill(second, second + channels, 0.0);
@@ -104,43 +122,205 @@ void sum_centred(const float* x, const float* w, const float* centre, int64_t ro
   }
 }
 
-// out[r, c] = scale[c] * x[r, c] + shift[c].
+// out[r, c] = scale[c] * x[r, c] + shift[c], then max(., 0) when kRelu.
+template <bool kRelu>
 void scale_and_shift(float* out, const float* x, const float* scale, const float* shift,
                      int64_t rows, int channels) {
   const int vector_channels = channels - channels % kLanes;
+  const Lanes zero = {};
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t row = r * channels;
-    for (int c = 0; c < vector_channels; c += kLanes)
-      store(out + row + c, load(scale + c) * load(x + row + c) + load(shift + c));
-    for (int c = vector_channels; c < channels; ++c)
-      out[row + c] = scale[c] * x[row + c] + shift[c];
+    for (int c = 0; c < vector_channels; c += kLanes) {
+      const Lanes z = load(scale + c) * load(x + row + c) + load(shift + c);
+      store(out + row + c, kRelu ? (z > zero ? z : zero) : z);
+    }
+    for (int c = vector_channels; c < channels; ++c) {
+      const float z = scale[c] * x[row + c] + shift[c];
+      out[row + c] = kRelu ? (z > 0.0f ? z : 0.0f) : z;
+    }
   }
 }
 
-// dx[r, c] (+)= k_dy[c] * dy[r, c] + k_x[c] * (x[r, c] - mean[c]) + k_0[c]; `=` when kFresh.
-template <bool kFresh>
-void add_input_gradient(float* dx, const float* x, const float* dy, const float* mean,
-                        const float* k_dy, const float* k_x, const float* k_0, int64_t rows,
-                        int channels) {
+void scale_and_shift(float* out, const float* x, const float* scale, const float* shift,
+                     int64_t rows, int channels, BatchNormActivation activation) {
+  if (activation == BatchNormActivation::kRelu)
+    scale_and_shift<true>(out, x, scale, shift, rows, channels);
+  else
+    scale_and_shift<false>(out, x, scale, shift, rows, channels);
+}
+
+// dx[r, c] (+)= k_dy[c] * dz[r, c] + k_x[c] * (x[r, c] - mean[c]) + k_0[c]; `=` when kFresh.
+// dz = dy, or dy masked by y > 0 when kMasked.
+template <bool kFresh, bool kMasked>
+void add_input_gradient(float* dx, const float* x, const float* dy, const float* y,
+                        const float* mean, const float* k_dy, const float* k_x, const float* k_0,
+                        int64_t rows, int channels) {
   const int vector_channels = channels - channels % kLanes;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t row = r * channels;
     for (int c = 0; c < vector_channels; c += kLanes) {
       const Lanes centred = load(x + row + c) - load(mean + c);
-      const Lanes gradient =
-          load(k_dy + c) * load(dy + row + c) + load(k_x + c) * centred + load(k_0 + c);
+      const Lanes dz =
+          kMasked ? relu_masked(load(dy + row + c), load(y + row + c)) : load(dy + row + c);
+      const Lanes gradient = load(k_dy + c) * dz + load(k_x + c) * centred + load(k_0 + c);
       store(dx + row + c, kFresh ? gradient : load(dx + row + c) + gradient);
     }
     for (int c = vector_channels; c < channels; ++c) {
-      const float gradient = k_dy[c] * dy[row + c] + k_x[c] * (x[row + c] - mean[c]) + k_0[c];
+      const float dz = kMasked ? relu_masked(dy[row + c], y[row + c]) : dy[row + c];
+      const float gradient = k_dy[c] * dz + k_x[c] * (x[row + c] - mean[c]) + k_0[c];
       dx[row + c] = kFresh ? gradient : dx[row + c] + gradient;
     }
   }
 }
 
+template <bool kMasked>
+void add_input_gradient(float* dx, const float* x, const float* dy, const float* y,
+                        const float* mean, const float* k_dy, const float* k_x, const float* k_0,
+                        int64_t rows, int channels, bool fresh) {
+  if (fresh)
+    add_input_gradient<true, kMasked>(dx, x, dy, y, mean, k_dy, k_x, k_0, rows, channels);
+  else
+    add_input_gradient<false, kMasked>(dx, x, dy, y, mean, k_dy, k_x, k_0, rows, channels);
+}
+
 }  // namespace
+
+void batchnorm_forward_train(float* y, float* saved_mean, float* saved_invstd, float* running_mean,
+                             float* running_var, const float* x, const float* gamma,
+                             const float* beta, int64_t rows, int channels, float momentum,
+                             float eps, BatchNormActivation activation, BatchNormScratch& scratch) {
+  scratch.sums.resize(2 * static_cast<size_t>(channels));
+  scratch.coefficients.resize(3 * static_cast<size_t>(channels));
+  float* scale = scratch.coefficients.data();
+  float* shift = scale + channels;
+  // One pass of sums of (x - k) and (x - k)^2 with k = the channel's first value: the variance
+  // S2/M - (S1/M)^2 then cancels only (mean - k)^2, which is small when k is a typical value,
+  // where E[x^2] - E[x]^2 loses everything once |mean| >> std.
+  const float* offset = x;  // row 0
+  double* sum = scratch.sums.data();
+  double* squares = sum + channels;
+  sum_centred<false, false>(x, nullptr, nullptr, offset, rows, channels, scratch.chunk_sums, sum,
+                            squares);
+  const double count = static_cast<double>(rows);
+  for (int c = 0; c < channels; ++c) {
+    const double shifted_mean = sum[c] / count;
+    const double batch_var = std::max(squares[c] / count - shifted_mean * shifted_mean, 0.0);
+    const float mean = static_cast<float>(offset[c] + shifted_mean);
+    const float invstd = static_cast<float>(1.0 / std::sqrt(batch_var + eps));
+    saved_mean[c] = mean;
+    saved_invstd[c] = invstd;
+    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mean;
+    running_var[c] = (1.0f - momentum) * running_var[c] +
+                     momentum * static_cast<float>(batch_var * count / (count - 1.0));
+    scale[c] = gamma[c] * invstd;
+  }
+  for (int c = 0; c < channels; ++c) shift[c] = beta[c] - saved_mean[c] * scale[c];
+  // y = activation(scale * x + shift) with scale = gamma * invstd, shift = beta - mean * scale.
+  scale_and_shift(y, x, scale, shift, rows, channels, activation);
+}
+
+void batchnorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy,
+                        const float* relu_output, const float* x, const float* gamma,
+                        const float* saved_mean, const float* saved_invstd, int64_t rows,
+                        int channels, bool dx_fresh, BatchNormScratch& scratch) {
+  scratch.sums.resize(2 * static_cast<size_t>(channels));
+  scratch.coefficients.resize(3 * static_cast<size_t>(channels));
+  const bool masked = relu_output != nullptr;
+  double* sum_dz = scratch.sums.data();
+  double* sum_dz_centred = sum_dz + channels;  // sum dz * (x - mean)
+  // With a ReLU after the normalisation, y = relu(z) and z = gamma x_hat + beta, the chain rule
+  // gives dz = dy * [z > 0] = dy * [y > 0] (the sign of z survives in y, so no z is kept).
+  // Everything below is BatchNorm's backward with dz in place of its output gradient; the mask
+  // is applied as each element is read, in both passes, and dz is never stored.
+  if (masked)
+    sum_centred<true, true>(x, dy, relu_output, saved_mean, rows, channels, scratch.chunk_sums,
+                            sum_dz, sum_dz_centred);
+  else
+    sum_centred<true, false>(x, dy, nullptr, saved_mean, rows, channels, scratch.chunk_sums, sum_dz,
+                             sum_dz_centred);
+
+  // With x_hat = (x - mean) * invstd and z = gamma x_hat + beta, over the M values of a channel:
+  //   dbeta  = sum dz,   dgamma = sum dz * x_hat
+  //   dx     = gamma * invstd / M * (M dz - dbeta - x_hat * dgamma)
+  // The last line is dz pushed through x_hat, minus its projection on the two directions that
+  // the batch mean and variance remove (the constant vector and x_hat itself). Expanded per
+  // channel it is dx = k_dy dz + k_x (x - mean) + k_0. Elements the ReLU cut off (dz = 0) still
+  // get k_x (x - mean) + k_0: through the statistics every x moves every z.
+  float* k_dy = scratch.coefficients.data();
+  float* k_x = k_dy + channels;
+  float* k_0 = k_x + channels;
+  const double count = static_cast<double>(rows);
+  for (int c = 0; c < channels; ++c) {
+    const double dgamma_c = sum_dz_centred[c] * saved_invstd[c];
+    dbeta[c] += static_cast<float>(sum_dz[c]);
+    dgamma[c] += static_cast<float>(dgamma_c);
+    const double scale = static_cast<double>(gamma[c]) * saved_invstd[c];
+    const double x_factor = -scale * saved_invstd[c] * dgamma_c / count;  // times (x - mean)
+    k_dy[c] = static_cast<float>(scale);
+    k_x[c] = static_cast<float>(x_factor);
+    k_0[c] = static_cast<float>(-scale * sum_dz[c] / count);
+  }
+  if (masked)
+    add_input_gradient<true>(dx, x, dy, relu_output, saved_mean, k_dy, k_x, k_0, rows, channels,
+                             dx_fresh);
+  else
+    add_input_gradient<false>(dx, x, dy, nullptr, saved_mean, k_dy, k_x, k_0, rows, channels,
+                              dx_fresh);
+}
+
+void batchnorm_forward_inference(float* y, const float* x, const float* gamma, const float* beta,
+                                 const float* running_mean, const float* running_var, int64_t rows,
+                                 int channels, float eps, BatchNormActivation activation,
+                                 BatchNormScratch& scratch) {
+  scratch.coefficients.resize(3 * static_cast<size_t>(channels));
+  float* scale = scratch.coefficients.data();
+  float* shift = scale + channels;
+  for (int c = 0; c < channels; ++c) {
+    scale[c] = gamma[c] / std::sqrt(running_var[c] + eps);
+    shift[c] = beta[c] - running_mean[c] * scale[c];
+  }
+  scale_and_shift(y, x, scale, shift, rows, channels, activation);
+}
+
+void check_batchnorm_sizes(const char* kind, int batch, int channels, int height, int width,
+                           int64_t min_rows, float momentum, float eps) {
+  FT_CHECK(batch > 0 && channels > 0 && height > 0 && width > 0, kind, ": bad sizes batch=", batch,
+           " channels=", channels, " height=", height, " width=", width);
+  const int64_t rows = static_cast<int64_t>(batch) * height * width;
+  FT_CHECK(rows >= min_rows, kind, ": needs at least ", min_rows,
+           " values per channel, got batch=", batch, " height=", height, " width=", width);
+  FT_CHECK(momentum >= 0.0f && momentum <= 1.0f && eps > 0.0f, kind, ": momentum ", momentum,
+           " must be in [0, 1] and eps ", eps, " positive");
+}
+
+void check_batchnorm_wiring(const Op& op, const Workspace& ws, const ParamStore& params,
+                            int64_t numel, int channels) {
+  expect_arity(op, 1, 1, 4);
+  expect_numel(ws.values[op.inputs[0]], numel, op, "x");
+  expect_numel(ws.values[op.outputs[0]], numel, op, "y");
+  expect_numel(params[op.params[0]].value, channels, op, "weight");
+  expect_numel(params[op.params[1]].value, channels, op, "bias");
+  expect_numel(params[op.params[2]].value, channels, op, "running_mean");
+  expect_numel(params[op.params[3]].value, channels, op, "running_var");
+}
+
+OpCost batchnorm_cost(const Op& op, const Graph& graph, int channels, bool batch_statistics) {
+  OpCost cost = op.Op::cost(graph);
+  const double numel = static_cast<double>(graph.numel(op.inputs[0]));
+  cost.bytes_read += 4.0 * 4.0 * channels;  // gamma, beta, running mean and variance
+  if (!batch_statistics) {
+    cost.forward_flops = 2.0 * numel;  // one multiply-add per element
+    return cost;
+  }
+  // The reduction (subtract, add, multiply-add) reads x a second time; so does backward's.
+  cost.forward_flops = 6.0 * numel;
+  cost.backward_flops = 9.0 * numel;
+  cost.bytes_read += 4.0 * numel;
+  cost.saved_bytes = 2.0 * 4.0 * channels;  // mean and invstd
+  return cost;
+}
 
 BatchNorm2dOp::BatchNorm2dOp(int batch, int channels, int height, int width, float momentum,
                              float eps)
@@ -151,115 +331,33 @@ BatchNorm2dOp::BatchNorm2dOp(int batch, int channels, int height, int width, flo
       rows_(static_cast<int64_t>(batch) * height * width),
       momentum_(momentum),
       eps_(eps) {
-  FT_CHECK(batch > 0 && channels > 0 && height > 0 && width > 0, "batchnorm2d: bad sizes batch=",
-           batch, " channels=", channels, " height=", height, " width=", width);
-  FT_CHECK(rows_ >= 2, "batchnorm2d: needs at least 2 values per channel, got batch=", batch,
-           " height=", height, " width=", width);
-  FT_CHECK(momentum >= 0.0f && momentum <= 1.0f && eps > 0.0f, "batchnorm2d: momentum ", momentum,
-           " must be in [0, 1] and eps ", eps, " positive");
+  check_batchnorm_sizes("batchnorm2d", batch, channels, height, width, 2, momentum, eps);
   saved_mean_.assign(channels, 0.0f);
   saved_invstd_.assign(channels, 0.0f);
-  sums_.assign(2 * static_cast<size_t>(channels), 0.0);
-  coefficients_.assign(3 * static_cast<size_t>(channels), 0.0f);
 }
 
 void BatchNorm2dOp::forward(Workspace& ws, ParamStore& params) {
-  expect_arity(*this, 1, 1, 4);
-  const Tensor& x = ws.values[inputs[0]];
-  Tensor& y = ws.values[outputs[0]];
-  const float* gamma = params[this->params[0]].value.data();
-  const float* beta = params[this->params[1]].value.data();
-  float* running_mean = params[this->params[2]].value.data();
-  float* running_var = params[this->params[3]].value.data();
-  const int64_t numel = shape_numel(shape());
-  expect_numel(x, numel, *this, "x");
-  expect_numel(y, numel, *this, "y");
-  expect_numel(params[this->params[0]].value, channels_, *this, "weight");
-  expect_numel(params[this->params[1]].value, channels_, *this, "bias");
-  expect_numel(params[this->params[2]].value, channels_, *this, "running_mean");
-  expect_numel(params[this->params[3]].value, channels_, *this, "running_var");
-  const float* in = x.data();
-  float* out = y.data();
-  const int channels = channels_;
-  const int64_t rows = rows_;
-  float* scale = coefficients_.data();
-  float* shift = scale + channels;
-
-  if (ws.training) {
-    // One pass of sums of (x - k) and (x - k)^2 with k = the channel's first value: the variance
-    // S2/M - (S1/M)^2 then cancels only (mean - k)^2, which is small when k is a typical value,
-    // where E[x^2] - E[x]^2 loses everything once |mean| >> std.
-    const float* offset = in;  // row 0
-    double* sum = sums_.data();
-    double* squares = sum + channels;
-    sum_centred<false>(in, nullptr, offset, rows, channels, chunk_sums_, sum, squares);
-    const double count = static_cast<double>(rows);
-    for (int c = 0; c < channels; ++c) {
-      const double shifted_mean = sum[c] / count;
-      const double batch_var = std::max(squares[c] / count - shifted_mean * shifted_mean, 0.0);
-      const float mean = static_cast<float>(offset[c] + shifted_mean);
-      const float invstd = static_cast<float>(1.0 / std::sqrt(batch_var + eps_));
-      saved_mean_[c] = mean;
-      saved_invstd_[c] = invstd;
-      running_mean[c] = (1.0f - momentum_) * running_mean[c] + momentum_ * mean;
-      running_var[c] = (1.0f - momentum_) * running_var[c] +
-                       momentum_ * static_cast<float>(batch_var * count / (count - 1.0));
-      scale[c] = gamma[c] * invstd;
-    }
-    for (int c = 0; c < channels; ++c) shift[c] = beta[c] - saved_mean_[c] * scale[c];
-  } else {
-    for (int c = 0; c < channels; ++c) {
-      scale[c] = gamma[c] / std::sqrt(running_var[c] + eps_);
-      shift[c] = beta[c] - running_mean[c] * scale[c];
-    }
-  }
-  // y = scale * x + shift with scale = gamma * invstd, shift = beta - mean * scale.
-  scale_and_shift(out, in, scale, shift, rows, channels);
-  last_forward_training_ = ws.training;
+  check_batchnorm_wiring(*this, ws, params, rows_ * channels_, channels_);
+  batchnorm_forward_train(ws.values[outputs[0]].data(), saved_mean_.data(), saved_invstd_.data(),
+                          params[this->params[2]].value.data(),
+                          params[this->params[3]].value.data(), ws.values[inputs[0]].data(),
+                          params[this->params[0]].value.data(),
+                          params[this->params[1]].value.data(), rows_, channels_, momentum_, eps_,
+                          BatchNormActivation::kNone, scratch_);
+  forward_ran_ = true;
 }
 
 void BatchNorm2dOp::backward(Workspace& ws, ParamStore& params) {
-  FT_CHECK(last_forward_training_, "batchnorm2d '", name,
-           "': backward after an eval-mode forward is not supported");
-  const float* in = ws.values[inputs[0]].data();
-  const float* dy = ws.grads[outputs[0]].data();
-  float* dx = ws.grads[inputs[0]].data();
-  const float* gamma = params[this->params[0]].value.data();
-  float* dgamma = params[this->params[0]].grad.data();
-  float* dbeta = params[this->params[1]].grad.data();
-  const int channels = channels_;
-  const int64_t rows = rows_;
-  const float* mean = saved_mean_.data();
-  const float* invstd = saved_invstd_.data();
+  FT_CHECK(forward_ran_, "batchnorm2d '", name, "': backward before forward");
+  batchnorm_backward(ws.grads[inputs[0]].data(), params[this->params[0]].grad.data(),
+                     params[this->params[1]].grad.data(), ws.grads[outputs[0]].data(),
+                     /*relu_output=*/nullptr, ws.values[inputs[0]].data(),
+                     params[this->params[0]].value.data(), saved_mean_.data(), saved_invstd_.data(),
+                     rows_, channels_, ws.grad_is_fresh(inputs[0]), scratch_);
+}
 
-  double* sum_dy = sums_.data();
-  double* sum_dy_centred = sum_dy + channels;  // sum dy * (x - mean)
-  sum_centred<true>(in, dy, mean, rows, channels, chunk_sums_, sum_dy, sum_dy_centred);
-
-  // With x_hat = (x - mean) * invstd and y = gamma x_hat + beta, over the M values of a channel:
-  //   dbeta  = sum dy,   dgamma = sum dy * x_hat
-  //   dx     = gamma * invstd / M * (M dy - dbeta - x_hat * dgamma)
-  // The last line is dy pushed through x_hat, minus its projection on the two directions that
-  // the batch mean and variance remove (the constant vector and x_hat itself). Expanded per
-  // channel it is dx = k_dy dy + k_x (x - mean) + k_0.
-  float* k_dy = coefficients_.data();
-  float* k_x = k_dy + channels;
-  float* k_0 = k_x + channels;
-  const double count = static_cast<double>(rows);
-  for (int c = 0; c < channels; ++c) {
-    const double dgamma_c = sum_dy_centred[c] * invstd[c];
-    dbeta[c] += static_cast<float>(sum_dy[c]);
-    dgamma[c] += static_cast<float>(dgamma_c);
-    const double scale = static_cast<double>(gamma[c]) * invstd[c];
-    const double x_factor = -scale * invstd[c] * dgamma_c / count;  // times (x - mean)
-    k_dy[c] = static_cast<float>(scale);
-    k_x[c] = static_cast<float>(x_factor);
-    k_0[c] = static_cast<float>(-scale * sum_dy[c] / count);
-  }
-  if (ws.grad_is_fresh(inputs[0]))
-    add_input_gradient<true>(dx, in, dy, mean, k_dy, k_x, k_0, rows, channels);
-  else
-    add_input_gradient<false>(dx, in, dy, mean, k_dy, k_x, k_0, rows, channels);
+OpCost BatchNorm2dOp::cost(const Graph& graph) const {
+  return batchnorm_cost(*this, graph, channels_, /*batch_statistics=*/true);
 }
 
 }  // namespace ft

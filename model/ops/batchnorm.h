@@ -1,21 +1,63 @@
-// BatchNorm2dOp: per-channel normalisation of channels-last (NHWC) activations, with PyTorch
-// BatchNorm2d semantics. Over the M = B*H*W values of channel c:
-// Training (ws.training):  mean_c, var_c over (b, h, w), var biased (divide by M);
+// BatchNorm2dOp: per-channel normalisation of channels-last (NHWC) activations with batch
+// statistics, as PyTorch BatchNorm2d in train mode. Over the M = B*H*W values of channel c:
+//   mean_c, var_c over (b, h, w), var biased (divide by M);
 //   y = gamma_c * (x - mean_c) / sqrt(var_c + eps) + beta_c
 //   running_mean = (1 - m) running_mean + m mean_c
 //   running_var  = (1 - m) running_var  + m var_c * M / (M - 1)     (unbiased, as PyTorch)
-// Eval: the same normalisation with the running statistics, which stay untouched.
+// Train graphs only: eval graphs normalise with the running statistics in BatchNormInferenceOp
+// (model/ops/batchnorm_inference.h). The math is in the batchnorm_* free functions below, which
+// the fused BatchNormReluOp (fusion/ops/batchnorm_relu.h) calls too.
 // Inputs {x [B,H,W,C]}, outputs {y [B,H,W,C]},
 // params {weight (gamma) [C], bias (beta) [C], running_mean [C], running_var [C]}; the last two
 // are buffers (not trainable).
 // Thread safety: one training thread per op; loops are parallel over row chunks with OpenMP, and
 // statistics are summed in a fixed chunk order, so results do not depend on the thread count.
 #pragma once
+#include <cstdint>
 #include <vector>
 
 #include "model/graph.h"
 
 namespace ft {
+
+// What the elementwise pass applies to z = gamma * x_hat + beta before it stores y.
+enum class BatchNormActivation {
+  kNone,  // y = z
+  kRelu,  // y = max(z, 0) (0 for NaN, as ReluOp): z itself never reaches memory
+};
+
+// Buffers the batchnorm_* functions reuse from call to call; each op owns one, so a step
+// allocates nothing.
+struct BatchNormScratch {
+  std::vector<float> chunk_sums;    // [chunks][2][C] float partial sums over row chunks
+  std::vector<double> sums;         // [2][C] their totals, summed in chunk order
+  std::vector<float> coefficients;  // [3][C] per-channel factors of the elementwise passes
+};
+
+// Batch statistics over the rows (B*H*W) of x [rows, channels]: y = activation(gamma x_hat +
+// beta). Writes the batch mean and 1 / sqrt(batch var + eps) to saved_mean and saved_invstd
+// [channels] for batchnorm_backward, and moves running_mean and running_var (read and written)
+// toward the batch statistics by `momentum`.
+// REQUIRES: rows >= 2 (the unbiased variance needs two values).
+void batchnorm_forward_train(float* y, float* saved_mean, float* saved_invstd, float* running_mean,
+                             float* running_var, const float* x, const float* gamma,
+                             const float* beta, int64_t rows, int channels, float momentum,
+                             float eps, BatchNormActivation activation, BatchNormScratch& scratch);
+
+// Backward of batchnorm_forward_train: dgamma += ..., dbeta += ..., and dx += ... (= when
+// dx_fresh; see Op::overwrites_fresh_input_grads). `relu_output` is null after kNone; after
+// kRelu it is the forward's y, whose sign masks dy (see batchnorm.cpp for the math).
+void batchnorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy,
+                        const float* relu_output, const float* x, const float* gamma,
+                        const float* saved_mean, const float* saved_invstd, int64_t rows,
+                        int channels, bool dx_fresh, BatchNormScratch& scratch);
+
+// Running statistics: y = activation(gamma (x - running_mean) / sqrt(running_var + eps) + beta).
+// Forward only; nothing is saved and the statistics are not touched.
+void batchnorm_forward_inference(float* y, const float* x, const float* gamma, const float* beta,
+                                 const float* running_mean, const float* running_var, int64_t rows,
+                                 int channels, float eps, BatchNormActivation activation,
+                                 BatchNormScratch& scratch);
 
 class BatchNorm2dOp : public Op {
  public:
@@ -25,22 +67,37 @@ class BatchNorm2dOp : public Op {
 
   OpKind op_kind() const override { return OpKind::kBatchNorm; }
   void forward(Workspace& ws, ParamStore& params) override;
-  // REQUIRES: the last forward ran in training mode (eval-mode backward is not implemented).
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }
+  OpCost cost(const Graph& graph) const override;
 
+  int batch() const { return batch_; }
+  int channels() const { return channels_; }
+  int height() const { return height_; }
+  int width() const { return width_; }
+  float momentum() const { return momentum_; }
+  float eps() const { return eps_; }
   Shape shape() const { return {batch_, height_, width_, channels_}; }
 
  private:
   int batch_, channels_, height_, width_;
   int64_t rows_;  // B*H*W, the values per channel
   float momentum_, eps_;
-  std::vector<float> saved_mean_;    // [C] batch mean of the last training forward
-  std::vector<float> saved_invstd_;  // [C] 1 / sqrt(batch var + eps) of the last training forward
-  std::vector<float> chunk_sums_;    // [chunks][2][C] float partial sums over row chunks
-  std::vector<double> sums_;         // [2][C] their totals, summed in chunk order
-  std::vector<float> coefficients_;  // [3][C] per-channel factors of the elementwise passes
-  bool last_forward_training_ = false;
+  std::vector<float> saved_mean_;    // [C] batch mean of the last forward
+  std::vector<float> saved_invstd_;  // [C] 1 / sqrt(batch var + eps) of the last forward
+  BatchNormScratch scratch_;
+  bool forward_ran_ = false;
 };
+
+// Shared entry checks of the BatchNorm op family: sizes positive, `rows` (B*H*W) values per
+// channel at least `min_rows`, eps positive, momentum in [0, 1].
+void check_batchnorm_sizes(const char* kind, int batch, int channels, int height, int width,
+                           int64_t min_rows, float momentum, float eps);
+// x and y of `numel` floats, and the four per-channel params of `channels` floats each.
+void check_batchnorm_wiring(const Op& op, const Workspace& ws, const ParamStore& params,
+                            int64_t numel, int channels);
+// Op::cost plus the FLOPs of a normalisation and its per-channel params; with batch statistics
+// (`batch_statistics`) also the reduction passes, the backward and the saved mean and invstd.
+OpCost batchnorm_cost(const Op& op, const Graph& graph, int channels, bool batch_statistics);
 
 }  // namespace ft

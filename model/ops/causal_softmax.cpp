@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "core/math/fast_exp.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
@@ -21,7 +22,7 @@ void causal_softmax_forward(float* probs, const float* scores, int64_t rows, int
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t s = 0; s <= t; ++s) {
-      p_row[s] = std::exp(s_row[s] - max_score);
+      p_row[s] = fast_exp(s_row[s] - max_score);
       sum += p_row[s];
     }
     const float inv_sum = 1.0f / sum;

@@ -58,6 +58,14 @@ class Conv2dOp : public Op {
   OpCost cost(const Graph& graph) const override;
   bool overwrites_fresh_input_grads() const override { return needs_input_grad; }
 
+  int batch() const { return batch_; }
+  int in_channels() const { return in_channels_; }
+  int out_channels() const { return out_channels_; }
+  int height() const { return height_; }  // of the input
+  int width() const { return width_; }
+  int kernel() const { return kernel_; }
+  int stride() const { return stride_; }
+  int padding() const { return padding_; }
   int out_height() const { return out_height_; }
   int out_width() const { return out_width_; }
   Shape input_shape() const;  // in input_layout

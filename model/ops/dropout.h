@@ -1,5 +1,6 @@
 // Inverted dropout: in training with p > 0, each element is kept with probability 1 - p and scaled
-// by 1 / (1 - p), else zeroed; otherwise (p == 0) it is an identity copy. Eval graphs contain no dropout ops at all.
+// by 1 / (1 - p), else zeroed; otherwise (p == 0) it is an identity copy. Eval graphs contain no
+// dropout ops at all.
 // The keep decision for element i is hash_uniform(ws.dropout_seed ^ salt, i) >= p (core/rng.h):
 // a pure function of the step's seed, the op's salt and the index, so a CUDA kernel or a rerun
 // draws the same mask. Forward stores the mask as bytes for backward.

@@ -1,5 +1,5 @@
-// Per-row LayerNorm math shared by LayerNormOp (rows of width C) and QkNormOp (each head's q/k
-// slice of width head_dim, one weight shared by every head):
+// Per-row LayerNorm math shared by LayerNormOp (rows of width C, or one head's q/k columns of
+// width head_dim) and fusion/'s BatchedLayerNormOp (many such LayerNorms in one launch):
 //   y = (x - mean) * rstd * weight + bias,   rstd = 1 / sqrt(var + eps),  var biased (over n).
 // Row sums use `omp simd` reductions (vector partial sums, a fixed order per build).
 // The input gradient and the parameter gradients are separate functions so callers can run the
@@ -36,8 +36,11 @@ inline void layernorm_row_forward(float* y, float* mean_out, float* rstd_out, co
 // With xhat = (x - mean) rstd and g = dy * weight (the gradient reaching xhat):
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
 // The two mean terms are the gradient flowing through mean and rstd, which depend on every x.
-inline void layernorm_row_backward_input(float* dx, const float* dy, const float* x,
-                                         const float* weight, float mean, float rstd, int64_t n) {
+// The two row means mean(g) and mean(g * xhat) of the input gradient, for callers (fused ops)
+// that apply the gradient in their own loop.
+inline void layernorm_row_backward_means(float* g_mean, float* g_xhat_mean, const float* dy,
+                                         const float* x, const float* weight, float mean,
+                                         float rstd, int64_t n) {
   float g_sum = 0.0f, g_xhat_sum = 0.0f;
 #pragma omp simd reduction(+ : g_sum, g_xhat_sum)
   for (int64_t i = 0; i < n; ++i) {
@@ -45,8 +48,14 @@ inline void layernorm_row_backward_input(float* dx, const float* dy, const float
     g_sum += g;
     g_xhat_sum += g * (x[i] - mean) * rstd;
   }
-  const float g_mean = g_sum / static_cast<float>(n);
-  const float g_xhat_mean = g_xhat_sum / static_cast<float>(n);
+  *g_mean = g_sum / static_cast<float>(n);
+  *g_xhat_mean = g_xhat_sum / static_cast<float>(n);
+}
+
+inline void layernorm_row_backward_input(float* dx, const float* dy, const float* x,
+                                         const float* weight, float mean, float rstd, int64_t n) {
+  float g_mean, g_xhat_mean;
+  layernorm_row_backward_means(&g_mean, &g_xhat_mean, dy, x, weight, mean, rstd, n);
   for (int64_t i = 0; i < n; ++i) {
     const float xhat = (x[i] - mean) * rstd;
     dx[i] += rstd * (dy[i] * weight[i] - g_mean - xhat * g_xhat_mean);

@@ -9,6 +9,23 @@
 
 namespace ft {
 
+void relu_forward(float* y, const float* x, int64_t numel) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < numel; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+// dx += dy where x > 0 (equivalently y > 0), else nothing (the kink at 0 takes gradient 0, as
+// PyTorch).
+void relu_backward(float* dx, const float* dy, const float* y, int64_t numel, bool dx_fresh) {
+  if (dx_fresh) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < numel; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    return;
+  }
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < numel; ++i) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
 ReluOp::ReluOp(int64_t numel) : numel_(numel) {
   FT_CHECK(numel > 0, "relu: numel must be positive, got ", numel);
 }
@@ -19,27 +36,19 @@ void ReluOp::forward(Workspace& ws, ParamStore&) {
   Tensor& y = ws.values[outputs[0]];
   expect_numel(x, numel_, *this, "x");
   expect_numel(y, numel_, *this, "y");
-  const float* in = x.data();
-  float* out = y.data();
-  const int64_t count = numel_;
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < count; ++i) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+  relu_forward(y.data(), x.data(), numel_);
 }
 
-// dx += dy where x > 0 (equivalently y > 0), else nothing (the kink at 0 takes gradient 0, as
-// PyTorch).
 void ReluOp::backward(Workspace& ws, ParamStore&) {
-  const float* out = ws.values[outputs[0]].data();
-  const float* dy = ws.grads[outputs[0]].data();
-  float* dx = ws.grads[inputs[0]].data();
-  const int64_t count = numel_;
-  if (ws.grad_is_fresh(inputs[0])) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < count; ++i) dx[i] = out[i] > 0.0f ? dy[i] : 0.0f;
-    return;
-  }
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < count; ++i) dx[i] += out[i] > 0.0f ? dy[i] : 0.0f;
+  relu_backward(ws.grads[inputs[0]].data(), ws.grads[outputs[0]].data(),
+                ws.values[outputs[0]].data(), numel_, ws.grad_is_fresh(inputs[0]));
+}
+
+OpCost ReluOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  cost.forward_flops = static_cast<double>(numel_);
+  cost.backward_flops = static_cast<double>(numel_);
+  return cost;
 }
 
 }  // namespace ft

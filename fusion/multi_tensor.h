@@ -1,0 +1,74 @@
+// fusion.horizontal.multi_tensor: MultiTensorSweep, a ParamSweep (model/optimizer.h) that runs
+// the optimizer step, gradient zeroing and the global gradient norm as one chunked pass each over
+// ParamStore's flat buffers (Apex's multi_tensor_apply, chunks of kSweepChunk = 65,536 floats)
+// instead of a loop that visits one tensor at a time. Chunks run in parallel; inside a chunk, a
+// precomputed segment table gives the flat ranges that share a weight-decay flag, so a chunk is a
+// handful of vectorised range updates. app/trainer.cpp picks it; the per-tensor sweep of
+// model/optimizer.cpp is the twin: both call the same range kernels (adamw_update, sgd_update,
+// accumulate_squares), so the two agree bit for bit; tests/fusion_multi_tensor_test.cpp checks it.
+// Thread safety: the free functions are pure functions of the buffers given; a sweep is not
+// synchronised, and the training thread owns it.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/optimizer.h"
+#include "model/params.h"
+
+namespace ft {
+
+// Flat floats [begin, end) whose parameters share one weight-decay flag.
+struct MultiTensorSegment {
+  int64_t begin = 0, end = 0;
+  bool weight_decay = false;
+};
+
+// Chunk c covers flat floats [c * kSweepChunk, min(numel, (c + 1) * kSweepChunk)) and the
+// segments [chunk_segments[c], chunk_segments[c + 1]), cut at the chunk's edges.
+struct MultiTensorPlan {
+  int64_t numel = 0;
+  std::vector<MultiTensorSegment> segments;
+  std::vector<int> chunk_segments;  // [num_chunks + 1]
+  int64_t num_chunks() const { return static_cast<int64_t>(chunk_segments.size()) - 1; }
+};
+
+// REQUIRES: params allocated. Adjacent parameters with equal flags merge into one segment.
+MultiTensorPlan make_multi_tensor_plan(const ParamStore& params);
+
+// Each array is laid out like ParamStore::flat_values() and holds plan.numel floats.
+void multi_tensor_adamw(const MultiTensorPlan& plan, float* values, float* exp_avg,
+                        float* exp_avg_sq, const float* grads, const AdamWStep& step);
+void multi_tensor_sgd(const MultiTensorPlan& plan, float* values, float* momentum_buffer,
+                      const float* grads, const SgdStep& step);
+
+// Over `numel` flat floats, chunked.
+void multi_tensor_zero(float* data, int64_t numel);
+void multi_tensor_scale(float* data, int64_t numel, float scale);
+// Sum of squares in the order model/optimizer.h documents (the per-tensor norm's order).
+double multi_tensor_square_sum(const float* data, int64_t numel);
+
+// The free functions above behind ParamSweep, with the plan of the store it was made for.
+class MultiTensorSweep : public ParamSweep {
+ public:
+  // REQUIRES: params allocated; every later call passes this store (checked by size).
+  explicit MultiTensorSweep(const ParamStore& params);
+
+  void adamw(ParamStore& params, Tensor& exp_avg, Tensor& exp_avg_sq,
+             const AdamWStep& step) override;
+  void sgd(ParamStore& params, Tensor& momentum_buffer, const SgdStep& step) override;
+  double square_sum(ParamStore& params) override;
+  void scale(ParamStore& params, float scale) override;
+  void zero(ParamStore& params) override;
+
+  const MultiTensorPlan& plan() const { return plan_; }
+
+ private:
+  void check_store(const ParamStore& params) const;
+
+  MultiTensorPlan plan_;
+};
+
+std::unique_ptr<ParamSweep> make_multi_tensor_sweep(const ParamStore& params);
+
+}  // namespace ft

@@ -1,0 +1,73 @@
+// Vertical fusion of BatchNorm and the ReLU after it, in one pass over the activations each way.
+// BatchNormReluOp (train graphs): BatchNorm2d with batch statistics, then y = max(z, 0), where
+//   z = gamma_c * (x - mean_c) / sqrt(var_c + eps) + beta_c
+// Forward writes only y: z never reaches memory. Backward folds the ReLU mask into BatchNorm's
+// backward. With dz = dy * [z > 0] (and z > 0 exactly where y > 0, so the mask is read from the
+// saved output y and no z is stored), over the M = B*H*W values of channel c:
+//   dbeta  = sum dz,   dgamma = sum dz * x_hat,   x_hat = (x - mean) * invstd
+//   dx     = gamma * invstd / M * (M dz - sum dz - x_hat * sum dz * x_hat)
+// (derived in model/ops/batchnorm.cpp). Running statistics move exactly as BatchNorm2dOp's.
+// BatchNormInferenceReluOp (eval graphs): the same with the running statistics; forward only.
+// The unfused twins are BatchNorm2dOp / BatchNormInferenceOp followed by ReluOp;
+// fusion/bn_relu_pass.cpp builds these ops from them and tests/fusion_resnet_test.cpp checks
+// that the two agree.
+// Inputs {x [B,H,W,C]}, outputs {y [B,H,W,C]} (the ReLU's output value),
+// params {weight (gamma) [C], bias (beta) [C], running_mean [C], running_var [C]}.
+// Thread safety: one training thread per op; loops run on OpenMP with fixed reduction order.
+#pragma once
+#include <vector>
+
+#include "model/ops/batchnorm.h"
+
+namespace ft {
+
+class BatchNormReluOp : public Op {
+ public:
+  // REQUIRES: positive sizes and batch*height*width >= 2, as BatchNorm2dOp.
+  BatchNormReluOp(int batch, int channels, int height, int width, float momentum = 0.1f,
+                  float eps = 1e-5f);
+
+  OpKind op_kind() const override { return OpKind::kBatchNormRelu; }
+  void forward(Workspace& ws, ParamStore& params) override;
+  void backward(Workspace& ws, ParamStore& params) override;
+  bool overwrites_fresh_input_grads() const override { return true; }
+  OpCost cost(const Graph& graph) const override;
+
+  int channels() const { return channels_; }
+  float momentum() const { return momentum_; }
+  float eps() const { return eps_; }
+  Shape shape() const { return {batch_, height_, width_, channels_}; }
+
+ private:
+  int batch_, channels_, height_, width_;
+  int64_t rows_;
+  float momentum_, eps_;
+  std::vector<float> saved_mean_;    // [C] batch mean of the last forward
+  std::vector<float> saved_invstd_;  // [C] 1 / sqrt(batch var + eps) of the last forward
+  BatchNormScratch scratch_;
+  bool forward_ran_ = false;
+};
+
+class BatchNormInferenceReluOp : public Op {
+ public:
+  // REQUIRES: positive sizes and eps.
+  BatchNormInferenceReluOp(int batch, int channels, int height, int width, float eps = 1e-5f);
+
+  OpKind op_kind() const override { return OpKind::kBatchNormInferenceRelu; }
+  void forward(Workspace& ws, ParamStore& params) override;
+  // Throws ft::Error: an eval graph has no backward.
+  void backward(Workspace& ws, ParamStore& params) override;
+  OpCost cost(const Graph& graph) const override;
+
+  int channels() const { return channels_; }
+  float eps() const { return eps_; }
+  Shape shape() const { return {batch_, height_, width_, channels_}; }
+
+ private:
+  int batch_, channels_, height_, width_;
+  int64_t rows_;
+  float eps_;
+  BatchNormScratch scratch_;
+};
+
+}  // namespace ft

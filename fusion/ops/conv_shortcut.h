@@ -1,0 +1,58 @@
+// ConvShortcutOp: horizontal fusion of a ResNet downsampling block's two convolutions of the
+// same input x, the 3x3 conv1 (padding 1) and the 1x1 shortcut downsample.0 (padding 0), both of
+// stride S and Cout output channels, into one 3x3 convolution with 2 Cout output channels:
+//   W = [ w3 ; w1 placed at the centre tap (1, 1) of a 3x3 kernel, zeros elsewhere ]
+// The sampling positions agree: output pixel i of the 1x1 reads x[S i], the centre tap of the
+// 3x3 with padding 1 reads x[S i + 1 - 1] = x[S i], and both give (H - 1) / S + 1 outputs. The
+// padding costs 8 multiplies per useful 1x1 multiply, (9 - 1) / (9 + 1) = 0.8 extra FLOPs over
+// useful ones, which fusion/conv_shortcut_pass.cpp weighs against
+// fusion.horizontal.max_padding_overhead.
+// Backward is the combined convolution's: dx = sum over both branches (inside one transposed
+// convolution), dW split back into dw3 = dW[:Cout] and dw1 = dW[Cout:, :, 1, 1] (the zero taps'
+// gradients are dropped: they belong to no parameter).
+// The unfused twin is the two Conv2dOps (model/ops/conv2d.h). Parameters stay the two canonical
+// tensors; the op packs them into W at every forward and owns W and its gradient.
+// Inputs {x [B,H,W,Cin]}, outputs {y3 [B,Ho,Wo,Cout], y1 [B,Ho,Wo,Cout]},
+// params {w3 [Cout,Cin,3,3], w1 [Cout,Cin,1,1]}.
+// Thread safety: one training thread per op; oneDNN parallelises inside each call.
+#pragma once
+#include "core/tensor.h"
+#include "model/graph.h"
+#include "model/ops/conv2d.h"
+#include "model/params.h"
+
+namespace ft {
+
+class ConvShortcutOp : public Op {
+ public:
+  // REQUIRES: every size positive (as Conv2dOp's).
+  ConvShortcutOp(int batch, int in_channels, int out_channels, int height, int width, int stride);
+
+  OpKind op_kind() const override { return OpKind::kConvShortcut; }
+  void forward(Workspace& ws, ParamStore& params) override;
+  void backward(Workspace& ws, ParamStore& params) override;
+  OpCost cost(const Graph& graph) const override;
+  bool overwrites_fresh_input_grads() const override { return needs_input_grad; }
+
+  int out_channels() const { return out_channels_; }  // of each branch
+  int stride() const { return stride_; }
+  Shape output_shape() const;  // of each branch
+
+  // As Conv2dOp's, for the combined convolution. REQUIRES: set before the first forward.
+  bool needs_input_grad = true;
+  ConvAlgorithm algorithm = ConvAlgorithm::kAuto;
+  WinogradTile winograd_tile = WinogradTile::k4x4;
+
+ private:
+  void check_wiring(const Workspace& ws, const ParamStore& params) const;
+  void pack_weights(const float* w3, const float* w1);
+
+  int batch_, in_channels_, out_channels_, height_, width_, stride_;
+  Conv2dOp combined_;         // 3x3, padding 1, 2 Cout outputs
+  ParamStore packed_weight_;  // one parameter, W [2 Cout, Cin, 3, 3], and its gradient
+  Tensor combined_output_;    // [B, Ho, Wo, 2 Cout]: forward's result, then backward's dy
+  Workspace combined_ws_;     // value 0 = x, value 1 = combined_output_
+  bool configured_ = false;   // combined_ has taken algorithm and winograd_tile
+};
+
+}  // namespace ft

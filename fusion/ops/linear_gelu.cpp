@@ -1,0 +1,187 @@
+// Linear + GELU over row tiles: each tile's pre-activation is produced by the GEMM and consumed
+// by the GELU (forward) or by gelu' and the dx GEMM (backward) while it is still in cache, instead
+// of the eager pair's full [rows, out] round trip through memory between two ops.
+#include "fusion/ops/linear_gelu.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "core/gemm.h"
+#include "core/math/gelu.h"
+#include "model/ops/op_checks.h"
+
+namespace ft {
+namespace {
+
+// Below this many elements a tile's elementwise loop costs less than waking OpenMP's team.
+constexpr int64_t kThreadedElements = 16384;
+
+}  // namespace
+
+void linear_gelu_forward(float* y, float* pre, const float* x, const float* weight,
+                         const float* bias, int64_t rows, int64_t in_features, int64_t out_features,
+                         int tile_rows, int64_t y_stride, int64_t x_stride) {
+  if (y_stride == 0) y_stride = out_features;
+  if (x_stride == 0) x_stride = in_features;
+  for (int64_t first = 0; first < rows; first += tile_rows) {
+    const int64_t tile = std::min<int64_t>(tile_rows, rows - first);
+    float* pre_tile = pre + first * out_features;
+    GemmArgs args;
+    args.m = tile;
+    args.n = out_features;
+    args.k = in_features;
+    args.lda = x_stride;
+    args.transpose_b = true;  // W is stored [out, in] = [N, K]
+    args.bias = bias;
+    gemm(pre_tile, x + first * x_stride, weight, args);
+    float* y_tile = y + first * y_stride;
+#pragma omp parallel for if (tile * out_features >= kThreadedElements)
+    for (int64_t row = 0; row < tile; ++row) {
+      const float* pre_row = pre_tile + row * out_features;
+      float* y_row = y_tile + row * y_stride;
+      for (int64_t o = 0; o < out_features; ++o) y_row[o] = gelu_tanh(pre_row[o]);
+    }
+  }
+}
+
+void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* dbias, float* dpre,
+                          const float* dy, const float* pre, const float* x, const float* weight,
+                          int64_t rows, int64_t in_features, int64_t out_features, int tile_rows,
+                          int64_t dy_stride, int64_t x_stride) {
+  if (dy_stride == 0) dy_stride = out_features;
+  if (x_stride == 0) x_stride = in_features;
+  for (int64_t first = 0; first < rows; first += tile_rows) {
+    const int64_t tile = std::min<int64_t>(tile_rows, rows - first);
+    float* dpre_tile = dpre + first * out_features;
+    const float* pre_tile = pre + first * out_features;
+    const float* dy_tile = dy + first * dy_stride;
+    // y = gelu(pre)  =>  dpre = dy gelu'(pre); gelu' is derived in core/math/gelu.h.
+#pragma omp parallel for if (tile * out_features >= kThreadedElements)
+    for (int64_t row = 0; row < tile; ++row) {
+      const float* pre_row = pre_tile + row * out_features;
+      const float* dy_row = dy_tile + row * dy_stride;
+      float* dpre_row = dpre_tile + row * out_features;
+      for (int64_t o = 0; o < out_features; ++o)
+        dpre_row[o] = dy_row[o] * gelu_tanh_grad(pre_row[o]);
+    }
+    // pre = ... + b broadcast over rows  =>  db = sum over rows of dpre
+    if (dbias != nullptr)
+      for (int64_t row = 0; row < tile; ++row) {
+        const float* dpre_row = dpre_tile + row * out_features;
+        for (int64_t o = 0; o < out_features; ++o) dbias[o] += dpre_row[o];
+      }
+    // pre = x W^T  =>  dx = dpre W   ([tile, out] · [out, in]), while the dpre tile is hot.
+    if (dx != nullptr) {
+      GemmArgs args;
+      args.m = tile;
+      args.n = in_features;
+      args.k = out_features;
+      args.ldc = x_stride;
+      args.accumulate = !overwrite_dx;
+      gemm(dx + first * x_stride, dpre_tile, weight, args);
+    }
+  }
+  // dW = dpre^T x over all rows at once: K = rows keeps this GEMM efficient, and splitting it by
+  // tile would read and write all of dW once per tile.
+  GemmArgs args;
+  args.m = out_features;
+  args.n = in_features;
+  args.k = rows;
+  args.transpose_a = true;  // dpre stored [rows, out] = [K, M]
+  args.ldb = x_stride;
+  args.accumulate = true;
+  gemm(dweight, dpre, x, args);
+}
+
+LinearGeluOp::LinearGeluOp(int64_t rows, int64_t in_features, int64_t out_features, bool has_bias,
+                           int64_t weight_row_offset, int tile_rows, LinearGeluForward forward_kind)
+    : rows_(rows),
+      in_features_(in_features),
+      out_features_(out_features),
+      has_bias_(has_bias),
+      weight_row_offset_(weight_row_offset),
+      tile_rows_(static_cast<int>(std::min<int64_t>(tile_rows, rows))),
+      forward_kind_(forward_kind) {
+  FT_CHECK(rows > 0 && in_features > 0 && out_features > 0,
+           "LinearGeluOp: non-positive shape rows=", rows, " in=", in_features,
+           " out=", out_features);
+  FT_CHECK(weight_row_offset >= 0, "LinearGeluOp: negative weight row offset ", weight_row_offset);
+  FT_CHECK(tile_rows > 0, "LinearGeluOp: tile_rows ", tile_rows, " must be >= 1");
+}
+
+void LinearGeluOp::check_wiring(const Workspace& ws, const ParamStore& params) const {
+  expect_arity(*this, 1, 1, has_bias_ ? 2 : 1);
+  expect_numel(ws.values[inputs[0]], rows_ * in_features_, *this, "input x");
+  expect_numel(ws.values[outputs[0]], rows_ * out_features_, *this, "output y");
+  const Tensor& weight = params[this->params[0]].value;
+  FT_CHECK(weight.numel() >= (weight_row_offset_ + out_features_) * in_features_, kind(), " '",
+           name, "': weight ", shape_str(weight.shape()), " has no rows [", weight_row_offset_,
+           ", ", weight_row_offset_ + out_features_, ") of ", in_features_, " columns");
+  if (has_bias_)
+    FT_CHECK(params[this->params[1]].value.numel() >= weight_row_offset_ + out_features_, kind(),
+             " '", name, "': bias too short for rows [", weight_row_offset_, ", ",
+             weight_row_offset_ + out_features_, ")");
+}
+
+void LinearGeluOp::forward(Workspace& ws, ParamStore& params) {
+  check_wiring(ws, params);
+  const int64_t offset = weight_row_offset_;
+  const float* weight = params[this->params[0]].value.data() + offset * in_features_;
+  const float* bias = has_bias_ ? params[this->params[1]].value.data() + offset : nullptr;
+  float* y = ws.values[outputs[0]].data();
+  const float* x = ws.values[inputs[0]].data();
+  if (forward_kind_ == LinearGeluForward::kGeluPostOp) {
+    GemmArgs args;
+    args.m = rows_;
+    args.n = out_features_;
+    args.k = in_features_;
+    args.lda = ws.row_stride(inputs[0]);
+    args.ldc = ws.row_stride(outputs[0]);
+    args.transpose_b = true;
+    args.bias = bias;
+    args.epilogue = Epilogue::kGeluTanh;
+    gemm(y, x, weight, args);
+    return;
+  }
+  if (preactivation_.numel() != rows_ * out_features_)
+    preactivation_ = Tensor::empty({rows_, out_features_});
+  linear_gelu_forward(y, preactivation_.data(), x, weight, bias, rows_, in_features_, out_features_,
+                      tile_rows_, ws.row_stride(outputs[0]), ws.row_stride(inputs[0]));
+}
+
+void LinearGeluOp::backward(Workspace& ws, ParamStore& params) {
+  check_wiring(ws, params);
+  FT_CHECK(forward_kind_ == LinearGeluForward::kTiledKeepPreactivation, kind(), " '", name,
+           "': built for inference (GELU post-op), which saves nothing for backward");
+  FT_CHECK(preactivation_.numel() == rows_ * out_features_, kind(), " '", name,
+           "': backward before forward");
+  if (dpreactivation_.numel() != rows_ * out_features_)
+    dpreactivation_ = Tensor::empty({rows_, out_features_});
+  const int64_t offset = weight_row_offset_;
+  float* dbias = has_bias_ ? params[this->params[1]].grad.data() + offset : nullptr;
+  Tensor& dx = ws.grads[inputs[0]];
+  linear_gelu_backward(
+      dx.defined() && dx.numel() > 0 ? dx.data() : nullptr, ws.grad_is_fresh(inputs[0]),
+      params[this->params[0]].grad.data() + offset * in_features_, dbias, dpreactivation_.data(),
+      ws.grads[outputs[0]].data(), preactivation_.data(), ws.values[inputs[0]].data(),
+      params[this->params[0]].value.data() + offset * in_features_, rows_, in_features_,
+      out_features_, tile_rows_, ws.row_stride(outputs[0]), ws.row_stride(inputs[0]));
+}
+
+// The Linear's GEMMs plus GeluOp's elementwise work; the pre-activation is written once (training)
+// and re-read from cache, so it counts as saved bytes rather than a second read.
+OpCost LinearGeluOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  const double macs = static_cast<double>(rows_) * in_features_ * out_features_;
+  const double elements = static_cast<double>(rows_) * out_features_;
+  cost.forward_flops = 2 * macs + 20 * elements;
+  cost.backward_flops = 4 * macs + 30 * elements;
+  cost.bytes_read += 4.0 * out_features_ * (in_features_ + (has_bias_ ? 1 : 0));
+  if (forward_kind_ == LinearGeluForward::kTiledKeepPreactivation) {
+    cost.bytes_written += 4.0 * elements;
+    cost.saved_bytes = 4.0 * elements;
+  }
+  return cost;
+}
+
+}  // namespace ft

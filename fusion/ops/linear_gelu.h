@@ -1,0 +1,77 @@
+// Vertical fusion of a Linear and the GELU reading its output (the MLP's c_fc -> gelu):
+//   pre[rows, out] = x[rows, in] · W[offset : offset + out, :]^T + b[offset : offset + out]
+//   y = gelu_tanh(pre)                                              (core/math/gelu.h)
+// The unfused twin is LinearOp (model/ops/linear.h) -> GeluOp (model/ops/gelu.h);
+// fusion/gemm_epilogue_pass.cpp builds this op and tests/fusion_gemm_epilogue_test.cpp checks
+// the two agree.
+// Training forward walks row tiles of `tile_rows`: one GEMM (bias inside) writes the tile's
+// pre-activation, and GELU runs over it while it is still in cache. The pre-activation is kept,
+// as cuBLASLt's GELU_AUX epilogue keeps it, because oneDNN's GELU post-op cannot return it and
+// backward needs it. Backward, tile by tile:
+//   dpre = dy ⊙ gelu'(pre),  dx (+|=) dpre W,  db += colsum(dpre),  then dW += dpre^T x.
+// The inference form (eval graphs) is one GEMM with oneDNN's eltwise_gelu_tanh post-op: nothing
+// is saved and there is no backward.
+// Inputs {x} (may be a column view), outputs {y}, params {weight, bias when has_bias}.
+// Thread safety: an op instance belongs to one training thread; GELU tiles run on OpenMP.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "model/graph.h"
+
+namespace ft {
+
+// Training forward: y = gelu(pre), pre = x W^T + b, over row tiles of `tile_rows`. `bias` may be
+// null; strides are floats between rows (0 = packed); pre is packed [rows, out].
+void linear_gelu_forward(float* y, float* pre, const float* x, const float* weight,
+                         const float* bias, int64_t rows, int64_t in_features, int64_t out_features,
+                         int tile_rows, int64_t y_stride = 0, int64_t x_stride = 0);
+// dx (+= or, with overwrite_dx, =) dpre W; dweight += dpre^T x; dbias += colsum(dpre), where
+// dpre = dy ⊙ gelu'(pre) is written tile by tile into `dpre` [rows, out]. `dx` and `dbias` may be
+// null (skipped). dx shares x's stride, dy y's.
+void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* dbias, float* dpre,
+                          const float* dy, const float* pre, const float* x, const float* weight,
+                          int64_t rows, int64_t in_features, int64_t out_features, int tile_rows,
+                          int64_t dy_stride = 0, int64_t x_stride = 0);
+
+// How forward produces y; fixed when the pass builds the op from the graph's mode.
+enum class LinearGeluForward {
+  kTiledKeepPreactivation,  // training: GEMM + GELU per row tile, pre-activation saved
+  kGeluPostOp,              // inference: one GEMM with oneDNN's GELU post-op, no backward
+};
+
+class LinearGeluOp : public Op {
+ public:
+  // REQUIRES: rows, in_features, out_features, tile_rows > 0; weight_row_offset >= 0.
+  LinearGeluOp(int64_t rows, int64_t in_features, int64_t out_features, bool has_bias,
+               int64_t weight_row_offset, int tile_rows,
+               LinearGeluForward forward_kind = LinearGeluForward::kTiledKeepPreactivation);
+  OpKind op_kind() const override { return OpKind::kLinearGelu; }
+  void forward(Workspace& ws, ParamStore& params) override;
+  void backward(Workspace& ws, ParamStore& params) override;
+  bool overwrites_fresh_input_grads() const override { return true; }
+  bool supports_views() const override { return true; }
+  OpCost cost(const Graph& graph) const override;
+
+  int64_t rows() const { return rows_; }
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+  int64_t weight_row_offset() const { return weight_row_offset_; }
+  int tile_rows() const { return tile_rows_; }
+  LinearGeluForward forward_kind() const { return forward_kind_; }
+  // The last training forward's pre-activation x W^T + b, [rows, out].
+  const Tensor& preactivation() const { return preactivation_; }
+
+ private:
+  void check_wiring(const Workspace& ws, const ParamStore& params) const;
+
+  int64_t rows_, in_features_, out_features_;
+  bool has_bias_;
+  int64_t weight_row_offset_;
+  int tile_rows_;
+  LinearGeluForward forward_kind_;
+  Tensor preactivation_;   // saved by a training forward
+  Tensor dpreactivation_;  // backward scratch, kept so a step allocates nothing
+};
+
+}  // namespace ft

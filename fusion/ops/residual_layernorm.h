@@ -1,0 +1,65 @@
+// Vertical fusion of [dropout ->] residual add -> LayerNorm (Megatron's bias-dropout-add, llm.c's
+// fused residual): per row r of C columns,
+//   branch'  = p > 0 ? branch * keep / (1 - p) : branch   keep_i = hash_uniform(seed ^ salt, i) >=
+//   p out[r]   = residual_in[r] + branch'[r]                  (the residual stream, a graph value)
+//   normed[r] = (out[r] - mean_r) * rstd_r * weight + bias  eps 1e-5
+// The row is written to `out` and normalised while it is still in L1; the dropout'd branch never
+// exists as a tensor. The unfused twin is DropoutOp -> ResidualAddOp -> LayerNormOp
+// (model/ops/dropout.h, residual.h, layernorm.h); the mask is bit-identical to DropoutOp's
+// (element index i = r * C + c), and the row math is model/ops/layernorm_math.h's.
+// Backward: `out` has other readers (the next residual add), so its gradient is the sum
+//   d_out = dout (from those readers) + LN'(d normed)
+// which then flows to both summands: d residual_in += d_out, d branch += d_out * keep / (1 - p).
+// Inputs {residual_in, branch}, outputs {out, normed}, all [rows, C], any of them a column view;
+// params {ln weight [C], ln bias [C]}. Forward saves mean, rstd per row and the byte mask.
+// Thread safety: an op instance belongs to one training thread.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/graph.h"
+
+namespace ft {
+
+class ResidualLayerNormOp : public Op {
+ public:
+  // dropout_p 0: no dropout was absorbed (eval graphs, model.dropout 0, or max_ops split).
+  // tile_rows: rows per parallel work item, sized by the pass from fusion.tile_kb; the weight and
+  // bias gradients are summed per tile, then tile by tile in order, so the bits do not depend on
+  // the thread count.
+  // REQUIRES: rows, channels, tile_rows > 0; 0 <= dropout_p < 1.
+  ResidualLayerNormOp(int64_t rows, int64_t channels, float dropout_p, uint64_t dropout_salt,
+                      int tile_rows);
+  OpKind op_kind() const override { return OpKind::kResidualLayerNorm; }
+  void forward(Workspace& ws, ParamStore& params) override;
+  void backward(Workspace& ws, ParamStore& params) override;
+  bool overwrites_fresh_input_grads() const override { return true; }
+  bool supports_views() const override { return true; }
+  OpCost cost(const Graph& graph) const override;
+
+  int64_t rows() const { return rows_; }
+  int64_t channels() const { return channels_; }
+  float dropout_p() const { return dropout_p_; }
+  uint64_t dropout_salt() const { return dropout_salt_; }
+  int tile_rows() const { return tile_rows_; }
+  const std::vector<uint8_t>& keep_mask() const { return keep_mask_; }
+  const std::vector<float>& mean() const { return mean_; }
+  const std::vector<float>& rstd() const { return rstd_; }
+
+  // Bytes per row live while a tile is processed, for the pass's fusion.tile_kb check: backward
+  // touches out, d_out, d normed and both input gradients (5 floats per column), plus the mask
+  // byte and the tile's weight and bias partials, rounded up to 6 floats.
+  static int64_t live_bytes_per_row(int64_t channels) { return 6 * 4 * channels; }
+
+ private:
+  void check_wiring(const Workspace& ws, const ParamStore& params) const;
+
+  int64_t rows_, channels_;
+  float dropout_p_;
+  uint64_t dropout_salt_;
+  int tile_rows_;
+  std::vector<uint8_t> keep_mask_;  // [rows * C], 1 = kept; empty when dropout_p_ == 0
+  std::vector<float> mean_, rstd_;  // [rows], written by forward
+};
+
+}  // namespace ft

@@ -1,0 +1,38 @@
+// BatchNormInferenceOp: one elementwise pass, y = scale_c * x + shift_c with scale_c =
+// gamma_c / sqrt(running_var_c + eps) and shift_c = beta_c - running_mean_c * scale_c
+// (batchnorm_forward_inference in model/ops/batchnorm.cpp).
+#include "model/ops/batchnorm_inference.h"
+
+#include "core/check.h"
+
+namespace ft {
+
+BatchNormInferenceOp::BatchNormInferenceOp(int batch, int channels, int height, int width,
+                                           float eps)
+    : batch_(batch),
+      channels_(channels),
+      height_(height),
+      width_(width),
+      rows_(static_cast<int64_t>(batch) * height * width),
+      eps_(eps) {
+  check_batchnorm_sizes("batchnorm2d_inference", batch, channels, height, width, 1, 0.0f, eps);
+}
+
+void BatchNormInferenceOp::forward(Workspace& ws, ParamStore& params) {
+  check_batchnorm_wiring(*this, ws, params, rows_ * channels_, channels_);
+  batchnorm_forward_inference(
+      ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
+      params[this->params[0]].value.data(), params[this->params[1]].value.data(),
+      params[this->params[2]].value.data(), params[this->params[3]].value.data(), rows_, channels_,
+      eps_, BatchNormActivation::kNone, scratch_);
+}
+
+void BatchNormInferenceOp::backward(Workspace&, ParamStore&) {
+  FT_FAIL("batchnorm2d_inference '", name, "': eval graph has no backward");
+}
+
+OpCost BatchNormInferenceOp::cost(const Graph& graph) const {
+  return batchnorm_cost(*this, graph, channels_, /*batch_statistics=*/false);
+}
+
+}  // namespace ft
