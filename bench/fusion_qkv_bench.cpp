@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/fusion_bench_util.h"
 #include "bench/profiled_steps.h"
 #include "core/rng.h"
 #include "fusion/ops/batched_layernorm.h"
@@ -26,48 +27,7 @@ namespace {
 
 using namespace ft;
 
-// A graph of the ops under test with its workspace; the ops are driven directly, forward in
-// order and backward in reverse, without the executor's zeroing (accumulating is the same work).
-struct OpBench {
-  ParamStore params;
-  Graph graph;
-  std::unique_ptr<Executor> executor;
-  Workspace ws;
-
-  void finish(ValueId any_output) {
-    graph.loss = any_output;  // the executor only needs one to exist
-    params.allocate();
-    params.initialize(1);
-    executor = std::make_unique<Executor>(graph, params);
-    ws = executor->make_workspace();
-    Rng rng(2);
-    for (ValueId id = 0; id < static_cast<ValueId>(graph.values.size()); ++id) {
-      if (graph.values[id].is_view()) continue;
-      for (Tensor* t : {&ws.values[id], &ws.grads[id]})
-        if (t->defined())
-          for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] = 0.1f * rng.normal();
-    }
-  }
-  void step() {
-    for (const auto& op : graph.ops) op->forward(ws, params);
-    for (auto op = graph.ops.rbegin(); op != graph.ops.rend(); ++op) (*op)->backward(ws, params);
-  }
-  void run(benchmark::State& state) {
-    bench::set_threads_from_env();
-    double bytes = 0, flops = 0;
-    for (const auto& op : graph.ops) {
-      const OpCost cost = op->cost(graph);
-      bytes += 3 * (cost.bytes_read + cost.bytes_written);
-      flops += cost.forward_flops + cost.backward_flops;
-    }
-    for (auto _ : state) step();
-    state.counters["ops"] = static_cast<double>(graph.ops.size());
-    state.counters["GB/s"] =
-        benchmark::Counter(bytes * state.iterations() / 1e9, benchmark::Counter::kIsRate);
-    state.counters["GFLOP/s"] =
-        benchmark::Counter(flops * state.iterations() / 1e9, benchmark::Counter::kIsRate);
-  }
-};
+using bench::OpBench;
 
 void build_qkv(OpBench& b, int64_t rows, int64_t C, bool fused) {
   const ParamId weight = b.params.add("c_attn.weight", {3 * C, C}, ParamInit::kNormal, 0.02f, true);

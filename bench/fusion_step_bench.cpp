@@ -3,7 +3,9 @@
 // unfused step, then one fused step, so the machine's drift hits both alike. Prints, per model,
 // the median step with p10-p90, the GEMM (and convolution) time inside it, the share outside
 // GEMMs, and the speedup as the median of per-round ratios with its p10-p90.
-//   build/bench/fusion_step_bench [--rounds N] [--only gpt_tiny|gpt_small|resnet8]
+//   build/bench/fusion_step_bench [--rounds N] [--profile] [--fused-set k=v]... [--only MODEL]
+// --profile adds each op kind's forward and backward ms per step; --fused-set k=v (repeatable)
+// adds a config override to the fused variant only, e.g. to time one pass off (an ablation).
 // Env FT_THREADS sets threads (default 1).
 #include <omp.h>
 
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -41,6 +44,7 @@ double percentile(std::vector<double> values, double p) {
 
 struct Samples {
   std::vector<double> step_ms, gemm_ms;
+  std::map<std::string, double> op_ms;  // per "kind.forward" / "kind.backward", summed
 };
 
 // One timed step; GEMM time from core/gemm.h's timer, convolution time from the executor's
@@ -53,9 +57,11 @@ void timed_step(ft::Trainer& trainer, Samples& samples) {
   trainer.train_step();
   samples.step_ms.push_back(ft::now_ms() - start);
   double conv_ms = 0;
-  for (const auto& [name, entry] : times.entries())
+  for (const auto& [name, entry] : times.entries()) {
     if (name.rfind("conv2d.", 0) == 0 || name.rfind("conv_shortcut.", 0) == 0)
       conv_ms += entry.total_ms;
+    samples.op_ms[name] += entry.total_ms;
+  }
   samples.gemm_ms.push_back(ft::gemm_timed_ms() - gemm_before + conv_ms);
 }
 
@@ -67,7 +73,9 @@ void print_row(const char* model, const char* variant, size_t ops, const Samples
               gemm, 100.0 * (1.0 - gemm / median));
 }
 
-void compare(const Model& model, int rounds) {
+std::vector<std::string> fused_extra;  // --fused-set overrides
+
+void compare(const Model& model, int rounds, bool profile) {
   std::vector<std::string> common = model.overrides;
   const char* threads = std::getenv("FT_THREADS");
   common.push_back(std::string("train.threads=") + (threads ? threads : "1"));
@@ -75,6 +83,7 @@ void compare(const Model& model, int rounds) {
   std::vector<std::string> unfused_overrides = common, fused_overrides = common;
   unfused_overrides.push_back("fusion.enabled=false");
   fused_overrides.push_back("fusion.enabled=true");
+  fused_overrides.insert(fused_overrides.end(), fused_extra.begin(), fused_extra.end());
   const ft::Config unfused_config = ft::load_config(source_path(model.config), unfused_overrides);
   const ft::Config fused_config = ft::load_config(source_path(model.config), fused_overrides);
   omp_set_num_threads(unfused_config.train.threads);
@@ -94,6 +103,13 @@ void compare(const Model& model, int rounds) {
   }
   print_row(model.name, "unfused", unfused.executor().graph().ops.size(), unfused_samples);
   print_row(model.name, "fused", fused.executor().graph().ops.size(), fused_samples);
+  if (profile) {
+    for (const Samples* samples : {&unfused_samples, &fused_samples}) {
+      std::printf("|   %s per-op ms per step:", samples == &unfused_samples ? "unfused" : "fused");
+      for (const auto& [name, total] : samples->op_ms) std::printf(" %s %.2f", name.c_str(), total / rounds);
+      std::printf(" |\n");
+    }
+  }
   const double low = percentile(ratios, 0.1), high = percentile(ratios, 0.9);
   std::printf("| %-9s | speedup %.3fx (p10-p90 of %d per-round ratios %.3f-%.3f)%s |\n",
               model.name, percentile(ratios, 0.5), rounds, low, high,
@@ -105,14 +121,19 @@ void compare(const Model& model, int rounds) {
 
 int main(int argc, char** argv) {
   int rounds_override = 0;
+  bool profile = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
       rounds_override = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--fused-set") == 0 && i + 1 < argc) {
+      fused_extra.push_back(argv[++i]);
+    } else if (std::strcmp(argv[i], "--profile") == 0) {
+      profile = true;
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--rounds N] [--only gpt_tiny|gpt_small|resnet8]\n",
+      std::fprintf(stderr, "usage: %s [--rounds N] [--profile] [--fused-set k=v]... [--only MODEL]\n",
                    argv[0]);
       return 2;
     }
@@ -128,6 +149,6 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|\n");
   for (const Model& model : models)
     if (only.empty() || only == model.name)
-      compare(model, rounds_override > 0 ? rounds_override : model.rounds);
+      compare(model, rounds_override > 0 ? rounds_override : model.rounds, profile);
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "fusion/ops/flash_attention.h"
+#include "fusion/pass_util.h"
 #include "fusion/passes.h"
 #include "model/graph_edit.h"
 #include "model/ops/attention_mix.h"
@@ -29,21 +30,8 @@ struct AttentionChain {
 
 // The op reading `id`, when it is the only one and `id` is no graph result; else -1 and `why`.
 int sole_consumer(const Graph& graph, const GraphIndex& index, ValueId id, std::string* why) {
-  const std::string& name = graph.values[id].name;
-  if (index.is_graph_result(id)) {
-    *why = "'" + name + "' is a graph result";
-    return -1;
-  }
-  const int readers = index.reader_count_with_views(id);
-  if (readers != 1) {
-    *why = "'" + name + "' has " + std::to_string(readers) + " consumers";
-    return -1;
-  }
-  if (index.consumers(id).size() != 1) {
-    *why = "'" + name + "' is read through a view";
-    return -1;
-  }
-  return index.consumers(id)[0];
+  const std::string quoted = "'" + graph.values[id].name + "'";
+  return sole_reader(index, id, quoted, quoted, why);
 }
 
 AttentionChain match_chain(const Graph& graph, const GraphIndex& index, int scores_index) {
@@ -101,10 +89,7 @@ class AttentionPass : public FusionPass {
         context.skipped(kPass, site, chain.refusal);
         continue;
       }
-      if (context.options.max_ops < kChainOps) {
-        context.skipped(kPass, site, "max_ops " + std::to_string(context.options.max_ops));
-        continue;
-      }
+      if (!within_max_ops(context, kPass, site, kChainOps)) continue;
       const auto& scores = static_cast<const AttentionScoresOp&>(*graph.ops[chain.scores]);
       const Op& mix = *graph.ops[chain.mix];
       const int tile = tile_rows(context.options.tile_kb, scores.seq_len());

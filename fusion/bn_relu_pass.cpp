@@ -12,6 +12,7 @@
 
 #include "fusion/ops/add_relu.h"
 #include "fusion/ops/batchnorm_relu.h"
+#include "fusion/pass_util.h"
 #include "fusion/passes.h"
 #include "model/graph_edit.h"
 #include "model/ops/batchnorm.h"
@@ -30,20 +31,9 @@ bool is_candidate(OpKind kind) {
 
 // The ReLU that is the only reader of `id`, or -1 with the reason in `why`.
 int sole_relu(const Graph& graph, const GraphIndex& index, ValueId id, std::string* why) {
-  if (index.is_graph_result(id)) {
-    *why = "output '" + graph.values[id].name + "' is a graph result";
-    return -1;
-  }
-  const int readers = index.reader_count_with_views(id);
-  if (readers != 1) {
-    *why = "output has " + std::to_string(readers) + " consumers";
-    return -1;
-  }
-  if (index.consumers(id).size() != 1) {
-    *why = "output is read through a view";
-    return -1;
-  }
-  const int consumer = index.consumers(id)[0];
+  const int consumer =
+      sole_reader(index, id, "output '" + graph.values[id].name + "'", "output", why);
+  if (consumer < 0) return -1;
   const Op& relu = *graph.ops[consumer];
   if (relu.op_kind() != OpKind::kRelu) {
     *why = "output feeds a " + std::string(relu.kind()) + ", not a relu";
@@ -91,10 +81,7 @@ class BnReluPass : public FusionPass {
         context.skipped(kPass, site, why);
         continue;
       }
-      if (context.options.max_ops < kPairOps) {
-        context.skipped(kPass, site, "max_ops " + std::to_string(context.options.max_ops));
-        continue;
-      }
+      if (!within_max_ops(context, kPass, site, kPairOps)) continue;
       std::string what;
       std::unique_ptr<Op> replacement = fused_with_relu(graph, op, &what);
       replacement->name = site + "_relu";

@@ -6,10 +6,10 @@
 // ResNet's fc -> loss is left alone, with its reason).
 // Thread safety: stateless.
 #include <algorithm>
-#include <cstdio>
 #include <string>
 
 #include "fusion/ops/classifier.h"
+#include "fusion/pass_util.h"
 #include "fusion/passes.h"
 #include "model/graph_edit.h"
 
@@ -54,13 +54,6 @@ ClassifierMatch match_classifier(const Graph& graph, const GraphIndex& index, in
   return match;
 }
 
-// 2048 bytes -> "2", 1536 -> "1.5".
-std::string kib(int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", static_cast<double>(bytes) / 1024.0);
-  return text;
-}
-
 // "lm_head" -> "lm_head.classifier".
 std::string fused_name(const std::string& head_name) {
   return head_name + ".classifier";
@@ -83,21 +76,16 @@ class ClassifierPass : public FusionPass {
         context.skipped(kPass, site, match.refusal);
         continue;
       }
-      if (context.options.max_ops < kChainOps) {
-        context.skipped(kPass, site, "max_ops " + std::to_string(context.options.max_ops));
-        continue;
-      }
+      if (!within_max_ops(context, kPass, site, kChainOps)) continue;
       const Op& head = *graph.ops[match.lm_head];
       const Op& loss_op = *graph.ops[op_index];
       const ValueId logits = loss_op.inputs[0];
       const int64_t vocab = graph.shape(logits).back();
       const int64_t rows = graph.numel(logits) / vocab;
       const int64_t channels = graph.numel(head.inputs[0]) / rows;
-      const int64_t tile = static_cast<int64_t>(context.options.tile_kb) * 1024 / (4 * vocab);
+      const int64_t tile = rows_per_tile(context.options.tile_kb, vocab);
       if (tile < 1) {
-        context.skipped(kPass, site,
-                        "row of " + kib(4 * vocab) + " KiB exceeds tile_kb " +
-                            std::to_string(context.options.tile_kb));
+        context.skipped(kPass, site, row_exceeds_tile(context.options.tile_kb, vocab));
         continue;
       }
       const int tile_rows = static_cast<int>(std::min(tile, rows));

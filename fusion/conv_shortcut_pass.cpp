@@ -14,6 +14,7 @@
 #include <string>
 
 #include "fusion/ops/conv_shortcut.h"
+#include "fusion/pass_util.h"
 #include "fusion/passes.h"
 #include "model/graph_edit.h"
 #include "model/ops/conv2d.h"
@@ -81,10 +82,7 @@ class ConvShortcutPass : public FusionPass {
         context.skipped(kPass, site, "with '" + narrow.name + "': " + refusal);
         continue;
       }
-      if (context.options.max_ops < kPairOps) {
-        context.skipped(kPass, site, "max_ops " + std::to_string(context.options.max_ops));
-        continue;
-      }
+      if (!within_max_ops(context, kPass, site, kPairOps)) continue;
       // The 1x1 run as a 3x3 does kernel^2 - 1 = 8 zero multiplies per useful one.
       const double useful = forward_flops(wide) + forward_flops(narrow);
       const double overhead = (9.0 - 1.0) * forward_flops(narrow) / useful;

@@ -6,10 +6,10 @@
 // post-op, which keeps no intermediate.
 // Thread safety: stateless.
 #include <algorithm>
-#include <cstdio>
 #include <string>
 
 #include "fusion/ops/linear_gelu.h"
+#include "fusion/pass_util.h"
 #include "fusion/passes.h"
 #include "model/graph_edit.h"
 #include "model/ops/linear.h"
@@ -53,18 +53,6 @@ EpilogueMatch match_epilogue(const Graph& graph, const GraphIndex& index, int li
   return match;
 }
 
-// Rows per tile whose pre-activation (out floats a row) fits tile_kb; 0 if not even one row.
-int64_t tile_rows_for(int tile_kb, int64_t out_features) {
-  return static_cast<int64_t>(tile_kb) * 1024 / (4 * out_features);
-}
-
-// 2048 bytes -> "2", 1536 -> "1.5".
-std::string kib(int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", static_cast<double>(bytes) / 1024.0);
-  return text;
-}
-
 // "h.1.mlp.c_fc" -> "h.1.mlp.c_fc_gelu".
 std::string fused_name(const std::string& linear_name) {
   return linear_name + "_gelu";
@@ -90,17 +78,13 @@ class GemmEpiloguePass : public FusionPass {
         context.skipped(kPass, site, match.refusal);
         continue;
       }
-      if (context.options.max_ops < kChainOps) {
-        context.skipped(kPass, site, "max_ops " + std::to_string(context.options.max_ops));
-        continue;
-      }
+      if (!within_max_ops(context, kPass, site, kChainOps)) continue;
       const auto& linear = static_cast<const LinearOp&>(*graph.ops[op_index]);
       const bool training = graph.mode == GraphMode::kTrain;
-      const int64_t tile = tile_rows_for(context.options.tile_kb, linear.out_features());
+      const int64_t tile = rows_per_tile(context.options.tile_kb, linear.out_features());
       if (training && tile < 1) {
         context.skipped(kPass, site,
-                        "row of " + kib(4 * linear.out_features()) + " KiB exceeds tile_kb " +
-                            std::to_string(context.options.tile_kb));
+                        row_exceeds_tile(context.options.tile_kb, linear.out_features()));
         continue;
       }
       const int tile_rows = static_cast<int>(std::max<int64_t>(1, std::min(tile, linear.rows())));

@@ -1,6 +1,7 @@
 #include "model/executor.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/check.h"
 #include "core/denormals.h"
@@ -109,9 +110,10 @@ void Executor::backward(Workspace& ws, const GradReadyFn& on_grad_ready) {
     const bool overwrites = fresh_gradients_ && op.overwrites_fresh_input_grads();
     for (ValueId id : zero_views_before_op_[op_index]) ws.grads[id].fill(0.0f);
     for (ValueId id : zero_before_op_[op_index]) {
-      if (overwrites)
+      if (overwrites) {
         ws.grad_fresh[id] = 1;
-      else
+        if (poison_fresh_) ws.grads[id].fill(std::numeric_limits<float>::quiet_NaN());
+      } else
         ws.grads[id].fill(0.0f);
     }
     op.backward(ws, params_);

@@ -40,6 +40,9 @@ class Executor {
   // Off: every activation gradient is zeroed and every op accumulates, the reference that tests
   // compare the default (ops that can overwrite a fresh gradient do) against.
   void set_fresh_gradients(bool on) { fresh_gradients_ = on; }
+  // For tests: fill every gradient handed out as fresh with NaN first, so an op that claims to
+  // overwrite it but leaves some element unwritten poisons the result instead of passing.
+  void set_poison_fresh_gradients(bool on) { poison_fresh_ = on; }
   TimeTable& op_times() { return op_times_; }
   const Graph& graph() const { return graph_; }
 
@@ -55,6 +58,7 @@ class Executor {
   std::vector<ValueId> zero_at_start_;                // grads no op writes
   bool profiling_ = false;
   bool fresh_gradients_ = true;
+  bool poison_fresh_ = false;
   TimeTable op_times_;
 };
 

@@ -20,30 +20,15 @@
 #include "model/gpt.h"
 #include "model/graph_edit.h"
 #include "model/resnet.h"
+#include "tests/fusion_test_util.h"
 #include "tests/op_test_util.h"
 
 namespace ft {
 namespace {
 
+using fusion_test::max_abs;
+using fusion_test::rel_diff;
 using op_test::OpGraph;
-
-// max |a - b| over max |b|: "within relative 1e-5 of the largest". NaN in `a` counts as failure.
-float rel_diff(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.numel(), b.numel());
-  float diff = 0.0f, scale = 0.0f;
-  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) {
-    const float error = std::fabs(a.data()[i] - b.data()[i]);
-    if (!(error <= diff)) diff = error;
-    scale = std::max(scale, std::fabs(b.data()[i]));
-  }
-  return scale > 0.0f ? diff / scale : diff;
-}
-
-float max_abs(const Tensor& t) {
-  float m = 0.0f;
-  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.data()[i]));
-  return m;
-}
 
 struct ClassifierShape {
   int64_t rows, channels, vocab;

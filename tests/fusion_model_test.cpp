@@ -68,6 +68,7 @@ StepResult run_step(Graph graph, ParamStore& params, const FusionOptions& option
                     const std::function<void(Workspace&, const Graph&)>& fill) {
   FusionPipeline::standard().run(graph, params, options);
   Executor executor(graph, params);
+  executor.set_poison_fresh_gradients(true);
   Workspace ws = executor.make_workspace();
   fill(ws, graph);
   ws.dropout_seed = 77;
@@ -212,6 +213,7 @@ Config gpt_config(bool fused, const std::vector<std::string>& extra = {}) {
       "model.qk_norm=true",
       "train.steps=20",
       "train.batch_size=4",
+      "fusion.vertical.attention=true",  // off in the preset for speed; tested here
       std::string("fusion.enabled=") + (fused ? "true" : "false")};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   return load_config(source_path("configs/gpt_tiny.yaml"), overrides);

@@ -18,30 +18,15 @@
 #include "fusion/pipeline.h"
 #include "model/gpt.h"
 #include "model/graph_edit.h"
+#include "tests/fusion_test_util.h"
 #include "tests/op_test_util.h"
 
 namespace ft {
 namespace {
 
+using fusion_test::max_abs;
+using fusion_test::rel_diff;
 using op_test::OpGraph;
-
-// max |a - b| over max |b|; NaN anywhere in a makes it NaN, which fails every bound.
-float rel_diff(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.numel(), b.numel());
-  float diff = 0.0f, scale = 0.0f;
-  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) {
-    const float error = std::fabs(a.data()[i] - b.data()[i]);
-    diff = std::isnan(error) || error > diff ? error : diff;
-    scale = std::max(scale, std::fabs(b.data()[i]));
-  }
-  return scale > 0.0f ? diff / scale : diff;
-}
-
-float max_abs(const Tensor& t) {
-  float m = 0.0f;
-  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.data()[i]));
-  return m;
-}
 
 constexpr uint64_t kSalt = 0x5eed5a17ull;
 constexpr uint64_t kSeed = 1234;

@@ -72,6 +72,7 @@ class OpGraph {
         values.data()[i] = param_fill[id].first + param_fill[id].second * rng.normal();
     }
     executor = std::make_unique<Executor>(graph, params);
+    executor->set_poison_fresh_gradients(true);  // an incomplete overwrite shows as NaN
     ws = executor->make_workspace();
     for (ValueId id : inputs)
       for (int64_t i = 0; i < ws.values[id].numel(); ++i) ws.values[id].data()[i] = rng.normal();

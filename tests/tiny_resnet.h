@@ -35,6 +35,7 @@ struct TinyResnet {
     params.allocate();
     params.initialize(seed);
     executor = std::make_unique<Executor>(graph, params);
+    executor->set_poison_fresh_gradients(true);  // an incomplete overwrite shows as NaN
     ws = executor->make_workspace();
     Rng rng(seed + 1);
     Tensor& images = ws.values[graph.input];

@@ -24,24 +24,16 @@ BatchNormReluOp::BatchNormReluOp(int batch, int channels, int height, int width,
 }
 
 void BatchNormReluOp::forward(Workspace& ws, ParamStore& params) {
-  check_batchnorm_wiring(*this, ws, params, rows_ * channels_, channels_);
-  batchnorm_forward_train(ws.values[outputs[0]].data(), saved_mean_.data(), saved_invstd_.data(),
-                          params[this->params[2]].value.data(),
-                          params[this->params[3]].value.data(), ws.values[inputs[0]].data(),
-                          params[this->params[0]].value.data(),
-                          params[this->params[1]].value.data(), rows_, channels_, momentum_, eps_,
-                          BatchNormActivation::kRelu, scratch_);
+  batchnorm_op_forward_train(*this, ws, params, saved_mean_.data(), saved_invstd_.data(), rows_,
+                             channels_, momentum_, eps_, BatchNormActivation::kRelu, scratch_);
   forward_ran_ = true;
 }
 
 // dz = dy * [y > 0] is formed on the fly inside both of batchnorm_backward's passes.
 void BatchNormReluOp::backward(Workspace& ws, ParamStore& params) {
   FT_CHECK(forward_ran_, "batchnorm_relu '", name, "': backward before forward");
-  batchnorm_backward(ws.grads[inputs[0]].data(), params[this->params[0]].grad.data(),
-                     params[this->params[1]].grad.data(), ws.grads[outputs[0]].data(),
-                     /*relu_output=*/ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
-                     params[this->params[0]].value.data(), saved_mean_.data(), saved_invstd_.data(),
-                     rows_, channels_, ws.grad_is_fresh(inputs[0]), scratch_);
+  batchnorm_op_backward(*this, ws, params, saved_mean_.data(), saved_invstd_.data(), rows_,
+                        channels_, BatchNormActivation::kRelu, scratch_);
 }
 
 OpCost BatchNormReluOp::cost(const Graph& graph) const {
@@ -64,12 +56,8 @@ BatchNormInferenceReluOp::BatchNormInferenceReluOp(int batch, int channels, int 
 }
 
 void BatchNormInferenceReluOp::forward(Workspace& ws, ParamStore& params) {
-  check_batchnorm_wiring(*this, ws, params, rows_ * channels_, channels_);
-  batchnorm_forward_inference(
-      ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
-      params[this->params[0]].value.data(), params[this->params[1]].value.data(),
-      params[this->params[2]].value.data(), params[this->params[3]].value.data(), rows_, channels_,
-      eps_, BatchNormActivation::kRelu, scratch_);
+  batchnorm_op_forward_inference(*this, ws, params, rows_, channels_, eps_,
+                                 BatchNormActivation::kRelu, scratch_);
 }
 
 void BatchNormInferenceReluOp::backward(Workspace&, ParamStore&) {

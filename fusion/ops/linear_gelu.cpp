@@ -8,7 +8,7 @@
 #include "core/check.h"
 #include "core/gemm.h"
 #include "core/math/gelu.h"
-#include "model/ops/op_checks.h"
+#include "model/ops/linear.h"
 
 namespace ft {
 namespace {
@@ -109,22 +109,9 @@ LinearGeluOp::LinearGeluOp(int64_t rows, int64_t in_features, int64_t out_featur
   FT_CHECK(tile_rows > 0, "LinearGeluOp: tile_rows ", tile_rows, " must be >= 1");
 }
 
-void LinearGeluOp::check_wiring(const Workspace& ws, const ParamStore& params) const {
-  expect_arity(*this, 1, 1, has_bias_ ? 2 : 1);
-  expect_numel(ws.values[inputs[0]], rows_ * in_features_, *this, "input x");
-  expect_numel(ws.values[outputs[0]], rows_ * out_features_, *this, "output y");
-  const Tensor& weight = params[this->params[0]].value;
-  FT_CHECK(weight.numel() >= (weight_row_offset_ + out_features_) * in_features_, kind(), " '",
-           name, "': weight ", shape_str(weight.shape()), " has no rows [", weight_row_offset_,
-           ", ", weight_row_offset_ + out_features_, ") of ", in_features_, " columns");
-  if (has_bias_)
-    FT_CHECK(params[this->params[1]].value.numel() >= weight_row_offset_ + out_features_, kind(),
-             " '", name, "': bias too short for rows [", weight_row_offset_, ", ",
-             weight_row_offset_ + out_features_, ")");
-}
-
 void LinearGeluOp::forward(Workspace& ws, ParamStore& params) {
-  check_wiring(ws, params);
+  check_linear_wiring(*this, ws, params, rows_, in_features_, out_features_, has_bias_,
+                      weight_row_offset_);
   const int64_t offset = weight_row_offset_;
   const float* weight = params[this->params[0]].value.data() + offset * in_features_;
   const float* bias = has_bias_ ? params[this->params[1]].value.data() + offset : nullptr;
@@ -150,7 +137,8 @@ void LinearGeluOp::forward(Workspace& ws, ParamStore& params) {
 }
 
 void LinearGeluOp::backward(Workspace& ws, ParamStore& params) {
-  check_wiring(ws, params);
+  check_linear_wiring(*this, ws, params, rows_, in_features_, out_features_, has_bias_,
+                      weight_row_offset_);
   FT_CHECK(forward_kind_ == LinearGeluForward::kTiledKeepPreactivation, kind(), " '", name,
            "': built for inference (GELU post-op), which saves nothing for backward");
   FT_CHECK(preactivation_.numel() == rows_ * out_features_, kind(), " '", name,

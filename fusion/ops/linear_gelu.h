@@ -63,8 +63,6 @@ class LinearGeluOp : public Op {
   const Tensor& preactivation() const { return preactivation_; }
 
  private:
-  void check_wiring(const Workspace& ws, const ParamStore& params) const;
-
   int64_t rows_, in_features_, out_features_;
   bool has_bias_;
   int64_t weight_row_offset_;

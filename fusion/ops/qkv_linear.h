@@ -36,8 +36,6 @@ class QkvLinearOp : public Op {
   int64_t weight_row_offset() const { return weight_row_offset_; }
 
  private:
-  void check_wiring(const Workspace& ws, const ParamStore& params) const;
-
   int64_t rows_, in_features_, width_;
   int count_;
   bool has_bias_;

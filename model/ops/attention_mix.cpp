@@ -12,11 +12,7 @@ void attention_mix_forward(float* y, const float* probs, const float* v, int64_t
                            int64_t v_stride, int batch, int seq_len, int channels, int n_head) {
   const int64_t T = seq_len, hd = channels / n_head;
   // Y[h] = P[h] V[h]: [T, T] x [T, hd], written into head h's columns of y.
-  GemmArgs args = head_gemm(T, hd, T, n_head);
-  args.ldb = v_stride;
-  args.batch_stride_b = hd;
-  args.ldc = y_stride;
-  args.batch_stride_c = hd;
+  const GemmArgs args = square_by_head_gemm(T, hd, n_head, v_stride, y_stride);
   for (int b = 0; b < batch; ++b)
     gemm(y + b * T * y_stride, probs + b * n_head * T * T, v + b * T * v_stride, args);
 }
@@ -27,19 +23,11 @@ void attention_mix_backward(float* dprobs, float* dv, const float* dy, const flo
                             int channels, int n_head) {
   const int64_t T = seq_len, hd = channels / n_head;
   // Y = P V  =>  dP = dY V^T   ([T, hd] x [hd, T]; V stored [T, hd] = [N, K])
-  GemmArgs dp_args = head_gemm(T, T, hd, n_head);
-  dp_args.transpose_b = true;
-  dp_args.lda = y_stride;
-  dp_args.ldb = v_stride;
-  dp_args.batch_stride_a = dp_args.batch_stride_b = hd;
+  GemmArgs dp_args = head_by_head_transposed_gemm(T, hd, n_head, y_stride, v_stride);
   dp_args.accumulate = !overwrite_dprobs;
   //           dV = P^T dY     ([T, T] x [T, hd]; P stored [T, T] = [K, M])
-  GemmArgs dv_args = head_gemm(T, hd, T, n_head);
+  GemmArgs dv_args = square_by_head_gemm(T, hd, n_head, y_stride, v_stride);
   dv_args.transpose_a = true;
-  dv_args.ldb = y_stride;
-  dv_args.batch_stride_b = hd;
-  dv_args.ldc = v_stride;
-  dv_args.batch_stride_c = hd;
   dv_args.accumulate = !overwrite_dv;
   for (int b = 0; b < batch; ++b) {
     const float* dy_b = dy + b * T * y_stride;
@@ -82,8 +70,7 @@ void AttentionMixOp::backward(Workspace& ws, ParamStore&) {
 
 OpCost AttentionMixOp::cost(const Graph& graph) const {
   OpCost cost = Op::cost(graph);
-  const double macs =
-      static_cast<double>(batch_) * n_head_ * seq_len_ * seq_len_ * (channels_ / n_head_);
+  const double macs = attention_head_macs(batch_, seq_len_, channels_, n_head_);
   cost.forward_flops = 2 * macs;
   cost.backward_flops = 4 * macs;  // dP and dV
   return cost;

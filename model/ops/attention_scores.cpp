@@ -15,11 +15,7 @@ void attention_scores_forward(float* scores, const float* q, const float* k, int
                               int64_t k_stride, int batch, int seq_len, int channels, int n_head) {
   const int64_t T = seq_len, hd = channels / n_head;
   // S[h] = scale Q[h] K[h]^T: [T, hd] x [hd, T]; K[h] is stored [T, hd] = [N, K].
-  GemmArgs args = head_gemm(T, T, hd, n_head);
-  args.transpose_b = true;
-  args.lda = q_stride;
-  args.ldb = k_stride;
-  args.batch_stride_a = args.batch_stride_b = hd;
+  GemmArgs args = head_by_head_transposed_gemm(T, hd, n_head, q_stride, k_stride);
   args.alpha = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int b = 0; b < batch; ++b)
     gemm(scores + b * n_head * T * T, q + b * T * q_stride, k + b * T * k_stride, args);
@@ -32,11 +28,7 @@ void attention_scores_backward(float* dq, float* dk, const float* dscores, const
   const int64_t T = seq_len, hd = channels / n_head;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // S = scale Q K^T  =>  dQ = scale dS K     ([T, T] x [T, hd])
-  GemmArgs dqueries = head_gemm(T, hd, T, n_head);
-  dqueries.ldb = k_stride;
-  dqueries.batch_stride_b = hd;
-  dqueries.ldc = q_stride;
-  dqueries.batch_stride_c = hd;
+  GemmArgs dqueries = square_by_head_gemm(T, hd, n_head, k_stride, q_stride);
   dqueries.alpha = scale;
   dqueries.accumulate = !overwrite_dq;
   //                      dK = scale dS^T Q   ([T, T] x [T, hd]; dS stored [T, T] = [K, M])
@@ -87,8 +79,7 @@ void AttentionScoresOp::backward(Workspace& ws, ParamStore&) {
 
 OpCost AttentionScoresOp::cost(const Graph& graph) const {
   OpCost cost = Op::cost(graph);
-  const double macs =
-      static_cast<double>(batch_) * n_head_ * seq_len_ * seq_len_ * (channels_ / n_head_);
+  const double macs = attention_head_macs(batch_, seq_len_, channels_, n_head_);
   cost.forward_flops = 2 * macs;
   cost.backward_flops = 4 * macs;  // dQ and dK
   return cost;

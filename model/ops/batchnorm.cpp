@@ -306,6 +306,39 @@ void check_batchnorm_wiring(const Op& op, const Workspace& ws, const ParamStore&
   expect_numel(params[op.params[3]].value, channels, op, "running_var");
 }
 
+void batchnorm_op_forward_train(const Op& op, Workspace& ws, ParamStore& params, float* saved_mean,
+                                float* saved_invstd, int64_t rows, int channels, float momentum,
+                                float eps, BatchNormActivation activation,
+                                BatchNormScratch& scratch) {
+  check_batchnorm_wiring(op, ws, params, rows * channels, channels);
+  batchnorm_forward_train(ws.values[op.outputs[0]].data(), saved_mean, saved_invstd,
+                          params[op.params[2]].value.data(), params[op.params[3]].value.data(),
+                          ws.values[op.inputs[0]].data(), params[op.params[0]].value.data(),
+                          params[op.params[1]].value.data(), rows, channels, momentum, eps,
+                          activation, scratch);
+}
+
+void batchnorm_op_backward(const Op& op, Workspace& ws, ParamStore& params, const float* saved_mean,
+                           const float* saved_invstd, int64_t rows, int channels,
+                           BatchNormActivation activation, BatchNormScratch& scratch) {
+  const float* relu_output =
+      activation == BatchNormActivation::kRelu ? ws.values[op.outputs[0]].data() : nullptr;
+  batchnorm_backward(ws.grads[op.inputs[0]].data(), params[op.params[0]].grad.data(),
+                     params[op.params[1]].grad.data(), ws.grads[op.outputs[0]].data(), relu_output,
+                     ws.values[op.inputs[0]].data(), params[op.params[0]].value.data(), saved_mean,
+                     saved_invstd, rows, channels, ws.grad_is_fresh(op.inputs[0]), scratch);
+}
+
+void batchnorm_op_forward_inference(const Op& op, Workspace& ws, ParamStore& params, int64_t rows,
+                                    int channels, float eps, BatchNormActivation activation,
+                                    BatchNormScratch& scratch) {
+  check_batchnorm_wiring(op, ws, params, rows * channels, channels);
+  batchnorm_forward_inference(ws.values[op.outputs[0]].data(), ws.values[op.inputs[0]].data(),
+                              params[op.params[0]].value.data(), params[op.params[1]].value.data(),
+                              params[op.params[2]].value.data(), params[op.params[3]].value.data(),
+                              rows, channels, eps, activation, scratch);
+}
+
 OpCost batchnorm_cost(const Op& op, const Graph& graph, int channels, bool batch_statistics) {
   OpCost cost = op.Op::cost(graph);
   const double numel = static_cast<double>(graph.numel(op.inputs[0]));
@@ -337,23 +370,15 @@ BatchNorm2dOp::BatchNorm2dOp(int batch, int channels, int height, int width, flo
 }
 
 void BatchNorm2dOp::forward(Workspace& ws, ParamStore& params) {
-  check_batchnorm_wiring(*this, ws, params, rows_ * channels_, channels_);
-  batchnorm_forward_train(ws.values[outputs[0]].data(), saved_mean_.data(), saved_invstd_.data(),
-                          params[this->params[2]].value.data(),
-                          params[this->params[3]].value.data(), ws.values[inputs[0]].data(),
-                          params[this->params[0]].value.data(),
-                          params[this->params[1]].value.data(), rows_, channels_, momentum_, eps_,
-                          BatchNormActivation::kNone, scratch_);
+  batchnorm_op_forward_train(*this, ws, params, saved_mean_.data(), saved_invstd_.data(), rows_,
+                             channels_, momentum_, eps_, BatchNormActivation::kNone, scratch_);
   forward_ran_ = true;
 }
 
 void BatchNorm2dOp::backward(Workspace& ws, ParamStore& params) {
   FT_CHECK(forward_ran_, "batchnorm2d '", name, "': backward before forward");
-  batchnorm_backward(ws.grads[inputs[0]].data(), params[this->params[0]].grad.data(),
-                     params[this->params[1]].grad.data(), ws.grads[outputs[0]].data(),
-                     /*relu_output=*/nullptr, ws.values[inputs[0]].data(),
-                     params[this->params[0]].value.data(), saved_mean_.data(), saved_invstd_.data(),
-                     rows_, channels_, ws.grad_is_fresh(inputs[0]), scratch_);
+  batchnorm_op_backward(*this, ws, params, saved_mean_.data(), saved_invstd_.data(), rows_,
+                        channels_, BatchNormActivation::kNone, scratch_);
 }
 
 OpCost BatchNorm2dOp::cost(const Graph& graph) const {

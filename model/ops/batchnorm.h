@@ -96,6 +96,19 @@ void check_batchnorm_sizes(const char* kind, int batch, int channels, int height
 // x and y of `numel` floats, and the four per-channel params of `channels` floats each.
 void check_batchnorm_wiring(const Op& op, const Workspace& ws, const ParamStore& params,
                             int64_t numel, int channels);
+// The batchnorm_* functions on an op of the family: x = inputs[0], y = outputs[0], params
+// {gamma, beta, running_mean, running_var}. The forwards check the wiring first; backward's
+// ReLU mask (kRelu) is read from y.
+void batchnorm_op_forward_train(const Op& op, Workspace& ws, ParamStore& params, float* saved_mean,
+                                float* saved_invstd, int64_t rows, int channels, float momentum,
+                                float eps, BatchNormActivation activation,
+                                BatchNormScratch& scratch);
+void batchnorm_op_backward(const Op& op, Workspace& ws, ParamStore& params, const float* saved_mean,
+                           const float* saved_invstd, int64_t rows, int channels,
+                           BatchNormActivation activation, BatchNormScratch& scratch);
+void batchnorm_op_forward_inference(const Op& op, Workspace& ws, ParamStore& params, int64_t rows,
+                                    int channels, float eps, BatchNormActivation activation,
+                                    BatchNormScratch& scratch);
 // Op::cost plus the FLOPs of a normalisation and its per-channel params; with batch statistics
 // (`batch_statistics`) also the reduction passes, the backward and the saved mean and invstd.
 OpCost batchnorm_cost(const Op& op, const Graph& graph, int channels, bool batch_statistics);

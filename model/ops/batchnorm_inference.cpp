@@ -19,12 +19,8 @@ BatchNormInferenceOp::BatchNormInferenceOp(int batch, int channels, int height, 
 }
 
 void BatchNormInferenceOp::forward(Workspace& ws, ParamStore& params) {
-  check_batchnorm_wiring(*this, ws, params, rows_ * channels_, channels_);
-  batchnorm_forward_inference(
-      ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
-      params[this->params[0]].value.data(), params[this->params[1]].value.data(),
-      params[this->params[2]].value.data(), params[this->params[3]].value.data(), rows_, channels_,
-      eps_, BatchNormActivation::kNone, scratch_);
+  batchnorm_op_forward_inference(*this, ws, params, rows_, channels_, eps_,
+                                 BatchNormActivation::kNone, scratch_);
 }
 
 void BatchNormInferenceOp::backward(Workspace&, ParamStore&) {

@@ -9,8 +9,7 @@
 namespace ft {
 
 void linear_forward(float* y, const float* x, const float* weight, const float* bias, int64_t rows,
-                    int64_t in_features, int64_t out_features, int64_t y_stride,
-                    int64_t x_stride) {
+                    int64_t in_features, int64_t out_features, int64_t y_stride, int64_t x_stride) {
   GemmArgs args;
   args.lda = x_stride;
   args.ldc = y_stride;
@@ -70,41 +69,55 @@ LinearOp::LinearOp(int64_t rows, int64_t in_features, int64_t out_features, bool
   FT_CHECK(weight_row_offset >= 0, "LinearOp: negative weight row offset ", weight_row_offset);
 }
 
-void LinearOp::check_wiring(const Workspace& ws, const ParamStore& params) const {
-  expect_arity(*this, 1, 1, has_bias_ ? 2 : 1);
-  expect_numel(ws.values[inputs[0]], rows_ * in_features_, *this, "input x");
-  expect_numel(ws.values[outputs[0]], rows_ * out_features_, *this, "output y");
-  const Tensor& weight = params[this->params[0]].value;
-  FT_CHECK(weight.numel() >= (weight_row_offset_ + out_features_) * in_features_, kind(), " '",
-           name, "': weight ", shape_str(weight.shape()), " has no rows [", weight_row_offset_,
-           ", ", weight_row_offset_ + out_features_, ") of ", in_features_, " columns");
-  if (has_bias_)
-    FT_CHECK(params[this->params[1]].value.numel() >= weight_row_offset_ + out_features_, kind(),
-             " '", name, "': bias too short for rows [", weight_row_offset_, ", ",
-             weight_row_offset_ + out_features_, ")");
+void check_linear_wiring(const Op& op, const Workspace& ws, const ParamStore& params, int64_t rows,
+                         int64_t in_features, int64_t out_features, bool has_bias,
+                         int64_t weight_row_offset) {
+  expect_arity(op, 1, 1, has_bias ? 2 : 1);
+  expect_numel(ws.values[op.inputs[0]], rows * in_features, op, "input x");
+  expect_numel(ws.values[op.outputs[0]], rows * out_features, op, "output y");
+  const int64_t end_row = weight_row_offset + out_features;
+  const Tensor& weight = params[op.params[0]].value;
+  FT_CHECK(weight.numel() >= end_row * in_features, op.kind(), " '", op.name, "': weight ",
+           shape_str(weight.shape()), " has no rows [", weight_row_offset, ", ", end_row, ") of ",
+           in_features, " columns");
+  if (has_bias)
+    FT_CHECK(params[op.params[1]].value.numel() >= end_row, op.kind(), " '", op.name,
+             "': bias too short for rows [", weight_row_offset, ", ", end_row, ")");
+}
+
+void linear_op_forward(const Op& op, Workspace& ws, ParamStore& params, int64_t rows,
+                       int64_t in_features, int64_t out_features, bool has_bias,
+                       int64_t weight_row_offset) {
+  check_linear_wiring(op, ws, params, rows, in_features, out_features, has_bias, weight_row_offset);
+  const int64_t offset = weight_row_offset;
+  const float* bias = has_bias ? params[op.params[1]].value.data() + offset : nullptr;
+  linear_forward(ws.values[op.outputs[0]].data(), ws.values[op.inputs[0]].data(),
+                 params[op.params[0]].value.data() + offset * in_features, bias, rows, in_features,
+                 out_features, ws.row_stride(op.outputs[0]), ws.row_stride(op.inputs[0]));
+}
+
+void linear_op_backward(const Op& op, Workspace& ws, ParamStore& params, int64_t rows,
+                        int64_t in_features, int64_t out_features, bool has_bias,
+                        int64_t weight_row_offset) {
+  check_linear_wiring(op, ws, params, rows, in_features, out_features, has_bias, weight_row_offset);
+  const int64_t offset = weight_row_offset;
+  float* dbias = has_bias ? params[op.params[1]].grad.data() + offset : nullptr;
+  Tensor& dx = ws.grads[op.inputs[0]];
+  linear_backward(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr,
+                  params[op.params[0]].grad.data() + offset * in_features, dbias,
+                  ws.grads[op.outputs[0]].data(), ws.values[op.inputs[0]].data(),
+                  params[op.params[0]].value.data() + offset * in_features, rows, in_features,
+                  out_features, ws.row_stride(op.outputs[0]), ws.row_stride(op.inputs[0]));
 }
 
 void LinearOp::forward(Workspace& ws, ParamStore& params) {
-  check_wiring(ws, params);
-  const int64_t offset = weight_row_offset_;
-  const float* bias = has_bias_ ? params[this->params[1]].value.data() + offset : nullptr;
-  linear_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
-                 params[this->params[0]].value.data() + offset * in_features_, bias, rows_,
-                 in_features_, out_features_, ws.row_stride(outputs[0]),
-                 ws.row_stride(inputs[0]));
+  linear_op_forward(*this, ws, params, rows_, in_features_, out_features_, has_bias_,
+                    weight_row_offset_);
 }
 
 void LinearOp::backward(Workspace& ws, ParamStore& params) {
-  check_wiring(ws, params);
-  const int64_t offset = weight_row_offset_;
-  float* dbias = has_bias_ ? params[this->params[1]].grad.data() + offset : nullptr;
-  Tensor& dx = ws.grads[inputs[0]];
-  linear_backward(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr,
-                  params[this->params[0]].grad.data() + offset * in_features_, dbias,
-                  ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
-                  params[this->params[0]].value.data() + offset * in_features_, rows_,
-                  in_features_, out_features_, ws.row_stride(outputs[0]),
-                  ws.row_stride(inputs[0]));
+  linear_op_backward(*this, ws, params, rows_, in_features_, out_features_, has_bias_,
+                     weight_row_offset_);
 }
 
 OpCost LinearOp::cost(const Graph& graph) const {

@@ -22,6 +22,21 @@ void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, c
                      const float* weight, int64_t rows, int64_t in_features, int64_t out_features,
                      int64_t dy_stride = 0, int64_t x_stride = 0);
 
+// Entry checks of the Linear op family (LinearOp, LinearGeluOp, QkvLinearOp): x [rows, in] in,
+// y [rows, out] out, and params {weight, bias when has_bias} that hold the rows
+// [weight_row_offset, weight_row_offset + out) the op uses.
+void check_linear_wiring(const Op& op, const Workspace& ws, const ParamStore& params, int64_t rows,
+                         int64_t in_features, int64_t out_features, bool has_bias,
+                         int64_t weight_row_offset);
+// linear_forward / linear_backward on an op's x, y and parameter rows (wired as above);
+// backward skips dx when x has no gradient buffer.
+void linear_op_forward(const Op& op, Workspace& ws, ParamStore& params, int64_t rows,
+                       int64_t in_features, int64_t out_features, bool has_bias,
+                       int64_t weight_row_offset);
+void linear_op_backward(const Op& op, Workspace& ws, ParamStore& params, int64_t rows,
+                        int64_t in_features, int64_t out_features, bool has_bias,
+                        int64_t weight_row_offset);
+
 class LinearOp : public Op {
  public:
   LinearOp(int64_t rows, int64_t in_features, int64_t out_features, bool has_bias,
@@ -39,8 +54,6 @@ class LinearOp : public Op {
   int64_t weight_row_offset() const { return weight_row_offset_; }
 
  private:
-  void check_wiring(const Workspace& ws, const ParamStore& params) const;
-
   int64_t rows_, in_features_, out_features_;
   bool has_bias_;
   int64_t weight_row_offset_;
