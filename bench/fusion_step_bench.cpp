@@ -69,8 +69,8 @@ void print_row(const char* model, const char* variant, size_t ops, const Samples
   const double median = percentile(samples.step_ms, 0.5);
   const double gemm = percentile(samples.gemm_ms, 0.5);
   std::printf("| %-9s | %-7s | %4zu | %8.2f | %6.2f-%-6.2f | %8.2f | %5.1f%% |\n", model, variant,
-              ops, median, percentile(samples.step_ms, 0.1), percentile(samples.step_ms, 0.9),
-              gemm, 100.0 * (1.0 - gemm / median));
+              ops, median, percentile(samples.step_ms, 0.1), percentile(samples.step_ms, 0.9), gemm,
+              100.0 * (1.0 - gemm / median));
 }
 
 std::vector<std::string> fused_extra;  // --fused-set overrides
@@ -106,13 +106,14 @@ void compare(const Model& model, int rounds, bool profile) {
   if (profile) {
     for (const Samples* samples : {&unfused_samples, &fused_samples}) {
       std::printf("|   %s per-op ms per step:", samples == &unfused_samples ? "unfused" : "fused");
-      for (const auto& [name, total] : samples->op_ms) std::printf(" %s %.2f", name.c_str(), total / rounds);
+      for (const auto& [name, total] : samples->op_ms)
+        std::printf(" %s %.2f", name.c_str(), total / rounds);
       std::printf(" |\n");
     }
   }
   const double low = percentile(ratios, 0.1), high = percentile(ratios, 0.9);
-  std::printf("| %-9s | speedup %.3fx (p10-p90 of %d per-round ratios %.3f-%.3f)%s |\n",
-              model.name, percentile(ratios, 0.5), rounds, low, high,
+  std::printf("| %-9s | speedup %.3fx (p10-p90 of %d per-round ratios %.3f-%.3f)%s |\n", model.name,
+              percentile(ratios, 0.5), rounds, low, high,
               low <= 1.0 && high >= 1.0 ? ", within noise" : "");
   std::fflush(stdout);
 }
@@ -133,7 +134,8 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--rounds N] [--profile] [--fused-set k=v]... [--only MODEL]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--rounds N] [--profile] [--fused-set k=v]... [--only MODEL]\n",
                    argv[0]);
       return 2;
     }

@@ -26,9 +26,9 @@ class Executor {
   void forward(Workspace& ws);
   // Seeds d(loss) = 1 and runs backward ops in reverse. Each activation gradient is first written
   // by the backward of its last reader in forward order: just before that op runs, the gradient
-  // is zeroed, or marked fresh (ws.grad_fresh) for an op that overwrites_fresh_input_grads(). Parameter gradients accumulate (+=): the caller zeroes
-  // them once per optimizer step.
-  // REQUIRES: a train graph (eval graphs have no backward).
+  // is zeroed, or marked fresh (ws.grad_fresh) for an op that overwrites_fresh_input_grads().
+  // Parameter gradients accumulate (+=): the caller zeroes them once per optimizer step. REQUIRES:
+  // a train graph (eval graphs have no backward).
   void backward(Workspace& ws, const GradReadyFn& on_grad_ready = nullptr);
 
   float loss(const Workspace& ws) const { return ws.values[graph_.loss].data()[0]; }
@@ -55,7 +55,7 @@ class Executor {
   std::vector<ParamId> grad_ready_order_;
   std::vector<std::vector<ValueId>> zero_before_op_;  // per op index: input grads it writes first
   std::vector<std::vector<ValueId>> zero_views_before_op_;  // roots read through views
-  std::vector<ValueId> zero_at_start_;                // grads no op writes
+  std::vector<ValueId> zero_at_start_;                      // grads no op writes
   bool profiling_ = false;
   bool fresh_gradients_ = true;
   bool poison_fresh_ = false;

@@ -127,7 +127,8 @@ TEST(Config, OutOfRangeValues) {
   EXPECT_NE(parse_error("model:\n  dropout: 1\n").find("model.dropout"), std::string::npos);
   const std::string lr = parse_error("optim:\n  lr: -0.1\n");
   EXPECT_NE(lr.find("(0, 10]"), std::string::npos) << lr;
-  EXPECT_NE(parse_error("model:\n  n_layer: 99999999999\n").find("model.n_layer"), std::string::npos);
+  EXPECT_NE(parse_error("model:\n  n_layer: 99999999999\n").find("model.n_layer"),
+            std::string::npos);
   EXPECT_NE(parse_error("data:\n  val_fraction: 0.6\n").find("(0, 0.5]"), std::string::npos);
   EXPECT_NE(parse_error("train:\n  run_dir: \"\"\n").find("non-empty"), std::string::npos);
 }
@@ -153,21 +154,23 @@ TEST(Config, FileProblems) {
   const std::string syntax = parse_error("model:\n  n_layer: [1,\n  d_model: }\n");
   EXPECT_NE(syntax.find("test.yaml:"), std::string::npos) << syntax;
   EXPECT_NE(syntax.find("YAML syntax error"), std::string::npos) << syntax;
-  EXPECT_NE(parse_error("model: {}\n---\nmodel: {}\n").find("one YAML document"), std::string::npos);
+  EXPECT_NE(parse_error("model: {}\n---\nmodel: {}\n").find("one YAML document"),
+            std::string::npos);
 }
 
 TEST(Config, DuplicateKey) {
   const std::string message = parse_error("model:\n  n_layer: 2\n  n_layer: 3\n");
   EXPECT_NE(message.find("test.yaml:3:3"), std::string::npos) << message;
-  EXPECT_NE(message.find("duplicate key 'model.n_layer' (first set at line 2)"), std::string::npos) << message;
+  EXPECT_NE(message.find("duplicate key 'model.n_layer' (first set at line 2)"), std::string::npos)
+      << message;
   EXPECT_NE(parse_error("model: {}\nmodel: {}\n").find("duplicate key 'model'"), std::string::npos);
 }
 
 TEST(Config, OverridesChangeValues) {
-  const Config config = parse_config("model: {}\n", "o.yaml",
-                                     {"model.n_layer=6", "optim.lr=3e-4", "train.resume=", "train.seed=42",
-                                      "comm.emulate.bandwidth_gbps=10", "comm.emulate.latency_us=20",
-                                      "model.n_layer=8"});
+  const Config config = parse_config(
+      "model: {}\n", "o.yaml",
+      {"model.n_layer=6", "optim.lr=3e-4", "train.resume=", "train.seed=42",
+       "comm.emulate.bandwidth_gbps=10", "comm.emulate.latency_us=20", "model.n_layer=8"});
   EXPECT_EQ(config.model.n_layer, 8);  // later overrides win
   EXPECT_FLOAT_EQ(config.optim.lr, 3e-4f);
   EXPECT_EQ(config.train.resume, "");
@@ -183,28 +186,38 @@ TEST(Config, BadOverrides) {
   EXPECT_NE(unknown.find("valid keys in 'model'"), std::string::npos) << unknown;
   const std::string range = parse_error("model: {}\n", {"model.n_layer=0"});
   EXPECT_NE(range.find("--set 'model.n_layer=0': model.n_layer: expected an integer in [1, 64]"),
-            std::string::npos) << range;
-  EXPECT_NE(parse_error("model: {}\n", {"optim.name=adam"}).find("one of: adamw, sgd"), std::string::npos);
-  EXPECT_NE(parse_error("model: {}\n", {"model.n_layer"}).find("expected section.key=value"), std::string::npos);
-  EXPECT_NE(parse_error("model: {}\n", {"=3"}).find("expected section.key=value"), std::string::npos);
-  EXPECT_NE(parse_error("model: {}\n", {"comm.emulate=3"}).find("is a section"), std::string::npos);
-  EXPECT_NE(parse_error("model: {}\n", {"comm.emulate.latency=3"}).find("'comm.emulate.latency_us'"),
+            std::string::npos)
+      << range;
+  EXPECT_NE(parse_error("model: {}\n", {"optim.name=adam"}).find("one of: adamw, sgd"),
             std::string::npos);
+  EXPECT_NE(parse_error("model: {}\n", {"model.n_layer"}).find("expected section.key=value"),
+            std::string::npos);
+  EXPECT_NE(parse_error("model: {}\n", {"=3"}).find("expected section.key=value"),
+            std::string::npos);
+  EXPECT_NE(parse_error("model: {}\n", {"comm.emulate=3"}).find("is a section"), std::string::npos);
+  EXPECT_NE(
+      parse_error("model: {}\n", {"comm.emulate.latency=3"}).find("'comm.emulate.latency_us'"),
+      std::string::npos);
 }
 
 TEST(Config, CrossFieldChecks) {
   const std::string heads = parse_error("model:\n  d_model: 100\n  n_head: 3\n");
-  EXPECT_NE(heads.find("model.d_model = 100 (test.yaml:2:12) must be divisible by model.n_head = 3"),
-            std::string::npos) << heads;
-  EXPECT_NE(parse_error("model: {}\n", {"model.d_model=130"}).find("--set 'model.d_model=130'"), std::string::npos);
+  EXPECT_NE(
+      heads.find("model.d_model = 100 (test.yaml:2:12) must be divisible by model.n_head = 3"),
+      std::string::npos)
+      << heads;
+  EXPECT_NE(parse_error("model: {}\n", {"model.d_model=130"}).find("--set 'model.d_model=130'"),
+            std::string::npos);
   EXPECT_NO_THROW(parse_config("model:\n  arch: resnet\n  d_model: 100\n  n_head: 3\n", "r.yaml"));
   EXPECT_NE(parse_error("model:\n  vocab_size: 512\n").find("must be 256"), std::string::npos);
   EXPECT_NE(parse_error("model:\n  seq_len: 1\n").find("at least 2"), std::string::npos);
-  EXPECT_NE(parse_error("train:\n  steps: 10\n").find("optim.warmup_steps = 20 (default) must not exceed"),
+  EXPECT_NE(parse_error("train:\n  steps: 10\n")
+                .find("optim.warmup_steps = 20 (default) must not exceed"),
             std::string::npos);
   EXPECT_NE(parse_error("optim:\n  min_lr: 0.01\n").find("optim.min_lr"), std::string::npos);
   EXPECT_NE(parse_error("comm:\n  first_bucket_mb: 8\n").find("comm.bucket_mb"), std::string::npos);
-  EXPECT_NE(parse_error("data:\n  augment: flip\n").find("only to model.arch resnet"), std::string::npos);
+  EXPECT_NE(parse_error("data:\n  augment: flip\n").find("only to model.arch resnet"),
+            std::string::npos);
   EXPECT_NE(parse_error("comm:\n  backend: nccl\n").find("train.device = cuda"), std::string::npos);
   const std::string latency = parse_error("comm:\n  emulate:\n    latency_us: 20\n");
   EXPECT_NE(latency.find("bandwidth 0 turns emulation off"), std::string::npos) << latency;
@@ -212,10 +225,11 @@ TEST(Config, CrossFieldChecks) {
 }
 
 TEST(Config, YamlRoundTrip) {
-  const Config original = parse_config("model: {}\n", "x.yaml",
-                                       {"train.resume=dir with \"quotes\"\\ and: colon", "optim.eps=1.5e-7",
-                                        "comm.emulate.latency_us=2.5", "comm.emulate.bandwidth_gbps=0.1",
-                                        "train.seed=18446744073709551615", "model.dropout=0.1"});
+  const Config original =
+      parse_config("model: {}\n", "x.yaml",
+                   {"train.resume=dir with \"quotes\"\\ and: colon", "optim.eps=1.5e-7",
+                    "comm.emulate.latency_us=2.5", "comm.emulate.bandwidth_gbps=0.1",
+                    "train.seed=18446744073709551615", "model.dropout=0.1"});
   const std::string yaml = config_to_yaml(original);
   const Config reparsed = parse_config(yaml, "resolved.yaml");
   EXPECT_EQ(flatten_config(reparsed), flatten_config(original)) << yaml;
@@ -223,7 +237,9 @@ TEST(Config, YamlRoundTrip) {
   EXPECT_NE(yaml.find("    latency_us: 2.5\n"), std::string::npos) << yaml;
   for (const char* preset : {"gpt_small", "resnet20"}) {
     const Config config = load_config(kSource + "/configs/" + preset + ".yaml");
-    EXPECT_EQ(flatten_config(parse_config(config_to_yaml(config), "p.yaml")), flatten_config(config)) << preset;
+    EXPECT_EQ(flatten_config(parse_config(config_to_yaml(config), "p.yaml")),
+              flatten_config(config))
+        << preset;
   }
 }
 
@@ -246,8 +262,8 @@ TEST(Config, ReferenceDocMatchesSchema) {
   const std::string generated = config_reference_markdown();
   const char* update = std::getenv("FT_UPDATE_DOCS");
   if (update != nullptr && std::string(update) == "1") std::ofstream(path) << generated;
-  EXPECT_EQ(read_file(path), generated)
-      << "docs/config_reference.md is stale; run config_test with FT_UPDATE_DOCS=1 to regenerate it";
+  EXPECT_EQ(read_file(path), generated) << "docs/config_reference.md is stale; run config_test "
+                                           "with FT_UPDATE_DOCS=1 to regenerate it";
   EXPECT_NE(generated.find("| `comm.emulate.latency_us` | float | `0` |"), std::string::npos);
   EXPECT_NE(generated.find("one of: adamw, sgd"), std::string::npos);
 }
@@ -262,7 +278,8 @@ TEST(Config, ReadmeEmbedsTheReference) {
   const size_t end_at = readme.find(end);
   ASSERT_NE(begin_at, std::string::npos) << "README.md lacks " << begin;
   ASSERT_NE(end_at, std::string::npos) << "README.md lacks " << end;
-  const std::string embedded = readme.substr(begin_at + begin.size(), end_at - begin_at - begin.size());
+  const std::string embedded =
+      readme.substr(begin_at + begin.size(), end_at - begin_at - begin.size());
   EXPECT_EQ(embedded, generated.substr(generated.find("Every key")))
       << "README.md's configuration reference is stale: paste docs/config_reference.md from "
          "'Every key' on between the markers";

@@ -1,16 +1,16 @@
 // Shared scaffolding for the ResNet op tests: random fills, a one-op graph closed by a
 // weighted-sum loss, and PyTorch-index to NCHW/NHWC storage mappings.
 #pragma once
-#include <cmath>
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <ostream>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "core/check.h"
 #include "core/rng.h"
@@ -20,7 +20,6 @@
 #include "model/ops/conv2d.h"
 #include "model/ops/global_avg_pool.h"
 #include "model/ops/relu.h"
-
 
 namespace ft {
 namespace resnet_test {
@@ -45,8 +44,8 @@ struct SingleOpGraph {
   }
   template <typename OpType, typename... Args>
   OpType& add(std::vector<ParamId> param_ids, Args&&... args) {
-    OpType& added = graph.add_op<OpType>("op", {x}, {y}, std::move(param_ids),
-                                         std::forward<Args>(args)...);
+    OpType& added =
+        graph.add_op<OpType>("op", {x}, {y}, std::move(param_ids), std::forward<Args>(args)...);
     op = &added;
     add_weighted_sum_loss(graph, y, /*seed=*/7);
     return added;
@@ -68,7 +67,6 @@ struct SingleOpGraph {
   }
 };
 
-
 // Index helpers: PyTorch indices (sample, channel, row, column) to storage offsets.
 int64_t nchw_index(int64_t b, int64_t c, int64_t h, int64_t w, int64_t channels, int64_t height,
                    int64_t width) {
@@ -83,7 +81,6 @@ int64_t activation_index(ActivationLayout layout, int64_t b, int64_t c, int64_t 
   return layout == ActivationLayout::kNchw ? nchw_index(b, c, h, w, channels, height, width)
                                            : nhwc_index(b, c, h, w, channels, height, width);
 }
-
 
 }  // namespace resnet_test
 }  // namespace ft

@@ -1,14 +1,14 @@
 // A ready-to-run tiny ResNet (blocks 1, width 4) with random images and labels, shared by the
 // ResNet model tests.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "core/check.h"
 #include "core/rng.h"
