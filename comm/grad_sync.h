@@ -50,7 +50,7 @@ struct CommStepStats {
   int64_t allreduce_calls = 0;
   int64_t bytes_reduced = 0;          // payload bytes over all allreduces
   std::vector<int64_t> bucket_bytes;  // payload of each bucket, in launch order
-  int64_t extra_memory_bytes = 0;     // fusion buffer (bucket_view = false), else 0
+  int64_t extra_memory_bytes = 0;     // staging buffer (bucket_view = false), else 0
   bool emulated = false;              // numbers include an emulated link: say so in any output
 };
 

@@ -92,10 +92,15 @@ Workspace Executor::make_workspace() const {
 }
 
 void Executor::forward(Workspace& ws) {
-  for (const auto& op : graph_.ops) {
-    const double start = profiling_ ? now_ms() : 0.0;
-    op->forward(ws, params_);
-    if (profiling_) op_times_.add(std::string(op->kind()) + ".forward", now_ms() - start);
+  const bool timed = profiling_ || observer_ != nullptr;
+  for (int op_index = 0; op_index < static_cast<int>(graph_.ops.size()); ++op_index) {
+    const Op& op = *graph_.ops[op_index];
+    const double start = timed ? now_ms() : 0.0;
+    graph_.ops[op_index]->forward(ws, params_);
+    if (!timed) continue;
+    const double end = now_ms();
+    if (profiling_) op_times_.add(std::string(op.kind()) + ".forward", end - start);
+    if (observer_) observer_->on_op(op, op_index, false, start, end);
   }
 }
 
@@ -106,7 +111,8 @@ void Executor::backward(Workspace& ws, const GradReadyFn& on_grad_ready) {
   ws.grads[graph_.loss].fill(1.0f);
   for (int op_index = static_cast<int>(graph_.ops.size()) - 1; op_index >= 0; --op_index) {
     Op& op = *graph_.ops[op_index];
-    const double start = profiling_ ? now_ms() : 0.0;
+    const bool timed = profiling_ || observer_ != nullptr;
+    const double start = timed ? now_ms() : 0.0;
     const bool overwrites = fresh_gradients_ && op.overwrites_fresh_input_grads();
     for (ValueId id : zero_views_before_op_[op_index]) ws.grads[id].fill(0.0f);
     for (ValueId id : zero_before_op_[op_index]) {
@@ -118,7 +124,11 @@ void Executor::backward(Workspace& ws, const GradReadyFn& on_grad_ready) {
     }
     op.backward(ws, params_);
     for (ValueId id : zero_before_op_[op_index]) ws.grad_fresh[id] = 0;
-    if (profiling_) op_times_.add(std::string(op.kind()) + ".backward", now_ms() - start);
+    if (timed) {
+      const double end = now_ms();
+      if (profiling_) op_times_.add(std::string(op.kind()) + ".backward", end - start);
+      if (observer_) observer_->on_op(op, op_index, true, start, end);
+    }
     if (on_grad_ready)
       for (ParamId id : ready_after_op_[op_index]) on_grad_ready(id);
   }

@@ -13,6 +13,15 @@ namespace ft {
 
 using GradReadyFn = std::function<void(ParamId)>;
 
+// Sees every op the executor runs, with wall-clock start and end (core/timer.h now_ms()): the
+// profiler and the timeline trace hang on this. Called on the executor's thread.
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  virtual void on_op(const Op& op, int op_index, bool backward, double start_ms,
+                     double end_ms) = 0;
+};
+
 class Executor {
  public:
   // REQUIRES: params allocated; graph and params outlive the executor; the graph is final (every
@@ -37,6 +46,8 @@ class Executor {
   const std::vector<ParamId>& grad_ready_order() const { return grad_ready_order_; }
 
   void set_profiling(bool on) { profiling_ = on; }
+  // REQUIRES: `observer` outlives its use; null detaches.
+  void set_observer(OpObserver* observer) { observer_ = observer; }
   // Off: every activation gradient is zeroed and every op accumulates, the reference that tests
   // compare the default (ops that can overwrite a fresh gradient do) against.
   void set_fresh_gradients(bool on) { fresh_gradients_ = on; }
@@ -57,6 +68,7 @@ class Executor {
   std::vector<std::vector<ValueId>> zero_views_before_op_;  // roots read through views
   std::vector<ValueId> zero_at_start_;                      // grads no op writes
   bool profiling_ = false;
+  OpObserver* observer_ = nullptr;
   bool fresh_gradients_ = true;
   bool poison_fresh_ = false;
   TimeTable op_times_;
