@@ -67,6 +67,8 @@ std::vector<Field> build_fields() {
       {FT_KEY(train.resume), any_text(), "checkpoint to resume from; empty = fresh start"},
       {FT_KEY(train.grad_accum), in(1, 1024), "micro-batches accumulated per optimizer step"},
       {FT_KEY(train.device), one_of({"cpu", "cuda"}), "where compute runs"},
+      {FT_KEY(train.profile), true_or_false(), "print per-op time (forward and backward apart) and fusion advice at the end; rank 0"},
+      {FT_KEY(train.trace), any_text(), "write a Chrome trace-event JSON (Perfetto, chrome://tracing) of a few steps after warm-up here; empty = none"},
 
       {FT_KEY(optim.name), one_of({"adamw", "sgd"}), "optimizer"},
       {FT_KEY(optim.lr), above_up_to(0, 10), "peak learning rate, reached after warmup"},
