@@ -37,6 +37,19 @@ struct PlanArgs {
 // Prints the op list before and after the fusion passes, every pass decision and the totals.
 int run_plan(const PlanArgs& args);
 
+struct BenchArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string variants;  // comma-separated names or name:key=value;...; empty = the default list
+  bool ablation = false;
+  std::string sweep;  // key=v1,v2,...; replaces the variant list
+  int steps = 10;     // timed rounds
+  int warmup = 2;     // untimed steps of every variant first
+  std::string json_path;
+};
+// Times the variants interleaved, prints a Markdown table; non-zero on a final-loss mismatch.
+int run_bench(const BenchArgs& args, Communicator* comm);
+
 // Threads for this rank: train.threads, or cores / local ranks (at least 1) when it is 0.
 int resolve_threads(int configured_threads);
 

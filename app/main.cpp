@@ -69,6 +69,21 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   bandwidth->add_option("--json", bandwidth_args.json_path, "write the sweep as JSON");
 
+  ft::BenchArgs bench_args;
+  bench_args.config_path = kDefaultConfig;
+  CLI::App* bench = app.add_subcommand(
+      "bench", "time variants (unfused, horizontal, vertical, ...) interleaved in one run");
+  add_config_flags(bench, &bench_args.config_path, &bench_args.overrides);
+  bench->add_option("--variants", bench_args.variants,
+                    "comma-separated names (unfused,horizontal,vertical,bucketing,overlap,all, "
+                    "all-<pass>) or name:key=value;key=value");
+  bench->add_flag("--ablation", bench_args.ablation, "add all-<pass> for every pass");
+  bench->add_option("--sweep", bench_args.sweep, "key=v1,v2,...: one variant per value");
+  bench->add_option("--steps", bench_args.steps, "timed rounds")->check(CLI::PositiveNumber);
+  bench->add_option("--warmup", bench_args.warmup, "untimed steps per variant")
+      ->check(CLI::NonNegativeNumber);
+  bench->add_option("--json", bench_args.json_path, "write the results as JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -93,6 +108,7 @@ int main(int argc, char** argv) {
         FT_CHECK(mpi.world_size() == 1, "plan runs on one rank; drop mpirun -np");
         return ft::run_plan(plan_args);
       }
+      if (app.got_subcommand(bench)) return ft::run_bench(bench_args, comm.get());
       if (app.got_subcommand(bandwidth)) return ft::run_bandwidth(*comm, bandwidth_args);
     } catch (const std::exception& error) {
       std::fprintf(stderr, "rank %d: error: %s\n", rank, error.what());

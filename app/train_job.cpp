@@ -2,15 +2,20 @@
 // metrics and atomic checkpoints.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "app/fusion_advice.h"
 #include "app/jobs.h"
+#include "app/profiler.h"
+#include "app/trace.h"
 #include "app/trainer.h"
 #include "core/check.h"
 #include "core/safetensors.h"
@@ -95,6 +100,16 @@ int run_train(const TrainArgs& args, Communicator* comm) {
   }
 
   Trainer trainer(config, comm);
+  // train.profile: rank 0 only; warm-up shortened so that a short run still measures a step.
+  std::unique_ptr<Profiler> profiler;
+  if (is_root && config.train.profile) {
+    const int steps_to_run = config.train.steps - trainer.step();
+    profiler = std::make_unique<Profiler>(
+        trainer.executor().graph(), std::max(0, std::min(kProfileWarmupSteps, steps_to_run - 1)));
+    trainer.executor().set_observer(profiler.get());
+  }
+  // Collective when train.trace is set; passes every op on to the profiler while it observes.
+  TrainTrace trace(config.train.trace, trainer, comm, profiler.get());
   const int64_t items_per_step = trainer.items_per_step();
   const int total_steps = config.train.steps;
   const int first_step = trainer.step();
@@ -114,7 +129,11 @@ int run_train(const TrainArgs& args, Communicator* comm) {
   std::string last_checkpoint;
 
   while (trainer.step() < total_steps) {
+    trace.before_step();
+    if (profiler) profiler->begin_step();
     const StepStats stats = trainer.train_step();
+    if (profiler) profiler->end_step(stats.step_ms);
+    trace.after_step(stats.comm);
     train_ms += stats.step_ms;
     last_loss = stats.loss;
     emulated_link = emulated_link || stats.comm.emulated;
@@ -165,6 +184,20 @@ int run_train(const TrainArgs& args, Communicator* comm) {
                 human_rate(steps_run > 0 ? items_per_step / (ms_per_step / 1e3) : 0).c_str(),
                 trainer.task().item_unit(), last_loss, last_checkpoint.c_str(),
                 emulated_link ? " [emulated link]" : "");
+    if (profiler) {
+      AdviceOptions advice_options;
+      advice_options.dispatch_ms = measure_dispatch_ms();
+      const std::vector<FusionAdvice> advice = advise_fusion(
+          trainer.executor().graph(), profiler->profile(), config.fusion, advice_options);
+      std::printf("%s%s", format_profile(profiler->profile()).c_str(),
+                  format_advice(advice, advice_options).c_str());
+      if (json.is_open()) {
+        nlohmann::json row = profile_json(profiler->profile());
+        row["type"] = "profile";
+        row["advice"] = advice_json(advice, advice_options);
+        json << row.dump() << "\n";
+      }
+    }
     if (json.is_open()) {
       nlohmann::json summary = {{"type", "summary"},     {"steps", steps_run},
                                 {"ms_per_step", ms_per_step}, {"final_loss", last_loss},

@@ -45,6 +45,7 @@ class Trainer {
   ParamStore& params() { return params_; }
   Task& task() { return *task_; }
   Executor& executor() { return *train_run_->executor; }
+  GradSync* grad_sync() { return grad_sync_.get(); }  // null without a communicator
   int64_t items_per_step() const;  // over all ranks and micro-batches
 
  private:

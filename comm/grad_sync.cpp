@@ -42,6 +42,7 @@ void GradSync::build_buckets(const std::vector<ParamId>& order) {
   pending_params_.assign(buckets_.size(), 0);
   tickets_.assign(buckets_.size(), 0);
   bucket_comm_ms_.assign(buckets_.size(), 0.0);
+  timings_.assign(buckets_.size(), BucketTiming());
   announced_.assign(static_cast<size_t>(params_.size()), false);
 }
 
@@ -49,6 +50,11 @@ void GradSync::check_same_layout_on_all_ranks() {
   if (same_on_all_ranks(comm_, bucket_signature(buckets_))) return;
   FT_FAIL("gradient buckets differ across ranks (rank ", comm_.rank(), " has ", buckets_.size(),
           " buckets): every rank must build the same model with the same bucket options");
+}
+
+void GradSync::set_record_timings(bool on) {
+  FT_CHECK(!in_backward_, "set_record_timings inside begin_backward() ... finish()");
+  record_timings_ = on;
 }
 
 void GradSync::begin_backward(bool communicate) {
@@ -84,11 +90,24 @@ void GradSync::launch_ready_buckets() {
 }
 
 void GradSync::launch(int bucket) {
+  if (record_timings_) timings_[bucket].launch_ms = now_ms();
   if (comm_thread_) {
-    tickets_[bucket] = comm_thread_->submit([this, bucket] { reduce_bucket(bucket); });
+    tickets_[bucket] = comm_thread_->submit([this, bucket] { run_bucket(bucket); });
   } else {
-    reduce_bucket(bucket);
+    run_bucket(bucket);
   }
+}
+
+// Runs on whichever thread reduces the bucket; finish() reads the times after wait(), whose mutex
+// orders these writes before that read.
+void GradSync::run_bucket(int bucket) {
+  if (!record_timings_) {
+    reduce_bucket(bucket);
+    return;
+  }
+  timings_[bucket].start_ms = now_ms();
+  reduce_bucket(bucket);
+  timings_[bucket].done_ms = now_ms();
 }
 
 void GradSync::reduce_bucket(int bucket) {
@@ -138,6 +157,12 @@ void GradSync::finish(float scale) {
     const int64_t bytes = buckets_[b].count * static_cast<int64_t>(sizeof(float));
     stats.bucket_bytes.push_back(bytes);
     stats.comm_ms += bucket_comm_ms_[b];
+    if (record_timings_) {
+      BucketTiming timing = timings_[b];
+      timing.bucket = b;
+      timing.bytes = bytes;
+      stats.bucket_timings.push_back(timing);
+    }
     if (reduced) {
       ++stats.allreduce_calls;
       stats.bytes_reduced += bytes;

@@ -44,6 +44,17 @@ struct GradSyncOptions {
   EmulatedLink emulate;          // added on top of every real allreduce
 };
 
+// One bucket's allreduce in one step, on the clock of core/timer.h now_ms(). With overlap the
+// training thread launches (queues) a bucket and the comm thread starts it once the buckets before
+// it are done; without overlap all three times fall inside finish().
+struct BucketTiming {
+  int bucket = 0;  // index in launch order
+  int64_t bytes = 0;
+  double launch_ms = 0;  // handed to the comm thread, or run inline
+  double start_ms = 0;   // the allreduce began (copy-in for bucket_view = false included)
+  double done_ms = 0;    // the allreduce and any emulated link delay finished
+};
+
 struct CommStepStats {
   double comm_ms = 0;     // sum of allreduce durations (emulated delay included)
   double exposed_ms = 0;  // from finish() entry until it returns (waits, scale / copy-out)
@@ -52,6 +63,7 @@ struct CommStepStats {
   std::vector<int64_t> bucket_bytes;  // payload of each bucket, in launch order
   int64_t extra_memory_bytes = 0;     // staging buffer (bucket_view = false), else 0
   bool emulated = false;              // numbers include an emulated link: say so in any output
+  std::vector<BucketTiming> bucket_timings;  // per bucket, only while set_record_timings(true)
 };
 
 class GradSync {
@@ -73,6 +85,11 @@ class GradSync {
   // waits for every bucket and scales. Collective when communicating.
   void finish(float scale);
 
+  // On: finish() also reports when each bucket was launched, started and done (the timeline
+  // trace). Off by default; it adds two clock reads per bucket and changes nothing else.
+  // REQUIRES: not inside begin_backward() ... finish().
+  void set_record_timings(bool on);
+
   const CommStepStats& last_stats() const { return stats_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
@@ -81,6 +98,7 @@ class GradSync {
   void check_same_layout_on_all_ranks();
   void launch_ready_buckets();
   void launch(int bucket);
+  void run_bucket(int bucket);     // reduce_bucket, timed when recording
   void reduce_bucket(int bucket);  // the communication part: copy-in, allreduce, link delay
   void scale_bucket(int bucket, float scale);
   void rebuild_in_observed_order();
@@ -94,12 +112,14 @@ class GradSync {
   std::vector<bool> announced_;         // by ParamId, this backward
   std::vector<int64_t> tickets_;        // by bucket: CommThread ticket, 0 = not launched
   std::vector<double> bucket_comm_ms_;  // by bucket, written by whoever ran the allreduce
+  bool record_timings_ = false;
+  std::vector<BucketTiming> timings_;  // by bucket: launch by the training thread, rest by runner
   int next_launch_ = 0;
   bool in_backward_ = false;
   bool communicating_ = false;
   bool reordered_ = false;
   std::vector<ParamId> observed_order_;  // ready order of the first communicating backward
-  Tensor staging_;                        // bucket_view = false only; same layout as flat_grads
+  Tensor staging_;                       // bucket_view = false only; same layout as flat_grads
   CommStepStats stats_;
   // Last, so it is destroyed first: no job outlives the buckets or fusion buffer it touches.
   std::unique_ptr<CommThread> comm_thread_;  // overlap with more than one rank only

@@ -1,0 +1,87 @@
+// What `fusiontrain bench` computes, apart from running it: the variant list (named strategies,
+// the --ablation names, ad-hoc `name:key=value;...` variants and --sweep values), the statistics
+// of the interleaved rounds (median, p10, p90, speedup over the baseline with its p10-p90 interval
+// of per-round ratios), the final-loss check, and the Markdown table and JSON. app/bench_job.cpp
+// runs the Trainers and fills BenchVariantResult; everything here is pure so tests check it
+// without training.
+// Thread safety: pure functions.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ft {
+
+// One column of the comparison: a name and the config overrides (section.key=value) applied after
+// the config file and its --set overrides.
+struct BenchVariant {
+  std::string name;
+  std::vector<std::string> overrides;
+};
+
+// The default --variants list, in run order within a round.
+extern const char* const kDefaultBenchVariants;  // "unfused,horizontal,vertical,bucketing,..."
+// Final losses must agree with the baseline's within this relative tolerance: the variants run
+// the same math on the same parameters and batches, so they differ by rounding only.
+constexpr double kBenchLossTolerance = 1e-3;
+
+// Every named variant --variants accepts, and the fusion pass keys --ablation removes one by one.
+std::vector<std::string> bench_variant_names();
+std::vector<std::string> bench_ablation_keys();  // "fusion.vertical.gemm_epilogue", ...
+
+// Expands --variants (comma-separated names or `name:key=value;key=value` ad-hoc variants, which
+// apply on top of the config as given) and, with `ablation`, appends `all-<pass>` for every
+// fusion pass and `all-bucketing`, `all-overlap`. Throws ft::Error naming --variants and the
+// allowed names for an unknown name, an empty entry, a duplicate, or an override without '='.
+std::vector<BenchVariant> expand_bench_variants(const std::string& list, bool ablation);
+
+// --sweep key=v1,v2,...: one variant per value, named "key=value", on top of the config. Throws
+// ft::Error naming --sweep for a missing '=', an empty key or an empty value.
+std::vector<BenchVariant> expand_bench_sweep(const std::string& spec);
+
+// Linear-interpolated percentile, p in [0, 1]. REQUIRES: values non-empty.
+double bench_percentile(std::vector<double> values, double p);
+
+// What one variant measured, one entry per timed round (per-step means for the comm columns).
+struct BenchVariantResult {
+  BenchVariant variant;
+  std::vector<double> step_ms, compute_ms, comm_ms, exposed_ms;
+  std::vector<double> allreduce_calls;
+  size_t ops_per_step = 0;           // ops of the executed training graph
+  double bytes_moved = 0;            // app/plan.h: forward bytes of the executed graph
+  double peak_activation_bytes = 0;  // app/plan.h: train-mode peak
+  double final_loss = 0;
+};
+
+// The statistics of one variant against the baseline (the first result).
+struct BenchSummary {
+  std::string name;
+  double median_ms = 0, p10_ms = 0, p90_ms = 0;
+  double speedup = 1, speedup_low = 1, speedup_high = 1;  // median, p10, p90 of per-round ratios
+  bool baseline = false;
+  bool within_noise = false;  // the interval straddles 1.0
+  double compute_ms = 0, comm_ms = 0, exposed_ms = 0, allreduces_per_step = 0;  // medians
+  double final_loss = 0;
+  double loss_relative_error = 0;  // |loss - baseline loss| / |baseline loss|
+  bool loss_ok = true;             // within kBenchLossTolerance
+};
+
+// REQUIRES: results non-empty, every step_ms of equal non-zero length (one per round).
+std::vector<BenchSummary> summarize_bench(const std::vector<BenchVariantResult>& results);
+
+// The Markdown table (header, separator, one row per variant) and the tolerance line.
+std::string bench_table_markdown(const std::vector<BenchVariantResult>& results,
+                                 const std::vector<BenchSummary>& summaries);
+
+// Everything as JSON text: run settings, `order` (the variants run in each round, as run), and
+// per variant every column plus its per-round step_ms.
+struct BenchRunInfo {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  int world_size = 1, threads = 1, warmup = 0, rounds = 0;
+  std::vector<std::vector<std::string>> order;  // one list per timed round
+};
+std::string bench_to_json(const BenchRunInfo& info, const std::vector<BenchVariantResult>& results,
+                          const std::vector<BenchSummary>& summaries);
+
+}  // namespace ft

@@ -1,0 +1,247 @@
+// `fusiontrain bench`: the variant expansion and statistics of app/bench.h, and the binary on a
+// one-layer GPT: every default variant runs, the final losses agree within the stated tolerance,
+// the JSON has every column and the interleaving order documented in app/bench_job.cpp, --sweep
+// makes one variant per value, and bad input fails naming the flag and the allowed values.
+#include "app/bench.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/check.h"
+
+namespace ft {
+namespace {
+
+const std::vector<std::string> kDefaultNames = {"unfused",   "horizontal", "vertical",
+                                                "bucketing", "overlap",    "all"};
+
+std::vector<std::string> names_of(const std::vector<BenchVariant>& variants) {
+  std::vector<std::string> names;
+  for (const BenchVariant& variant : variants) names.push_back(variant.name);
+  return names;
+}
+
+bool has_override(const BenchVariant& variant, const std::string& override_text) {
+  for (const std::string& text : variant.overrides)
+    if (text == override_text) return true;
+  return false;
+}
+
+std::string error_of(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(BenchVariants, DefaultListAndItsOverrides) {
+  const std::vector<BenchVariant> variants = expand_bench_variants(kDefaultBenchVariants, false);
+  EXPECT_EQ(names_of(variants), kDefaultNames);
+  EXPECT_TRUE(has_override(variants[0], "fusion.enabled=false"));
+  EXPECT_TRUE(has_override(variants[0], "comm.bucketing=false"));
+  EXPECT_TRUE(has_override(variants[0], "comm.overlap=false"));
+  EXPECT_TRUE(has_override(variants[1], "fusion.vertical.gemm_epilogue=false"));
+  EXPECT_FALSE(has_override(variants[1], "fusion.horizontal.qkv=false"));
+  EXPECT_TRUE(has_override(variants[2], "fusion.horizontal.qkv=false"));
+  EXPECT_FALSE(has_override(variants[2], "fusion.vertical.gemm_epilogue=false"));
+  EXPECT_TRUE(has_override(variants[4], "comm.bucketing=true"));  // overlap needs buckets
+  EXPECT_TRUE(has_override(variants[4], "comm.overlap=true"));
+  EXPECT_TRUE(has_override(variants[5], "fusion.enabled=true"));
+}
+
+TEST(BenchVariants, AblationAppendsAllMinusEachPass) {
+  const std::vector<std::string> expected_tail = {"all-gemm_epilogue",
+                                                  "all-residual_layernorm",
+                                                  "all-classifier",
+                                                  "all-attention",
+                                                  "all-bn_relu",
+                                                  "all-qkv",
+                                                  "all-batched_layernorm",
+                                                  "all-multi_tensor",
+                                                  "all-conv_shortcut",
+                                                  "all-bucketing",
+                                                  "all-overlap"};
+  const std::vector<BenchVariant> variants = expand_bench_variants("unfused,all", true);
+  std::vector<std::string> expected = {"unfused", "all"};
+  expected.insert(expected.end(), expected_tail.begin(), expected_tail.end());
+  EXPECT_EQ(names_of(variants), expected);
+  EXPECT_TRUE(has_override(variants[2], "fusion.vertical.gemm_epilogue=false"));
+  EXPECT_TRUE(has_override(variants[7], "fusion.horizontal.qkv=false"));
+  EXPECT_TRUE(has_override(variants[11], "comm.bucketing=false"));
+  EXPECT_TRUE(has_override(variants[12], "comm.overlap=false"));
+}
+
+TEST(BenchVariants, AdHocVariantAndErrors) {
+  const std::vector<BenchVariant> variants =
+      expand_bench_variants("unfused,wide:fusion.max_ops=8;comm.bucket_mb=16", false);
+  ASSERT_EQ(variants.size(), 2u);
+  EXPECT_EQ(variants[1].name, "wide");
+  EXPECT_EQ(variants[1].overrides,
+            (std::vector<std::string>{"fusion.max_ops=8", "comm.bucket_mb=16"}));
+  const std::string unknown = error_of([] { expand_bench_variants("unfused,fastest", false); });
+  EXPECT_NE(unknown.find("--variants"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("'fastest'"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("unfused, horizontal, vertical"), std::string::npos) << unknown;
+  EXPECT_NE(error_of([] { expand_bench_variants("x:novalue", false); }).find("key=value"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { expand_bench_variants("all,all", false); }).find("twice"),
+            std::string::npos);
+}
+
+TEST(BenchVariants, SweepMakesOneVariantPerValue) {
+  const std::vector<BenchVariant> variants = expand_bench_sweep("comm.bucket_mb=0.25,1,4");
+  EXPECT_EQ(names_of(variants), (std::vector<std::string>{"comm.bucket_mb=0.25", "comm.bucket_mb=1",
+                                                          "comm.bucket_mb=4"}));
+  EXPECT_EQ(variants[2].overrides, (std::vector<std::string>{"comm.bucket_mb=4"}));
+  for (const char* bad : {"comm.bucket_mb", "=1,2", "comm.bucket_mb=", "comm.bucket_mb=1,,2"}) {
+    const std::string message = error_of([&] { expand_bench_sweep(bad); });
+    EXPECT_NE(message.find("--sweep"), std::string::npos) << bad << ": " << message;
+  }
+}
+
+BenchVariantResult result_with(const std::string& name, std::vector<double> step_ms, double loss) {
+  BenchVariantResult result;
+  result.variant.name = name;
+  result.step_ms = step_ms;
+  result.compute_ms = step_ms;
+  result.comm_ms = result.exposed_ms = result.allreduce_calls = std::vector<double>(step_ms.size());
+  result.final_loss = loss;
+  return result;
+}
+
+TEST(BenchStats, SpeedupIsTheMedianOfPerRoundRatios) {
+  // Round 3 is slow for everyone: per-round ratios stay 2, a ratio of medians would not.
+  const std::vector<BenchVariantResult> results = {
+      result_with("unfused", {10, 10, 40, 10, 10}, 3.0),
+      result_with("fast", {5, 5, 20, 5, 5}, 3.0 * (1 + 0.5 * kBenchLossTolerance)),
+      result_with("noisy", {9, 11, 40, 12, 8}, 3.0 * (1 + 2 * kBenchLossTolerance))};
+  const std::vector<BenchSummary> summaries = summarize_bench(results);
+  EXPECT_TRUE(summaries[0].baseline);
+  EXPECT_DOUBLE_EQ(summaries[1].speedup, 2.0);
+  EXPECT_DOUBLE_EQ(summaries[1].speedup_low, 2.0);
+  EXPECT_FALSE(summaries[1].within_noise);
+  EXPECT_TRUE(summaries[1].loss_ok);
+  EXPECT_DOUBLE_EQ(summaries[0].median_ms, 10.0);
+  EXPECT_TRUE(summaries[2].within_noise);
+  EXPECT_FALSE(summaries[2].loss_ok);
+  const std::string table = bench_table_markdown(results, summaries);
+  EXPECT_NE(table.find("within noise"), std::string::npos) << table;
+  EXPECT_NE(table.find("LOSS MISMATCH"), std::string::npos) << table;
+  EXPECT_NE(table.find("tolerance: relative 1e-03"), std::string::npos) << table;
+}
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+RunResult run(const std::string& args) {
+  const std::string command =
+      std::string("cd ") + FT_SOURCE_DIR + " && timeout 300 " + FT_BINARY + " " + args + " 2>&1";
+  RunResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer;
+  size_t got;
+  while ((got = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    result.output.append(buffer.data(), got);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+const std::string kTiny =
+    "bench --config configs/gpt_tiny.yaml --set model.n_layer=1 --set model.d_model=16 "
+    "--set model.n_head=2 --set train.batch_size=2 --set train.threads=1 --steps 3 --warmup 1 ";
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream file(path);
+  return nlohmann::json::parse(file);  // throws on malformed JSON
+}
+
+TEST(BenchBinary, DefaultVariantsRunInterleavedAndAgree) {
+  const std::string json_path = ::testing::TempDir() + "/bench_default.json";
+  std::remove(json_path.c_str());
+  const RunResult result = run(kTiny + "--json " + json_path);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("ETA"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("tolerance: relative 1e-03"), std::string::npos) << result.output;
+  for (const std::string& name : kDefaultNames)
+    EXPECT_NE(result.output.find("| " + name + " |"), std::string::npos) << result.output;
+
+  const nlohmann::json json = read_json(json_path);
+  EXPECT_EQ(json["rounds"], 3);
+  EXPECT_EQ(json["warmup"], 1);
+  EXPECT_EQ(json["baseline"], "unfused");
+  EXPECT_DOUBLE_EQ(json["loss_tolerance"]["relative"].get<double>(), kBenchLossTolerance);
+  ASSERT_EQ(json["order"].size(), 3u);
+  for (const nlohmann::json& round : json["order"])
+    EXPECT_EQ(round.get<std::vector<std::string>>(), kDefaultNames);
+  ASSERT_EQ(json["variants"].size(), kDefaultNames.size());
+  const double unfused_loss = json["variants"][0]["final_loss"].get<double>();
+  for (size_t v = 0; v < kDefaultNames.size(); ++v) {
+    const nlohmann::json& variant = json["variants"][v];
+    EXPECT_EQ(variant["variant"], kDefaultNames[v]);
+    for (const char* column :
+         {"median_ms", "p10_ms", "p90_ms", "speedup", "speedup_p10", "speedup_p90", "within_noise",
+          "compute_ms", "comm_ms", "exposed_comm_ms", "ops_per_step", "allreduces_per_step",
+          "bytes_moved", "peak_activation_bytes", "final_loss", "loss_ok", "step_ms"})
+      EXPECT_TRUE(variant.contains(column)) << kDefaultNames[v] << " lacks " << column;
+    EXPECT_EQ(variant["step_ms"].size(), 3u);
+    EXPECT_GT(variant["median_ms"].get<double>(), 0.0);
+    EXPECT_GT(variant["ops_per_step"].get<int>(), 0);
+    EXPECT_GT(variant["peak_activation_bytes"].get<double>(), 0.0);
+    EXPECT_TRUE(variant["loss_ok"].get<bool>());
+    EXPECT_NEAR(variant["final_loss"].get<double>(), unfused_loss,
+                kBenchLossTolerance * unfused_loss);
+  }
+  // Fusion shrinks the executed graph; unfused runs the eager one.
+  EXPECT_LT(json["variants"][5]["ops_per_step"].get<int>(),
+            json["variants"][0]["ops_per_step"].get<int>());
+}
+
+TEST(BenchBinary, SweepRunsOneVariantPerValue) {
+  const std::string json_path = ::testing::TempDir() + "/bench_sweep.json";
+  const RunResult result = run(kTiny + "--sweep fusion.max_ops=1,4 --json " + json_path);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const nlohmann::json json = read_json(json_path);
+  ASSERT_EQ(json["variants"].size(), 2u);
+  EXPECT_EQ(json["variants"][0]["variant"], "fusion.max_ops=1");
+  EXPECT_EQ(json["variants"][1]["variant"], "fusion.max_ops=4");
+  EXPECT_EQ(json["baseline"], "fusion.max_ops=1");
+  // max_ops 1 fuses nothing.
+  EXPECT_GT(json["variants"][0]["ops_per_step"].get<int>(),
+            json["variants"][1]["ops_per_step"].get<int>());
+}
+
+TEST(BenchBinary, ALossThatDiffersIsAMismatchAndFails) {
+  const RunResult result = run(kTiny + "--variants unfused,hot:optim.lr=0.05");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("LOSS MISMATCH"), std::string::npos) << result.output;
+}
+
+TEST(BenchBinary, BadInputNamesTheFlagAndTheAllowedValues) {
+  RunResult result = run(kTiny + "--variants unfused,turbo");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("--variants: unknown variant 'turbo'; allowed: unfused, horizontal"),
+            std::string::npos)
+      << result.output;
+  result = run(kTiny + "--sweep fusion.max_ops");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("--sweep 'fusion.max_ops': expected key=v1,v2"), std::string::npos)
+      << result.output;
+  result = run(kTiny + "--sweep fusion.max_opz=1,2");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("unknown key 'fusion.max_opz'"), std::string::npos) << result.output;
+}
+
+}  // namespace
+}  // namespace ft
