@@ -8,9 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "app/fusion_advice.h"
 #include "app/jobs.h"
@@ -26,18 +25,26 @@ namespace {
 
 std::string human_rate(double per_second) {
   char text[32];
-  if (per_second >= 1e6) std::snprintf(text, sizeof(text), "%.2fM", per_second / 1e6);
-  else if (per_second >= 1e3) std::snprintf(text, sizeof(text), "%.1fk", per_second / 1e3);
-  else std::snprintf(text, sizeof(text), "%.0f", per_second);
+  if (per_second >= 1e6)
+    std::snprintf(text, sizeof(text), "%.2fM", per_second / 1e6);
+  else if (per_second >= 1e3)
+    std::snprintf(text, sizeof(text), "%.1fk", per_second / 1e3);
+  else
+    std::snprintf(text, sizeof(text), "%.0f", per_second);
   return text;
 }
 
 nlohmann::json step_json(const StepStats& stats, int64_t items) {
-  nlohmann::json row = {{"type", "step"},       {"step", stats.step},
-                        {"loss", stats.loss},     {"lr", stats.lr},
-                        {"grad_norm", stats.grad_norm}, {"step_ms", stats.step_ms},
-                        {"compute_ms", stats.compute_ms}, {"items", items},
-                        {"comm_ms", stats.comm.comm_ms}, {"exposed_comm_ms", stats.comm.exposed_ms},
+  nlohmann::json row = {{"type", "step"},
+                        {"step", stats.step},
+                        {"loss", stats.loss},
+                        {"lr", stats.lr},
+                        {"grad_norm", stats.grad_norm},
+                        {"step_ms", stats.step_ms},
+                        {"compute_ms", stats.compute_ms},
+                        {"items", items},
+                        {"comm_ms", stats.comm.comm_ms},
+                        {"exposed_comm_ms", stats.comm.exposed_ms},
                         {"allreduce_calls", stats.comm.allreduce_calls},
                         {"bytes_reduced", stats.comm.bytes_reduced},
                         {"buckets", stats.comm.bucket_bytes.size()},
@@ -48,8 +55,8 @@ nlohmann::json step_json(const StepStats& stats, int64_t items) {
 }
 
 nlohmann::json eval_json(const EvalResult& result, int step) {
-  nlohmann::json row = {{"type", "eval"}, {"step", step}, {"loss", result.loss},
-                        {"examples", result.examples}};
+  nlohmann::json row = {
+      {"type", "eval"}, {"step", step}, {"loss", result.loss}, {"examples", result.examples}};
   if (result.accuracy >= 0) row["accuracy"] = result.accuracy;
   if (result.bits_per_byte >= 0) row["bits_per_byte"] = result.bits_per_byte;
   return row;
@@ -155,12 +162,12 @@ int run_train(const TrainArgs& args, Communicator* comm) {
                   human_rate(items_per_step / (stats.step_ms / 1e3)).c_str(),
                   trainer.task().item_unit(), eta_s);
       if (world_size > 1)
-        std::printf(" | compute %.1f ms, comm %.1f ms, exposed %.1f ms, %lld allreduce, %.2f MB, "
-                    "%zu buckets%s",
-                    stats.compute_ms, stats.comm.comm_ms, stats.comm.exposed_ms,
-                    static_cast<long long>(stats.comm.allreduce_calls),
-                    stats.comm.bytes_reduced / 1e6, stats.comm.bucket_bytes.size(),
-                    stats.comm.emulated ? " [emulated link]" : "");
+        std::printf(
+            " | compute %.1f ms, comm %.1f ms, exposed %.1f ms, %lld allreduce, %.2f MB, "
+            "%zu buckets%s",
+            stats.compute_ms, stats.comm.comm_ms, stats.comm.exposed_ms,
+            static_cast<long long>(stats.comm.allreduce_calls), stats.comm.bytes_reduced / 1e6,
+            stats.comm.bucket_bytes.size(), stats.comm.emulated ? " [emulated link]" : "");
       std::printf("\n");
       std::fflush(stdout);
     }
@@ -179,11 +186,12 @@ int run_train(const TrainArgs& args, Communicator* comm) {
   if (is_root) {
     const int steps_run = trainer.step() - first_step;
     const double ms_per_step = steps_run > 0 ? train_ms / steps_run : 0.0;
-    std::printf("done: %d steps in %.1fs | %.1f ms/step | %s %s/s | final loss %.4f | checkpoint %s%s\n",
-                steps_run, train_ms / 1e3, ms_per_step,
-                human_rate(steps_run > 0 ? items_per_step / (ms_per_step / 1e3) : 0).c_str(),
-                trainer.task().item_unit(), last_loss, last_checkpoint.c_str(),
-                emulated_link ? " [emulated link]" : "");
+    std::printf(
+        "done: %d steps in %.1fs | %.1f ms/step | %s %s/s | final loss %.4f | checkpoint %s%s\n",
+        steps_run, train_ms / 1e3, ms_per_step,
+        human_rate(steps_run > 0 ? items_per_step / (ms_per_step / 1e3) : 0).c_str(),
+        trainer.task().item_unit(), last_loss, last_checkpoint.c_str(),
+        emulated_link ? " [emulated link]" : "");
     if (profiler) {
       AdviceOptions advice_options;
       advice_options.dispatch_ms = measure_dispatch_ms();
@@ -199,9 +207,12 @@ int run_train(const TrainArgs& args, Communicator* comm) {
       }
     }
     if (json.is_open()) {
-      nlohmann::json summary = {{"type", "summary"},     {"steps", steps_run},
-                                {"ms_per_step", ms_per_step}, {"final_loss", last_loss},
-                                {"items_per_step", items_per_step}, {"world_size", world_size},
+      nlohmann::json summary = {{"type", "summary"},
+                                {"steps", steps_run},
+                                {"ms_per_step", ms_per_step},
+                                {"final_loss", last_loss},
+                                {"items_per_step", items_per_step},
+                                {"world_size", world_size},
                                 {"checkpoint", last_checkpoint}};
       if (emulated_link) summary["link"] = "emulated link";
       if (world_size > 1 && steps_run > 0)

@@ -46,7 +46,7 @@ class Trainer {
   Task& task() { return *task_; }
   Executor& executor() { return *train_run_->executor; }
   GradSync* grad_sync() { return grad_sync_.get(); }  // null without a communicator
-  int64_t items_per_step() const;  // over all ranks and micro-batches
+  int64_t items_per_step() const;                     // over all ranks and micro-batches
 
  private:
   Config config_;
