@@ -303,6 +303,7 @@ std::string bench_to_json(const BenchRunInfo& info, const std::vector<BenchVaria
                         {"loss_relative_error", s.loss_relative_error},
                         {"loss_ok", s.loss_ok},
                         {"step_ms", result.step_ms}});
+    if (!result.profile.is_null()) variants.back()["profile"] = result.profile;
   }
   const nlohmann::json root = {
       {"config", info.config_path},

@@ -7,6 +7,7 @@
 // Thread safety: pure functions.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,7 @@ struct BenchVariantResult {
   double bytes_moved = 0;            // app/plan.h: forward bytes of the executed graph
   double peak_activation_bytes = 0;  // app/plan.h: train-mode peak
   double final_loss = 0;
+  nlohmann::json profile;  // rank 0: {"top_ops": [...], "advice": [...]}; null = not profiled
 };
 
 // The statistics of one variant against the baseline (the first result).
@@ -74,7 +76,7 @@ std::string bench_table_markdown(const std::vector<BenchVariantResult>& results,
                                  const std::vector<BenchSummary>& summaries);
 
 // Everything as JSON text: run settings, `order` (the variants run in each round, as run), and
-// per variant every column plus its per-round step_ms.
+// per variant every column plus its per-round step_ms and, when profiled, its "profile".
 struct BenchRunInfo {
   std::string config_path;
   std::vector<std::string> overrides;

@@ -46,9 +46,34 @@ struct BenchArgs {
   int steps = 10;     // timed rounds
   int warmup = 2;     // untimed steps of every variant first
   std::string json_path;
+  std::string trace_path;  // Chrome trace of every variant's first timed rounds; empty = none
 };
 // Times the variants interleaved, prints a Markdown table; non-zero on a final-loss mismatch.
 int run_bench(const BenchArgs& args, Communicator* comm);
+
+struct TuneArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  int budget_steps = 400;  // training steps of all measurements together
+  std::string out_path = "runs/tuned.yaml";
+  std::string json_path;
+};
+// The selection loop (app/tune.h): profile, passes one at a time, max_ops, bucket sizes.
+int run_tune(const TuneArgs& args, Communicator* comm);
+
+struct SimulateArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string ranks = "8,64,512,4096";
+  std::string link = "ib400";  // see app/simulate.h parse_link
+  double compute_scale = 1;    // measured compute times are divided by this
+  bool validate = false;       // under mpirun: train with the equivalent emulated link, compare
+  int steps = 5;               // profiled (and, with --validate, measured) steps
+  int warmup = 3;
+  std::string json_path;
+};
+// Predicts iteration time, exposed communication and scaling efficiency at each rank count.
+int run_simulate(const SimulateArgs& args, Communicator* comm);
 
 // Threads for this rank: train.threads, or cores / local ranks (at least 1) when it is 0.
 int resolve_threads(int configured_threads);

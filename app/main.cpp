@@ -6,6 +6,7 @@
 
 #include "app/bandwidth.h"
 #include "app/jobs.h"
+#include "app/simulate.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "core/check.h"
@@ -83,6 +84,38 @@ int main(int argc, char** argv) {
   bench->add_option("--warmup", bench_args.warmup, "untimed steps per variant")
       ->check(CLI::NonNegativeNumber);
   bench->add_option("--json", bench_args.json_path, "write the results as JSON");
+  bench->add_option("--trace", bench_args.trace_path,
+                    "Chrome trace of every variant's first 3 timed rounds (one process each)");
+
+  ft::TuneArgs tune_args;
+  tune_args.config_path = kDefaultConfig;
+  CLI::App* tune = app.add_subcommand(
+      "tune", "profile, then keep the fusion passes, max_ops and bucket sizes that measure faster");
+  add_config_flags(tune, &tune_args.config_path, &tune_args.overrides);
+  tune->add_option("--budget-steps", tune_args.budget_steps,
+                   "training steps of all measurements together (default 400)")
+      ->check(CLI::PositiveNumber);
+  tune->add_option("--out", tune_args.out_path, "chosen config as YAML (default runs/tuned.yaml)");
+  tune->add_option("--json", tune_args.json_path, "write every measured point as JSON");
+
+  ft::SimulateArgs simulate_args;
+  simulate_args.config_path = kDefaultConfig;
+  CLI::App* simulate = app.add_subcommand(
+      "simulate", "predict data-parallel scaling from this machine's profile (alpha-beta ring)");
+  add_config_flags(simulate, &simulate_args.config_path, &simulate_args.overrides);
+  simulate->add_option("--ranks", simulate_args.ranks, "comma-separated rank counts");
+  simulate->add_option("--link", simulate_args.link,
+                       "assumed figures, not measured: " + ft::link_help());
+  simulate->add_option("--compute-scale", simulate_args.compute_scale,
+                       "divide measured compute times by this (a faster device)");
+  simulate->add_flag("--validate", simulate_args.validate,
+                     "under mpirun: predict at the mpirun size, train on the equivalent emulated "
+                     "link, compare");
+  simulate->add_option("--steps", simulate_args.steps, "profiled / measured steps")
+      ->check(CLI::PositiveNumber);
+  simulate->add_option("--warmup", simulate_args.warmup, "untimed steps first")
+      ->check(CLI::NonNegativeNumber);
+  simulate->add_option("--json", simulate_args.json_path, "write the predictions as JSON");
 
   try {
     app.parse(argc, argv);
@@ -109,6 +142,8 @@ int main(int argc, char** argv) {
         return ft::run_plan(plan_args);
       }
       if (app.got_subcommand(bench)) return ft::run_bench(bench_args, comm.get());
+      if (app.got_subcommand(simulate)) return ft::run_simulate(simulate_args, comm.get());
+      if (app.got_subcommand(tune)) return ft::run_tune(tune_args, comm.get());
       if (app.got_subcommand(bandwidth)) return ft::run_bandwidth(*comm, bandwidth_args);
     } catch (const std::exception& error) {
       std::fprintf(stderr, "rank %d: error: %s\n", rank, error.what());

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -203,6 +204,30 @@ TEST(BenchBinary, DefaultVariantsRunInterleavedAndAgree) {
     EXPECT_NEAR(variant["final_loss"].get<double>(), unfused_loss,
                 kBenchLossTolerance * unfused_loss);
   }
+  // Every variant is profiled: its top ops name ops of its own executed graph, with shares.
+  for (size_t v = 0; v < kDefaultNames.size(); ++v) {
+    const nlohmann::json& profile = json["variants"][v]["profile"];
+    ASSERT_TRUE(profile.contains("top_ops") && profile.contains("advice")) << kDefaultNames[v];
+    ASSERT_FALSE(profile["top_ops"].empty()) << kDefaultNames[v];
+    double share = 0;
+    for (const nlohmann::json& op : profile["top_ops"]) {
+      EXPECT_GE(op["forward_ms"].get<double>() + op["backward_ms"].get<double>(), 0.0);
+      share += op["share"].get<double>();
+    }
+    EXPECT_GT(share, 0.0);
+    EXPECT_LE(share, 1.05);
+  }
+  EXPECT_NE(result.output.find("top 5 ops of all"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("top 5 ops of unfused"), std::string::npos) << result.output;
+  // The fused classifier exists only in the fused graph's profile.
+  const auto has_kind = [&](size_t v, const std::string& kind) {
+    for (const nlohmann::json& op : json["variants"][v]["profile"]["top_ops"])
+      if (op["kind"] == kind) return true;
+    return false;
+  };
+  EXPECT_TRUE(has_kind(0, "cross_entropy"));
+  EXPECT_FALSE(has_kind(0, "classifier"));
+  EXPECT_TRUE(has_kind(5, "classifier"));
   // Fusion shrinks the executed graph; unfused runs the eager one.
   EXPECT_LT(json["variants"][5]["ops_per_step"].get<int>(),
             json["variants"][0]["ops_per_step"].get<int>());
@@ -220,6 +245,32 @@ TEST(BenchBinary, SweepRunsOneVariantPerValue) {
   // max_ops 1 fuses nothing.
   EXPECT_GT(json["variants"][0]["ops_per_step"].get<int>(),
             json["variants"][1]["ops_per_step"].get<int>());
+}
+
+TEST(BenchBinary, TraceHasOneProcessPerVariantWithTheirOps) {
+  const std::string trace_path = ::testing::TempDir() + "/bench_trace.json";
+  std::remove(trace_path.c_str());
+  const RunResult result = run(kTiny + "--variants unfused,all --trace " + trace_path);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const nlohmann::json trace = read_json(trace_path);
+  ASSERT_TRUE(trace.contains("traceEvents"));
+  std::map<int, std::string> process_names;
+  std::map<int, int> compute_slices, step_slices;
+  for (const nlohmann::json& event : trace["traceEvents"]) {
+    const int pid = event["pid"].get<int>();
+    if (event["ph"] == "M" && event["name"] == "process_name")
+      process_names[pid] = event["args"]["name"].get<std::string>();
+    if (event["ph"] != "X") continue;
+    EXPECT_GE(event["dur"].get<double>(), 0.0);
+    if (event["tid"] == 1) ++compute_slices[pid];
+    if (event["tid"] == 0) ++step_slices[pid];
+  }
+  EXPECT_EQ(process_names, (std::map<int, std::string>{{0, "unfused rank 0"}, {1, "all rank 0"}}));
+  // 3 traced rounds; the fused graph runs fewer ops per step.
+  EXPECT_EQ(step_slices[0], 3);
+  EXPECT_EQ(step_slices[1], 3);
+  EXPECT_GT(compute_slices[0], compute_slices[1]);
+  EXPECT_GT(compute_slices[1], 0);
 }
 
 TEST(BenchBinary, ALossThatDiffersIsAMismatchAndFails) {

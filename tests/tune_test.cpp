@@ -1,0 +1,168 @@
+// `fusiontrain tune`: the pure parts of app/tune.h (budget split, sweep values, candidate
+// overrides) and the binary on a one-layer GPT: it ends within --budget-steps, says when the
+// budget stopped it, lists every measured point with its spread, skips bucket sizes on one rank
+// with a note, and writes a YAML that load_config accepts and that holds the winner.
+#include "app/tune.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "app/bench.h"
+#include "app/config.h"
+
+namespace ft {
+namespace {
+
+TEST(TunePlan, BudgetSplitKeepsAWarmupAndThreeRounds) {
+  TuneMeasureSize size = plan_tune_measure(100, 10);
+  EXPECT_EQ(size.warmup, 2);
+  EXPECT_EQ(size.rounds, 8);
+  size = plan_tune_measure(5, 10);  // too little: the minimum, fewer runs then fit
+  EXPECT_EQ(size.warmup, 1);
+  EXPECT_EQ(size.rounds, 3);
+  EXPECT_LE(plan_tune_measure(400, 7).steps_per_variant() * 7, 400);
+}
+
+TEST(TunePlan, BucketValuesArePowersOfTwoCoarseThenNeighbours) {
+  EXPECT_EQ(tune_bucket_values(), (std::vector<double>{0.25, 0.5, 1, 2, 4, 8, 16, 32, 64}));
+  EXPECT_EQ(tune_coarse_bucket_values(), (std::vector<double>{0.25, 1, 4, 16, 64}));
+  EXPECT_EQ(tune_fine_bucket_values(4), (std::vector<double>{2, 8}));
+  EXPECT_EQ(tune_fine_bucket_values(0.25), (std::vector<double>{0.5}));
+  EXPECT_EQ(tune_fine_bucket_values(64), (std::vector<double>{32}));
+  EXPECT_EQ(tune_max_ops_values(), (std::vector<int>{2, 3, 4, 6, 8}));
+}
+
+TEST(TunePlan, CandidateTurnsOnOnlyTheNamedPasses) {
+  const std::vector<std::string> overrides =
+      tune_fusion_overrides({"fusion.vertical.attention", "fusion.horizontal.qkv"});
+  ASSERT_EQ(overrides.size(), bench_ablation_keys().size() + 1);
+  EXPECT_EQ(overrides[0], "fusion.enabled=true");
+  const Config config = parse_config("model:\n  arch: gpt\n", "test", overrides);
+  EXPECT_TRUE(config.fusion.enabled);
+  EXPECT_TRUE(config.fusion.vertical.attention);
+  EXPECT_TRUE(config.fusion.horizontal.qkv);
+  EXPECT_FALSE(config.fusion.vertical.gemm_epilogue);
+  EXPECT_FALSE(config.fusion.vertical.classifier);
+  EXPECT_FALSE(config.fusion.horizontal.multi_tensor);
+}
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+RunResult run(const std::string& args) {
+  const std::string command =
+      std::string("cd ") + FT_SOURCE_DIR + " && timeout 600 " + FT_BINARY + " " + args + " 2>&1";
+  RunResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer;
+  size_t got;
+  while ((got = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    result.output.append(buffer.data(), got);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+// Wide enough (4 x 64 x 512 floats after c_fc) for the vertical rule to name gemm_epilogue.
+const std::string kTiny =
+    "tune --config configs/gpt_tiny.yaml --set model.n_layer=1 --set train.batch_size=4 "
+    "--set train.threads=1 ";
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream file(path);
+  return nlohmann::json::parse(file);  // throws on malformed JSON
+}
+
+bool contains(const std::vector<std::string>& items, const std::string& item) {
+  return std::find(items.begin(), items.end(), item) != items.end();
+}
+
+TEST(TuneBinary, EndsWithinItsBudgetAndWritesAConfigThatLoads) {
+  const std::string json_path = ::testing::TempDir() + "/tune.json";
+  const std::string yaml_path = ::testing::TempDir() + "/tuned.yaml";
+  std::remove(json_path.c_str());
+  std::remove(yaml_path.c_str());
+  const int budget = 60;
+  const RunResult result = run(kTiny + "--budget-steps " + std::to_string(budget) + " --out " +
+                               yaml_path + " --json " + json_path);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("| stage | point | median ms"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("winner:"), std::string::npos) << result.output;
+
+  const nlohmann::json json = read_json(json_path);
+  EXPECT_EQ(json["budget_steps"], budget);
+  EXPECT_GT(json["steps_used"].get<int>(), 0);
+  EXPECT_LE(json["steps_used"].get<int>(), budget);
+  const std::vector<std::string> recommended = json["recommended_keys"];
+  EXPECT_TRUE(contains(recommended, "fusion.vertical.gemm_epilogue")) << json.dump(1);
+
+  const nlohmann::json& points = json["points"];
+  ASSERT_GE(points.size(), 3u) << json.dump(1);
+  EXPECT_EQ(points[0]["stage"], "profile");
+  EXPECT_EQ(points[0]["name"], "unfused");
+  int pass_points = 0;
+  for (const nlohmann::json& point : points) {
+    const double median = point["median_ms"], p10 = point["p10_ms"], p90 = point["p90_ms"];
+    EXPECT_GT(median, 0.0);
+    EXPECT_LE(p10, median);
+    EXPECT_LE(median, p90);
+    if (point["stage"] == "passes" && !point["against"].get<std::string>().empty()) {
+      ++pass_points;
+      EXPECT_EQ(point["against"], "unfused");  // the first candidate is measured against it
+      EXPECT_LE(point["speedup_p10"].get<double>(), point["speedup"].get<double>());
+      EXPECT_EQ(point["within_noise"].get<bool>(), point["speedup_p10"].get<double>() <= 1.0 &&
+                                                       point["speedup_p90"].get<double>() >= 1.0);
+    }
+  }
+  EXPECT_GE(pass_points, 1);
+  const std::vector<std::string> notes = json["notes"];
+  bool bucket_note = false;
+  for (const std::string& note : notes)
+    bucket_note =
+        bucket_note || note.find("comm.bucket_mb, comm.first_bucket_mb: skipped, 1 rank") == 0;
+  EXPECT_TRUE(bucket_note) << json.dump(1);
+
+  // The YAML loads and is the winner.
+  const Config tuned = load_config(yaml_path);
+  const std::vector<std::string> winner = json["winner"]["overrides"];
+  std::vector<std::string> expected_overrides = {"model.n_layer=1", "train.batch_size=4",
+                                                 "train.threads=1"};
+  expected_overrides.insert(expected_overrides.end(), winner.begin(), winner.end());
+  const Config expected =
+      load_config(std::string(FT_SOURCE_DIR) + "/configs/gpt_tiny.yaml", expected_overrides);
+  EXPECT_EQ(flatten_config(tuned), flatten_config(expected)) << json.dump(1);
+  EXPECT_EQ(tuned.model.n_layer, 1);
+  EXPECT_EQ(tuned.train.batch_size, 4);
+}
+
+TEST(TuneBinary, StopsWhenTheBudgetIsSpentAndSaysSo) {
+  const std::string json_path = ::testing::TempDir() + "/tune_small.json";
+  const std::string yaml_path = ::testing::TempDir() + "/tuned_small.yaml";
+  std::remove(json_path.c_str());
+  // The profile takes 1 + 3 steps; the first pass candidate, 2 x (1 + 3), no longer fits.
+  const RunResult result =
+      run(kTiny + "--budget-steps 10 --out " + yaml_path + " --json " + json_path);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const nlohmann::json json = read_json(json_path);
+  EXPECT_EQ(json["steps_used"].get<int>(), 4) << json.dump(1);
+  EXPECT_EQ(json["points"].size(), 1u) << json.dump(1);
+  bool budget_note = false;
+  for (const std::string& note : json["notes"].get<std::vector<std::string>>())
+    budget_note = budget_note || note.find("budget spent") == 0;
+  EXPECT_TRUE(budget_note) << json.dump(1);
+  EXPECT_NE(result.output.find("budget spent"), std::string::npos) << result.output;
+  EXPECT_NO_THROW(load_config(yaml_path));
+}
+
+}  // namespace
+}  // namespace ft
