@@ -14,9 +14,10 @@ KIND (detected from the JSON when omitted):
   simulate   `fusiontrain simulate --json`: predicted scaling efficiency and iteration time
              against ranks for bucketing off/on x overlap off/on. Reads "predictions", a list of
              {ranks, bucketing, overlap, iteration_ms, exposed_ms, efficiency}, and "link".
-  tune       `fusiontrain tune --json`: every point measured, median with p10-p90, the winner
-             marked. Reads "points" (or "measurements"), a list of {label | variant | key+value,
-             median_ms, p10_ms, p90_ms, stage?}, and "winner" (a label or an object with one).
+  tune       `fusiontrain tune --json`: every point measured, median with p10-p90, kept points
+             and the winner marked. Reads "points" (or "measurements"), a list of {name | label |
+             variant | key+value, median_ms, p10_ms, p90_ms, stage?, kept?, overrides?}, and
+             "winner" (a label, or {overrides, median_ms} matched against the points).
 
 Exit status: 0 on success, 2 on a usage error, a missing file or JSON this script cannot plot.
 """
@@ -328,21 +329,33 @@ def plot_tune(plt, data, where):
     labels = [point_label(p) for p in points]
     medians, errors = whiskers(points, where)
     winner = data.get("winner")
-    if isinstance(winner, dict):
-        winner = point_label(winner)
-    colours = ["#55A868" if label == winner else "#4C72B0" for label in labels]
+    if isinstance(winner, dict):  # tune --json: {overrides, median_ms}; the point that has both
+        same = [i for i, p in enumerate(points) if p.get("overrides") == winner.get("overrides")
+                and p.get("median_ms") == winner.get("median_ms")]
+        winner = labels[same[-1]] if same else None
+    # Green: the winner; light green: a point that was kept as the best so far.
+    colours = ["#55A868" if label == winner else "#B6DCB6" if p.get("kept") else "#4C72B0"
+               for label, p in zip(labels, points)]
     figure, axes = plt.subplots(figsize=(max(6.0, 0.45 * len(labels)), 4.6))
     positions = range(len(labels))
     axes.bar(positions, medians, color=colours)
     axes.errorbar(positions, medians, yerr=errors, fmt="none", color="black", capsize=3)
     stages = [str(p.get("stage", "")) for p in points]
-    for position in positions:
-        if position > 0 and stages[position] != stages[position - 1]:
-            axes.axvline(position - 0.5, color="grey", linestyle=":")
+    top = max(m + e for m, e in zip(medians, errors[1]))
+    start = 0
+    for position in range(1, len(points) + 1):
+        if position == len(points) or stages[position] != stages[start]:
+            if position < len(points):
+                axes.axvline(position - 0.5, color="grey", linestyle=":")
+            axes.text((start + position - 1) / 2, top * 1.02, stages[start], ha="center",
+                      fontsize=8, color="grey")
+            start = position
+    axes.set_ylim(0, top * 1.12)
     axes.set_xticks(list(positions))
     axes.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
     axes.set_ylabel("iteration time (ms), p10-p90")
-    axes.set_title("tune: every point measured" + (f", winner {winner} (green)" if winner else ""),
+    axes.set_title("tune: every point measured" + (f", winner {winner} (green)" if winner else "")
+                   + ("; light green: kept" if any(p.get("kept") for p in points) else ""),
                    fontsize=9)
     figure.tight_layout()
     return figure

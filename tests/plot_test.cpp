@@ -88,11 +88,15 @@ const char kSimulate[] = R"({"link": {"name": "ib400", "alpha_us": 5, "beta_gbyt
   {"ranks": 8, "bucketing": false, "overlap": false, "iteration_ms": 30, "efficiency": 0.6},
   {"ranks": 64, "bucketing": false, "overlap": false, "iteration_ms": 40, "efficiency": 0.45}]})";
 
-const char kTune[] = R"({"job": "tune", "winner": "comm.bucket_mb=4", "points": [
-  {"stage": "bucket", "label": "comm.bucket_mb=1", "median_ms": 20, "p10_ms": 19, "p90_ms": 22},
-  {"stage": "bucket", "label": "comm.bucket_mb=4", "median_ms": 18, "p10_ms": 17, "p90_ms": 19},
-  {"stage": "max_ops", "key": "fusion.max_ops", "value": 2, "median_ms": 19, "p10_ms": 18,
-   "p90_ms": 21}]})";
+// The shape `tune --json` writes: the winner is its overrides and median, matched to a point.
+const char kTune[] = R"({"config": "configs/gpt_tiny.yaml", "points": [
+  {"stage": "profile", "name": "unfused", "overrides": [], "median_ms": 20, "p10_ms": 19,
+   "p90_ms": 22, "kept": true},
+  {"stage": "passes", "name": "+gemm_epilogue", "overrides": ["fusion.vertical.gemm_epilogue=true"],
+   "median_ms": 18, "p10_ms": 17, "p90_ms": 19, "kept": true},
+  {"stage": "max_ops", "name": "max_ops=3", "overrides": ["fusion.max_ops=3"], "median_ms": 19,
+   "p10_ms": 18, "p90_ms": 21, "kept": false}],
+  "winner": {"overrides": ["fusion.vertical.gemm_epilogue=true"], "median_ms": 18}})";
 
 class PlotTest : public ::testing::Test {
  protected:
