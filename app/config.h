@@ -42,8 +42,8 @@ struct TrainConfig {
   std::string resume = "";   // checkpoint path, empty = fresh start
   int grad_accum = 1;
   std::string device = "cpu";  // cpu | cuda
-  bool profile = false;     // per-op time table (rank 0) and fusion advice at the end of the run
-  std::string trace = "";   // Chrome trace-event JSON of a few steps after warm-up; empty = none
+  bool profile = false;        // per-op time table (rank 0) and fusion advice at the end of the run
+  std::string trace = "";      // Chrome trace-event JSON of a few steps after warm-up; empty = none
 };
 
 struct OptimConfig {

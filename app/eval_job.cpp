@@ -4,7 +4,6 @@
 
 #include <cstdio>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "app/jobs.h"
@@ -24,20 +23,20 @@ int run_eval(const EvalArgs& args) {
   task->register_params(params);
   params.allocate();
   load_checkpoint_params(args.checkpoint_path, params);
-  GraphCache graphs(
-      [&task](int batch, GraphMode mode) { return task->build_graph(batch, mode); }, params,
-      config.fusion);
-  const EvalResult result =
+  GraphCache graphs([&task](int batch, GraphMode mode) { return task->build_graph(batch, mode); },
+                    params, config.fusion);
+  const EvalResult result = args.data_path.empty()
+                                ? task->evaluate(graphs, config.train.batch_size, 0)
+                                : evaluate_text_file(config, graphs, args.data_path);
+  const std::string source =
       args.data_path.empty()
-          ? task->evaluate(graphs, config.train.batch_size, 0)
-          : evaluate_text_file(config, graphs, args.data_path);
-  const std::string source = args.data_path.empty()
-                                 ? (config.model.arch == "gpt" ? "validation split of " +
-                                                                     config.data.path
-                                                               : "Fashion-MNIST test set")
-                                 : args.data_path;
-  nlohmann::json row = {{"type", "eval"},          {"checkpoint", args.checkpoint_path},
-                        {"data", source},          {"loss", result.loss},
+          ? (config.model.arch == "gpt" ? "validation split of " + config.data.path
+                                        : "Fashion-MNIST test set")
+          : args.data_path;
+  nlohmann::json row = {{"type", "eval"},
+                        {"checkpoint", args.checkpoint_path},
+                        {"data", source},
+                        {"loss", result.loss},
                         {"examples", result.examples}};
   if (result.accuracy >= 0) {
     row["accuracy"] = result.accuracy;

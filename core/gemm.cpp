@@ -1,9 +1,9 @@
 #include "core/gemm.h"
 
-#include <map>
-#include <unordered_map>
-#include <tuple>
 #include <dnnl.hpp>
+#include <map>
+#include <tuple>
+#include <unordered_map>
 
 #include "core/check.h"
 #include "core/dnnl_context.h"
@@ -74,8 +74,12 @@ bool timing_enabled = false;
 double timed_ms = 0.0;
 }  // namespace
 
-void set_gemm_timing(bool on) { timing_enabled = on; }
-double gemm_timed_ms() { return timed_ms; }
+void set_gemm_timing(bool on) {
+  timing_enabled = on;
+}
+double gemm_timed_ms() {
+  return timed_ms;
+}
 
 void gemm(float* c, const float* a, const float* b, const GemmArgs& args) {
   const double start_ms = timing_enabled ? now_ms() : 0.0;
@@ -90,18 +94,31 @@ void gemm(float* c, const float* a, const float* b, const GemmArgs& args) {
   const int64_t sa = args.batch_stride_a ? args.batch_stride_a : args.m * args.k;
   const int64_t sb = args.batch_stride_b ? args.batch_stride_b : args.k * args.n;
   const int64_t sc = args.batch_stride_c ? args.batch_stride_c : args.m * args.n;
-  const Key key{args.m, args.n, args.k, args.batch, args.transpose_a, args.transpose_b, lda, ldb,
-                ldc, sa, sb, sc, args.alpha, args.accumulate, args.bias != nullptr,
+  const Key key{args.m,
+                args.n,
+                args.k,
+                args.batch,
+                args.transpose_a,
+                args.transpose_b,
+                lda,
+                ldb,
+                ldc,
+                sa,
+                sb,
+                sc,
+                args.alpha,
+                args.accumulate,
+                args.bias != nullptr,
                 static_cast<int>(args.epilogue)};
   auto it = cache().find(key);
-  if (it == cache().end()) it = cache().emplace(key, make_gemm(args, lda, ldb, ldc, sa, sb, sc)).first;
+  if (it == cache().end())
+    it = cache().emplace(key, make_gemm(args, lda, ldb, ldc, sa, sb, sc)).first;
   CachedGemm& cached = it->second;
   cached.src.set_data_handle(const_cast<float*>(a));
   cached.weights.set_data_handle(const_cast<float*>(b));
   cached.dst.set_data_handle(c);
-  std::unordered_map<int, dnnl::memory> exec_args{{DNNL_ARG_SRC, cached.src},
-                                                  {DNNL_ARG_WEIGHTS, cached.weights},
-                                                  {DNNL_ARG_DST, cached.dst}};
+  std::unordered_map<int, dnnl::memory> exec_args{
+      {DNNL_ARG_SRC, cached.src}, {DNNL_ARG_WEIGHTS, cached.weights}, {DNNL_ARG_DST, cached.dst}};
   if (args.bias != nullptr) {
     cached.bias.set_data_handle(const_cast<float*>(args.bias));
     exec_args.emplace(DNNL_ARG_BIAS, cached.bias);
@@ -111,6 +128,8 @@ void gemm(float* c, const float* a, const float* b, const GemmArgs& args) {
   if (timing_enabled) timed_ms += now_ms() - start_ms;
 }
 
-int64_t gemm_primitive_count() { return static_cast<int64_t>(cache().size()); }
+int64_t gemm_primitive_count() {
+  return static_cast<int64_t>(cache().size());
+}
 
 }  // namespace ft

@@ -18,8 +18,7 @@ using GradReadyFn = std::function<void(ParamId)>;
 class OpObserver {
  public:
   virtual ~OpObserver() = default;
-  virtual void on_op(const Op& op, int op_index, bool backward, double start_ms,
-                     double end_ms) = 0;
+  virtual void on_op(const Op& op, int op_index, bool backward, double start_ms, double end_ms) = 0;
 };
 
 class Executor {

@@ -30,16 +30,17 @@ const char* const kSgdYaml =
     "        weight_decay: 0.0, grad_clip: 0}\n";
 
 const std::string kGptYaml =
-    std::string("model: {arch: gpt, n_layer: 1, n_head: 2, d_model: 32, seq_len: 16}\n"
-                "train: {steps: 5, batch_size: 2, seed: 11, eval_every: 0}\n"
-                "comm: {bucket_mb: 0.02, first_bucket_mb: 0.005}\n") +
+    std::string(
+        "model: {arch: gpt, n_layer: 1, n_head: 2, d_model: 32, seq_len: 16}\n"
+        "train: {steps: 5, batch_size: 2, seed: 11, eval_every: 0}\n"
+        "comm: {bucket_mb: 0.02, first_bucket_mb: 0.005}\n") +
     kSgdYaml + "data: {path: \"" + FT_SOURCE_DIR + "/data/moby_dick.txt\"}\n";
 
-const std::string kResnetYaml =
-    std::string("model: {arch: resnet, resnet_blocks: 1, resnet_width: 4}\n"
-                "train: {steps: 5, batch_size: 4, seed: 5, eval_every: 0}\n"
-                "comm: {bucket_mb: 0.005, first_bucket_mb: 0.001}\n") +
-    kSgdYaml + "data: {mnist_dir: \"" + kFashionMnistDir + "\"}\n";
+const std::string kResnetYaml = std::string(
+                                    "model: {arch: resnet, resnet_blocks: 1, resnet_width: 4}\n"
+                                    "train: {steps: 5, batch_size: 4, seed: 5, eval_every: 0}\n"
+                                    "comm: {bucket_mb: 0.005, first_bucket_mb: 0.001}\n") +
+                                kSgdYaml + "data: {mnist_dir: \"" + kFashionMnistDir + "\"}\n";
 
 struct Mode {
   bool bucketing, bucket_view, overlap;
