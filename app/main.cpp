@@ -15,6 +15,20 @@ namespace {
 
 constexpr const char* kDefaultConfig = "configs/gpt_tiny.yaml";
 
+// CLI11's PositiveNumber and NonNegativeNumber print their range as "0 to 1.8e308"; these say
+// what is allowed in words.
+CLI::Validator number_check(bool allow_zero) {
+  return CLI::Validator(
+      [allow_zero](std::string& text) -> std::string {
+        double value = 0.0;
+        const bool parsed = CLI::detail::lexical_cast(text, value);
+        if (parsed && (allow_zero ? value >= 0.0 : value > 0.0)) return "";
+        return std::string("must be a ") + (allow_zero ? "non-negative" : "positive") +
+               " number, got '" + text + "'";
+      },
+      allow_zero ? "NON-NEGATIVE" : "POSITIVE");
+}
+
 void add_config_flags(CLI::App* job, std::string* config_path,
                       std::vector<std::string>* overrides) {
   job->add_option("--config", *config_path, "YAML config file");
@@ -57,17 +71,17 @@ int main(int argc, char** argv) {
   CLI::App* bandwidth =
       app.add_subcommand("bandwidth", "allreduce bandwidth sweep (run under mpirun)");
   bandwidth->add_option("--min-bytes", bandwidth_args.min_bytes, "smallest message")
-      ->check(CLI::PositiveNumber);
+      ->check(number_check(false));
   bandwidth->add_option("--max-bytes", bandwidth_args.max_bytes, "largest message")
-      ->check(CLI::PositiveNumber);
+      ->check(number_check(false));
   bandwidth->add_option("--warmup", bandwidth_args.warmup, "warm-up iterations")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_check(true));
   bandwidth->add_option("--iters", bandwidth_args.iters, "timed iterations")
-      ->check(CLI::PositiveNumber);
+      ->check(number_check(false));
   bandwidth
       ->add_option("--peak-gbps", bandwidth_args.peak_gbps,
                    "peak bandwidth for utilization, GB/s (0 = measure memory bandwidth)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_check(true));
   bandwidth->add_option("--json", bandwidth_args.json_path, "write the sweep as JSON");
 
   ft::BenchArgs bench_args;
@@ -80,9 +94,9 @@ int main(int argc, char** argv) {
                     "all-<pass>) or name:key=value;key=value");
   bench->add_flag("--ablation", bench_args.ablation, "add all-<pass> for every pass");
   bench->add_option("--sweep", bench_args.sweep, "key=v1,v2,...: one variant per value");
-  bench->add_option("--steps", bench_args.steps, "timed rounds")->check(CLI::PositiveNumber);
+  bench->add_option("--steps", bench_args.steps, "timed rounds")->check(number_check(false));
   bench->add_option("--warmup", bench_args.warmup, "untimed steps per variant")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_check(true));
   bench->add_option("--json", bench_args.json_path, "write the results as JSON");
   bench->add_option("--trace", bench_args.trace_path,
                     "Chrome trace of every variant's first 3 timed rounds (one process each)");
@@ -94,7 +108,7 @@ int main(int argc, char** argv) {
   add_config_flags(tune, &tune_args.config_path, &tune_args.overrides);
   tune->add_option("--budget-steps", tune_args.budget_steps,
                    "training steps of all measurements together (default 400)")
-      ->check(CLI::PositiveNumber);
+      ->check(number_check(false));
   tune->add_option("--out", tune_args.out_path, "chosen config as YAML (default runs/tuned.yaml)");
   tune->add_option("--json", tune_args.json_path, "write every measured point as JSON");
 
@@ -112,9 +126,9 @@ int main(int argc, char** argv) {
                      "under mpirun: predict at the mpirun size, train on the equivalent emulated "
                      "link, compare");
   simulate->add_option("--steps", simulate_args.steps, "profiled / measured steps")
-      ->check(CLI::PositiveNumber);
+      ->check(number_check(false));
   simulate->add_option("--warmup", simulate_args.warmup, "untimed steps first")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_check(true));
   simulate->add_option("--json", simulate_args.json_path, "write the predictions as JSON");
 
   try {
