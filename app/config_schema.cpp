@@ -20,29 +20,42 @@ Allowed range(double lo, double hi, bool lo_open, bool hi_open) {
   allowed.lo = lo, allowed.hi = hi, allowed.lo_open = lo_open, allowed.hi_open = hi_open;
   return allowed;
 }
-Allowed in(double lo, double hi) { return range(lo, hi, false, false); }
-Allowed at_least(double lo) { return range(lo, kInf, false, false); }
-Allowed above_up_to(double lo, double hi) { return range(lo, hi, true, false); }
-Allowed from_below(double lo, double hi) { return range(lo, hi, false, true); }
+Allowed in(double lo, double hi) {
+  return range(lo, hi, false, false);
+}
+Allowed at_least(double lo) {
+  return range(lo, kInf, false, false);
+}
+Allowed above_up_to(double lo, double hi) {
+  return range(lo, hi, true, false);
+}
+Allowed from_below(double lo, double hi) {
+  return range(lo, hi, false, true);
+}
 Allowed one_of(std::vector<std::string> choices) {
   Allowed allowed;
   allowed.choices = std::move(choices);
   return allowed;
 }
-Allowed any_text() { return {}; }
+Allowed any_text() {
+  return {};
+}
 Allowed nonempty_text() {
   Allowed allowed;
   allowed.nonempty = true;
   return allowed;
 }
-Allowed true_or_false() { return {}; }
+Allowed true_or_false() {
+  return {};
+}
 
 // Expands to the key's dotted name and an accessor for it, so the two can never disagree.
-#define FT_KEY(path) #path, +[](Config& c) { return &c.path; }
+#define FT_KEY(path) #path, +[](Config & c) { return &c.path; }
 
 std::vector<Field> build_fields() {
   return {
-      {FT_KEY(model.arch), one_of({"gpt", "resnet"}), "network: byte-level GPT-2 or CIFAR-style ResNet-(6n+2)"},
+      {FT_KEY(model.arch), one_of({"gpt", "resnet"}),
+       "network: byte-level GPT-2 or CIFAR-style ResNet-(6n+2)"},
       {FT_KEY(model.n_layer), in(1, 64), "transformer blocks (gpt)"},
       {FT_KEY(model.n_head), in(1, 128), "attention heads; must divide d_model (gpt)"},
       {FT_KEY(model.d_model), in(8, 4096), "embedding width (gpt)"},
@@ -50,25 +63,35 @@ std::vector<Field> build_fields() {
       {FT_KEY(model.vocab_size), in(2, 65536), "vocabulary size; must be 256 (bytes) for gpt"},
       {FT_KEY(model.dropout), from_below(0, 1), "dropout probability (gpt)"},
       {FT_KEY(model.qk_norm), true_or_false(), "normalise queries and keys before attention (gpt)"},
-      {FT_KEY(model.resnet_blocks), in(1, 64), "n in ResNet-(6n+2): residual blocks per stage (resnet)"},
-      {FT_KEY(model.resnet_width), in(1, 1024), "channels of the first stage, doubled per stage (resnet)"},
-      {FT_KEY(model.conv_algorithm), one_of({"auto", "onednn"}), "auto: Winograd F(4x4,3x3) for 3x3 stride-1 convs with 16k channels, oneDNN elsewhere; onednn: oneDNN everywhere (resnet)"},
+      {FT_KEY(model.resnet_blocks), in(1, 64),
+       "n in ResNet-(6n+2): residual blocks per stage (resnet)"},
+      {FT_KEY(model.resnet_width), in(1, 1024),
+       "channels of the first stage, doubled per stage (resnet)"},
+      {FT_KEY(model.conv_algorithm), one_of({"auto", "onednn"}),
+       "auto: Winograd F(4x4,3x3) for 3x3 stride-1 convs with 16k channels, oneDNN elsewhere; "
+       "onednn: oneDNN everywhere (resnet)"},
 
       {FT_KEY(train.steps), at_least(1), "optimizer steps"},
       {FT_KEY(train.batch_size), in(1, 65536), "examples per rank per micro-batch"},
       {FT_KEY(train.seed), at_least(0), "seed for initialisation, data order and dropout"},
-      {FT_KEY(train.threads), in(0, 256), "CPU threads per rank; 0 = cores / local ranks, at least 1"},
-      {FT_KEY(train.eval_every), at_least(0), "steps between evaluations; 0 = no periodic evaluation"},
+      {FT_KEY(train.threads), in(0, 256),
+       "CPU threads per rank; 0 = cores / local ranks, at least 1"},
+      {FT_KEY(train.eval_every), at_least(0),
+       "steps between evaluations; 0 = no periodic evaluation"},
       {FT_KEY(train.eval_batches), in(1, 1000000), "batches per evaluation"},
       {FT_KEY(train.log_every), at_least(1), "steps between log lines"},
       {FT_KEY(train.run_dir), nonempty_text(), "directory for logs and the resolved config"},
       {FT_KEY(train.checkpoint_dir), nonempty_text(), "directory for checkpoints"},
-      {FT_KEY(train.checkpoint_every), at_least(0), "steps between checkpoints; 0 = only at the end"},
+      {FT_KEY(train.checkpoint_every), at_least(0),
+       "steps between checkpoints; 0 = only at the end"},
       {FT_KEY(train.resume), any_text(), "checkpoint to resume from; empty = fresh start"},
       {FT_KEY(train.grad_accum), in(1, 1024), "micro-batches accumulated per optimizer step"},
       {FT_KEY(train.device), one_of({"cpu", "cuda"}), "where compute runs"},
-      {FT_KEY(train.profile), true_or_false(), "print per-op time (forward and backward apart) and fusion advice at the end; rank 0"},
-      {FT_KEY(train.trace), any_text(), "write a Chrome trace-event JSON (Perfetto, chrome://tracing) of a few steps after warm-up here; empty = none"},
+      {FT_KEY(train.profile), true_or_false(),
+       "print per-op time (forward and backward apart) and fusion advice at the end; rank 0"},
+      {FT_KEY(train.trace), any_text(),
+       "write a Chrome trace-event JSON (Perfetto, chrome://tracing) of a few steps after warm-up "
+       "here; empty = none"},
 
       {FT_KEY(optim.name), one_of({"adamw", "sgd"}), "optimizer"},
       {FT_KEY(optim.lr), above_up_to(0, 10), "peak learning rate, reached after warmup"},
@@ -83,41 +106,68 @@ std::vector<Field> build_fields() {
       {FT_KEY(optim.grad_clip), in(0, 1e6), "clip the global gradient norm to this; 0 = off"},
 
       {FT_KEY(data.path), nonempty_text(), "text corpus (gpt)"},
-      {FT_KEY(data.val_fraction), above_up_to(0, 0.5), "tail fraction of the corpus held out for validation (gpt)"},
+      {FT_KEY(data.val_fraction), above_up_to(0, 0.5),
+       "tail fraction of the corpus held out for validation (gpt)"},
       {FT_KEY(data.shuffle), true_or_false(), "shuffle training examples"},
-      {FT_KEY(data.augment), one_of({"none", "flip"}), "training augmentation; flip = random horizontal flips (resnet)"},
+      {FT_KEY(data.augment), one_of({"none", "flip"}),
+       "training augmentation; flip = random horizontal flips (resnet)"},
       {FT_KEY(data.mnist_dir), nonempty_text(), "Fashion-MNIST directory (resnet)"},
       {FT_KEY(data.test_limit), at_least(0), "test images used for evaluation; 0 = all (resnet)"},
 
-      {FT_KEY(fusion.enabled), true_or_false(), "compute fusion at all; false runs the eager graph exactly as model/ builds it"},
-      {FT_KEY(fusion.vertical.gemm_epilogue), true_or_false(), "Linear -> GELU as one op: the GELU runs on row tiles of the GEMM output (gpt)"},
-      {FT_KEY(fusion.vertical.residual_layernorm), true_or_false(), "dropout -> residual add -> next LayerNorm as one op (gpt)"},
-      {FT_KEY(fusion.vertical.classifier), true_or_false(), "LM head -> softmax -> cross-entropy row block by row block, no probability tensor (gpt)"},
-      {FT_KEY(fusion.vertical.attention), true_or_false(), "scores -> causal softmax -> weighted sum as one tiled op with an online softmax (gpt)"},
-      {FT_KEY(fusion.vertical.bn_relu), true_or_false(), "BatchNorm -> ReLU and residual add -> ReLU as one op each (resnet)"},
-      {FT_KEY(fusion.horizontal.qkv), true_or_false(), "the q, k and v Linears as one GEMM into a [rows, 3C] buffer (gpt)"},
-      {FT_KEY(fusion.horizontal.batched_layernorm), true_or_false(), "the per-head q/k LayerNorms of qk_norm as one batched op (gpt)"},
-      {FT_KEY(fusion.horizontal.multi_tensor), true_or_false(), "optimizer step, gradient zeroing and gradient norm as chunked passes over the flat buffers"},
-      {FT_KEY(fusion.horizontal.conv_shortcut), true_or_false(), "a downsampling block's 3x3 conv and 1x1 shortcut as one conv, within max_padding_overhead (resnet)"},
-      {FT_KEY(fusion.horizontal.max_padding_overhead), in(0, 100), "horizontal fusion only when padding FLOPs / useful FLOPs is at most this"},
-      {FT_KEY(fusion.max_ops), in(1, 64), "eager ops one fused op may absorb; 1 fuses nothing; longer chains are split greedily"},
-      {FT_KEY(fusion.tile_kb), in(4, 65536), "KiB of live intermediates per row tile of a fused row-tiled op; chains that cannot fit are split"},
+      {FT_KEY(fusion.enabled), true_or_false(),
+       "compute fusion at all; false runs the eager graph exactly as model/ builds it"},
+      {FT_KEY(fusion.vertical.gemm_epilogue), true_or_false(),
+       "Linear -> GELU as one op: the GELU runs on row tiles of the GEMM output (gpt)"},
+      {FT_KEY(fusion.vertical.residual_layernorm), true_or_false(),
+       "dropout -> residual add -> next LayerNorm as one op (gpt)"},
+      {FT_KEY(fusion.vertical.classifier), true_or_false(),
+       "LM head -> softmax -> cross-entropy row block by row block, no probability tensor (gpt)"},
+      {FT_KEY(fusion.vertical.attention), true_or_false(),
+       "scores -> causal softmax -> weighted sum as one tiled op with an online softmax (gpt)"},
+      {FT_KEY(fusion.vertical.bn_relu), true_or_false(),
+       "BatchNorm -> ReLU and residual add -> ReLU as one op each (resnet)"},
+      {FT_KEY(fusion.horizontal.qkv), true_or_false(),
+       "the q, k and v Linears as one GEMM into a [rows, 3C] buffer (gpt)"},
+      {FT_KEY(fusion.horizontal.batched_layernorm), true_or_false(),
+       "the per-head q/k LayerNorms of qk_norm as one batched op (gpt)"},
+      {FT_KEY(fusion.horizontal.multi_tensor), true_or_false(),
+       "optimizer step, gradient zeroing and gradient norm as chunked passes over the flat "
+       "buffers"},
+      {FT_KEY(fusion.horizontal.conv_shortcut), true_or_false(),
+       "a downsampling block's 3x3 conv and 1x1 shortcut as one conv, within max_padding_overhead "
+       "(resnet)"},
+      {FT_KEY(fusion.horizontal.max_padding_overhead), in(0, 100),
+       "horizontal fusion only when padding FLOPs / useful FLOPs is at most this"},
+      {FT_KEY(fusion.max_ops), in(1, 64),
+       "eager ops one fused op may absorb; 1 fuses nothing; longer chains are split greedily"},
+      {FT_KEY(fusion.tile_kb), in(4, 65536),
+       "KiB of live intermediates per row tile of a fused row-tiled op; chains that cannot fit are "
+       "split"},
 
-      {FT_KEY(comm.backend), one_of({"auto", "mpi", "nccl"}), "gradient all-reduce backend; auto picks one for train.device"},
-      {FT_KEY(comm.bucketing), true_or_false(), "fuse gradients into buckets; false = one allreduce per parameter tensor"},
+      {FT_KEY(comm.backend), one_of({"auto", "mpi", "nccl"}),
+       "gradient all-reduce backend; auto picks one for train.device"},
+      {FT_KEY(comm.bucketing), true_or_false(),
+       "fuse gradients into buckets; false = one allreduce per parameter tensor"},
       {FT_KEY(comm.bucket_mb), above_up_to(0, 4096), "bucket size in MB"},
-      {FT_KEY(comm.first_bucket_mb), above_up_to(0, 4096), "first bucket size in MB, small so communication starts early; at most bucket_mb"},
-      {FT_KEY(comm.bucket_view), true_or_false(), "buckets are views into the gradient buffer, not copies"},
+      {FT_KEY(comm.first_bucket_mb), above_up_to(0, 4096),
+       "first bucket size in MB, small so communication starts early; at most bucket_mb"},
+      {FT_KEY(comm.bucket_view), true_or_false(),
+       "buckets are views into the gradient buffer, not copies"},
       {FT_KEY(comm.overlap), true_or_false(), "overlap all-reduce with the backward pass"},
-      {FT_KEY(comm.reorder_buckets), true_or_false(), "order buckets by when their gradients become ready"},
-      {FT_KEY(comm.emulate.latency_us), in(0, 1e6), "added latency per message in microseconds; needs bandwidth_gbps > 0"},
-      {FT_KEY(comm.emulate.bandwidth_gbps), in(0, 1e4), "emulated link bandwidth in Gbit/s; 0 = emulation off"},
+      {FT_KEY(comm.reorder_buckets), true_or_false(),
+       "order buckets by when their gradients become ready"},
+      {FT_KEY(comm.emulate.latency_us), in(0, 1e6),
+       "added latency per message in microseconds; needs bandwidth_gbps > 0"},
+      {FT_KEY(comm.emulate.bandwidth_gbps), in(0, 1e4),
+       "emulated link bandwidth in Gbit/s; 0 = emulation off"},
 
       {FT_KEY(inference.checkpoint), any_text(), "checkpoint to load; empty = none"},
       {FT_KEY(inference.max_new_tokens), in(0, 1000000), "bytes to generate (gpt)"},
       {FT_KEY(inference.temperature), above_up_to(0, 100), "sampling temperature (gpt)"},
-      {FT_KEY(inference.top_k), in(0, 65536), "sample among the k most likely tokens; 0 = all (gpt)"},
-      {FT_KEY(inference.fold_bn), true_or_false(), "fold batch norm into convolution weights (resnet)"},
+      {FT_KEY(inference.top_k), in(0, 65536),
+       "sample among the k most likely tokens; 0 = all (gpt)"},
+      {FT_KEY(inference.fold_bn), true_or_false(),
+       "fold batch norm into convolution weights (resnet)"},
   };
 }
 #undef FT_KEY
@@ -147,9 +197,11 @@ const std::vector<Section>& sections() {
   static const std::vector<Section> table = {
       {"model", "Network architecture."},
       {"train", "Training loop, logging, checkpoints and device."},
-      {"optim", "Optimizer and learning-rate schedule (linear warmup, then cosine decay to min_lr)."},
+      {"optim",
+       "Optimizer and learning-rate schedule (linear warmup, then cosine decay to min_lr)."},
       {"data", "Data sets and augmentation."},
-      {"fusion", "Compute fusion: graph passes between model/ and the executor, each with its unfused twin."},
+      {"fusion",
+       "Compute fusion: graph passes between model/ and the executor, each with its unfused twin."},
       {"fusion.vertical", "Chains of ops whose intermediates no longer round-trip through memory."},
       {"fusion.horizontal", "Independent ops of one kind in one launch."},
       {"comm", "Gradient communication between data-parallel ranks."},
@@ -198,12 +250,13 @@ std::string describe_allowed(const Field& field) {
   }
   // Whole bounds print as integers: "[1, 1000000]" reads better than "[1, 1e+06]".
   auto bound = [](double value) {
-    return value == std::floor(value) ? std::to_string(static_cast<long long>(value)) : format_number(value);
+    return value == std::floor(value) ? std::to_string(static_cast<long long>(value))
+                                      : format_number(value);
   };
   std::string what = field.ref.index() <= 1 ? "an integer" : "a number";
   if (allowed.hi == kInf) return what + (allowed.lo_open ? " > " : " >= ") + bound(allowed.lo);
-  return what + " in " + (allowed.lo_open ? "(" : "[") + bound(allowed.lo) + ", " + bound(allowed.hi) +
-         (allowed.hi_open ? ")" : "]");
+  return what + " in " + (allowed.lo_open ? "(" : "[") + bound(allowed.lo) + ", " +
+         bound(allowed.hi) + (allowed.hi_open ? ")" : "]");
 }
 
 std::string format_value(const Field& field, const Config& config) {
@@ -211,10 +264,14 @@ std::string format_value(const Field& field, const Config& config) {
       [&](auto accessor) -> std::string {
         const auto& value = read(accessor, config);
         using T = std::decay_t<decltype(value)>;
-        if constexpr (std::is_same_v<T, std::string>) return value;
-        else if constexpr (std::is_same_v<T, bool>) return value ? "true" : "false";
-        else if constexpr (std::is_integral_v<T>) return std::to_string(value);
-        else return format_number(value);
+        if constexpr (std::is_same_v<T, std::string>)
+          return value;
+        else if constexpr (std::is_same_v<T, bool>)
+          return value ? "true" : "false";
+        else if constexpr (std::is_integral_v<T>)
+          return std::to_string(value);
+        else
+          return format_number(value);
       },
       field.ref);
 }
@@ -229,8 +286,8 @@ std::string assign_value(const Field& field, Config& config, const std::string& 
         using T = std::decay_t<decltype(target)>;
         if constexpr (std::is_same_v<T, std::string>) {
           if (allowed.nonempty && text.empty()) return expected + "an empty string";
-          if (!allowed.choices.empty() &&
-              std::find(allowed.choices.begin(), allowed.choices.end(), text) == allowed.choices.end())
+          if (!allowed.choices.empty() && std::find(allowed.choices.begin(), allowed.choices.end(),
+                                                    text) == allowed.choices.end())
             return expected + got + did_you_mean(nearest(text, allowed.choices));
           target = text;
           return "";
@@ -243,7 +300,8 @@ std::string assign_value(const Field& field, Config& config, const std::string& 
             uint64_t value = 0;
             const char* end = text.data() + text.size();
             auto result = std::from_chars(text.data(), end, value);
-            if (result.ec != std::errc() || result.ptr != end || text.empty()) return expected + got;
+            if (result.ec != std::errc() || result.ptr != end || text.empty())
+              return expected + got;
             target = value;
           } else {
             double value = 0;
@@ -256,9 +314,11 @@ std::string assign_value(const Field& field, Config& config, const std::string& 
             } else {
               result = std::from_chars(text.data(), end, value);
             }
-            if (result.ec == std::errc::invalid_argument || result.ptr != end || !std::isfinite(value))
+            if (result.ec == std::errc::invalid_argument || result.ptr != end ||
+                !std::isfinite(value))
               return expected + got;
-            const double hi = std::is_integral_v<T> ? std::min(allowed.hi, double(INT_MAX)) : allowed.hi;
+            const double hi =
+                std::is_integral_v<T> ? std::min(allowed.hi, double(INT_MAX)) : allowed.hi;
             if (result.ec != std::errc() || value < allowed.lo || value > hi ||
                 (allowed.lo_open && value == allowed.lo) || (allowed.hi_open && value == hi))
               return expected + text;
@@ -276,8 +336,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   for (size_t i = 1; i <= a.size(); ++i) {
     current[0] = i;
     for (size_t j = 1; j <= b.size(); ++j)
-      current[j] = std::min({previous[j] + 1, current[j - 1] + 1,
-                             previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      current[j] = std::min(
+          {previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
     std::swap(previous, current);
   }
   return previous[b.size()];
@@ -370,12 +430,17 @@ std::string config_reference_markdown() {
   const Config defaults;
   std::ostringstream out;
   out << "# Configuration reference\n\n"
-         "Generated from the schema in `app/config_schema.cpp` by `ft::config_reference_markdown()`;\n"
-         "do not edit by hand. After changing the schema, regenerate it by running the `config_test`\n"
+         "Generated from the schema in `app/config_schema.cpp` by "
+         "`ft::config_reference_markdown()`;\n"
+         "do not edit by hand. After changing the schema, regenerate it by running the "
+         "`config_test`\n"
          "binary with `FT_UPDATE_DOCS=1` set.\n\n"
-         "Every key can be set in the YAML file (nested by section) or overridden on the command line\n"
-         "with `--set section.key=value` (nested: `--set comm.emulate.latency_us=20`). Unknown keys,\n"
-         "values of the wrong type and values outside the allowed range are errors. Integers must be\n"
+         "Every key can be set in the YAML file (nested by section) or overridden on the command "
+         "line\n"
+         "with `--set section.key=value` (nested: `--set comm.emulate.latency_us=20`). Unknown "
+         "keys,\n"
+         "values of the wrong type and values outside the allowed range are errors. Integers must "
+         "be\n"
          "written as integers, booleans as `true` or `false`.\n";
   for (const Section& section : sections()) {
     out << "\n## " << section.name << "\n\n" << section.doc << "\n";

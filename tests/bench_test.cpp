@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "run_command.h"
 
 namespace ft {
 namespace {
@@ -139,24 +140,10 @@ TEST(BenchStats, SpeedupIsTheMedianOfPerRoundRatios) {
   EXPECT_NE(table.find("tolerance: relative 1e-03"), std::string::npos) << table;
 }
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
+using test::RunResult;
 
 RunResult run(const std::string& args) {
-  const std::string command =
-      std::string("cd ") + FT_SOURCE_DIR + " && timeout 300 " + FT_BINARY + " " + args + " 2>&1";
-  RunResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer;
-  size_t got;
-  while ((got = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    result.output.append(buffer.data(), got);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
+  return test::run_fusiontrain(args, 300);
 }
 
 const std::string kTiny =

@@ -1,7 +1,6 @@
 // The binary's handling of bad input: every case exits non-zero with a message that names the
 // file, line, key or allowed values — never a crash, a hang or a silent default.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <array>
@@ -9,29 +8,20 @@
 #include <fstream>
 #include <string>
 
+#include "run_command.h"
+
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
+using ft::test::RunResult;
 
 // Runs `prefix fusiontrain args` from the source directory, with a hard timeout so a hang fails.
 RunResult run_command(const std::string& prefix, const std::string& args) {
-  const std::string command = std::string("cd ") + FT_SOURCE_DIR + " && timeout 60 " + prefix +
-                              FT_BINARY + " " + args + " 2>&1";
-  RunResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer;
-  size_t got;
-  while ((got = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), got);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
+  return ft::test::run_fusiontrain(args, 60, prefix);
 }
 
-RunResult run(const std::string& args) { return run_command("", args); }
+RunResult run(const std::string& args) {
+  return run_command("", args);
+}
 
 std::string temp_file(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + "/" + name;
@@ -71,7 +61,8 @@ TEST(Cli, UnknownFlagAndMissingJob) {
 }
 
 TEST(Cli, CorruptCheckpointIsAClearError) {
-  const std::string path = temp_file("corrupt.safetensors", std::string("\x10\x00\x00\x00\x00\x00\x00\x00{not json}", 18));
+  const std::string path = temp_file("corrupt.safetensors",
+                                     std::string("\x10\x00\x00\x00\x00\x00\x00\x00{not json}", 18));
   expect_error(run("eval --checkpoint " + path), path);
   expect_error(run("eval --checkpoint /nonexistent.safetensors"), "/nonexistent.safetensors");
 }
@@ -81,9 +72,9 @@ TEST(Cli, CorruptCheckpointIsAClearError) {
 TEST(Cli, MismatchedConfigAcrossRanksFailsFast) {
   const std::string mpirun =
       "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 1 ";
-  const RunResult result = run_command(
-      mpirun, "train --set train.steps=30 : -np 1 " + std::string(FT_BINARY) +
-                  " train --set train.steps=30 --set train.batch_size=16");
+  const RunResult result =
+      run_command(mpirun, "train --set train.steps=30 : -np 1 " + std::string(FT_BINARY) +
+                              " train --set train.steps=30 --set train.batch_size=16");
   expect_error(result, "train.batch_size");
   expect_error(result, "differs across ranks");
 }

@@ -16,6 +16,7 @@
 #include "app/config.h"
 #include "app/task.h"
 #include "model/ops/gelu.h"
+#include "run_command.h"
 
 namespace ft {
 namespace {
@@ -132,25 +133,10 @@ TEST(Plan, DecisionText) {
             "conv_shortcut skipped at layer2.0.conv1: padding overhead 0.80 > 0.25");
 }
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
+using test::RunResult;
 
 RunResult run_binary(const std::string& args) {
-  const std::string command = std::string("cd ") + FT_SOURCE_DIR +
-                              " && OMP_NUM_THREADS=1 timeout 120 " + FT_BINARY + " " + args +
-                              " 2>&1";
-  RunResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer;
-  size_t got;
-  while ((got = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    result.output.append(buffer.data(), got);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
+  return test::run_fusiontrain(args, 120, "env OMP_NUM_THREADS=1 ");
 }
 
 void expect_error(const RunResult& result, const std::string& needle) {

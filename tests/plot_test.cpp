@@ -11,25 +11,12 @@
 #include <iterator>
 #include <string>
 
+#include "run_command.h"
+
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-RunResult run_shell(const std::string& command) {
-  RunResult result;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer;
-  size_t got;
-  while ((got = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    result.output.append(buffer.data(), got);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
-}
+using ft::test::run_shell;
+using ft::test::RunResult;
 
 // The first interpreter that has matplotlib: `python3` on PATH may be a pyenv or venv one
 // without Debian's python3-matplotlib, which bootstrap.sh installs for /usr/bin/python3.

@@ -16,6 +16,7 @@
 
 #include "app/bench.h"
 #include "app/config.h"
+#include "run_command.h"
 
 namespace ft {
 namespace {
@@ -53,24 +54,10 @@ TEST(TunePlan, CandidateTurnsOnOnlyTheNamedPasses) {
   EXPECT_FALSE(config.fusion.horizontal.multi_tensor);
 }
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
+using test::RunResult;
 
 RunResult run(const std::string& args) {
-  const std::string command =
-      std::string("cd ") + FT_SOURCE_DIR + " && timeout 600 " + FT_BINARY + " " + args + " 2>&1";
-  RunResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer;
-  size_t got;
-  while ((got = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    result.output.append(buffer.data(), got);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
+  return test::run_fusiontrain(args, 600);
 }
 
 // Wide enough (4 x 64 x 512 floats after c_fc) for the vertical rule to name gemm_epilogue.
