@@ -31,6 +31,7 @@ void copy_params(const SafetensorsFile& file, ParamStore& params, const std::str
     const SafetensorsEntry& entry = find_entry(file, param.name, param.shape, path);
     std::memcpy(param.value.data(), entry.data.data(), param.value.bytes());
   }
+  params.mark_changed();
 }
 
 int64_t metadata_int(const SafetensorsFile& file, const std::string& key, const std::string& path) {

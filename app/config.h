@@ -93,7 +93,7 @@ struct InferenceConfig {
   int max_new_tokens = 200;
   float temperature = 1.0f;
   int top_k = 0;
-  bool fold_bn = true;
+  // inference.fold_bn is FusionOptions::fold_bn (config.fusion.fold_bn).
 };
 
 struct Config {

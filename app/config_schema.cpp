@@ -166,8 +166,10 @@ std::vector<Field> build_fields() {
       {FT_KEY(inference.temperature), above_up_to(0, 100), "sampling temperature (gpt)"},
       {FT_KEY(inference.top_k), in(0, 65536),
        "sample among the k most likely tokens; 0 = all (gpt)"},
-      {FT_KEY(inference.fold_bn), true_or_false(),
-       "fold batch norm into convolution weights (resnet)"},
+      // Lives in FusionOptions, since the fold is a fusion pass over eval graphs.
+      {"inference.fold_bn", +[](Config& c) { return &c.fusion.fold_bn; }, true_or_false(),
+       "eval graphs fold BatchNorm into the convolution before it, with the ReLU and residual "
+       "add after it as the convolution's epilogue (resnet)"},
   };
 }
 #undef FT_KEY

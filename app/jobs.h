@@ -2,6 +2,7 @@
 // Errors surface as ft::Error; main() prints them and ends every rank.
 // Thread safety: run from main() only.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,45 @@ struct SimulateArgs {
 };
 // Predicts iteration time, exposed communication and scaling efficiency at each rank count.
 int run_simulate(const SimulateArgs& args, Communicator* comm);
+
+struct ExportArgs {
+  std::string checkpoint_path;
+  std::string config_path;  // optional: defaults to the checkpoint's embedded config
+  std::vector<std::string> overrides;
+  std::string out_path;
+};
+// Writes the inference weights (BN folded for a ResNet) as safetensors (app/inference_model.h).
+int run_export(const ExportArgs& args);
+
+struct InferArgs {
+  std::string model_path;     // an export
+  std::string data = "test";  // "test" (Fashion-MNIST) or an IDX images file
+  std::string labels_path;    // IDX labels for --data PATH; empty = none (no accuracy)
+  int batch = 256;
+  int threads = 0;                 // 0 = all cores
+  int limit = 0;                   // images; 0 = all
+  std::string compare_checkpoint;  // also run the unfolded eval model of this checkpoint
+  std::string json_path;
+};
+// Runs an export over a dataset: accuracy, loss, latency per batch, images/s.
+int run_infer(const InferArgs& args);
+
+struct SampleArgs {
+  std::string config_path;  // optional: defaults to the checkpoint's embedded config
+  std::vector<std::string> overrides;
+  std::string checkpoint_path;
+  std::string prompt;                 // bytes; empty = a single newline byte
+  std::optional<int> max_new_tokens;  // unset = inference.max_new_tokens
+  std::optional<float> temperature;   // unset = inference.temperature; 0 = greedy
+  std::optional<int> top_k;           // unset = inference.top_k; 0 = no truncation
+  std::optional<uint64_t> seed;       // unset = train.seed
+  bool no_kv_cache = false;           // recompute the whole window for every new byte
+  bool compare_no_cache = false;      // time both ways, check they write the same text
+  std::string json_path;
+};
+// GPT only: generates bytes after the prompt with the KV-cache decoder and prints the text and
+// tokens/s (model/gpt_sample.h describes the context window and its re-primes).
+int run_sample(const SampleArgs& args);
 
 // Threads for this rank: train.threads, or cores / local ranks (at least 1) when it is 0.
 int resolve_threads(int configured_threads);

@@ -112,6 +112,32 @@ int main(int argc, char** argv) {
   tune->add_option("--out", tune_args.out_path, "chosen config as YAML (default runs/tuned.yaml)");
   tune->add_option("--json", tune_args.json_path, "write every measured point as JSON");
 
+  ft::ExportArgs export_args;
+  CLI::App* export_job = app.add_subcommand(
+      "export", "write a checkpoint's inference weights (BN folded for a ResNet) as safetensors");
+  add_config_flags(export_job, &export_args.config_path, &export_args.overrides);
+  export_job->add_option("--checkpoint", export_args.checkpoint_path, "checkpoint (.safetensors)")
+      ->required();
+  export_job->add_option("--out", export_args.out_path, "export to write (.safetensors)")
+      ->required();
+
+  ft::InferArgs infer_args;
+  CLI::App* infer =
+      app.add_subcommand("infer", "run an exported ResNet over a dataset and time it");
+  infer->add_option("--model", infer_args.model_path, "export (.safetensors)")->required();
+  infer->add_option("--data", infer_args.data,
+                    "'test' (Fashion-MNIST test set, default) or an IDX images file");
+  infer->add_option("--labels", infer_args.labels_path, "IDX labels for --data PATH");
+  infer->add_option("--batch", infer_args.batch, "images per batch (default 256)")
+      ->check(number_check(false));
+  infer->add_option("--threads", infer_args.threads, "threads (default: all cores)")
+      ->check(number_check(false));
+  infer->add_option("--limit", infer_args.limit, "first N images only (default all)")
+      ->check(number_check(false));
+  infer->add_option("--compare-unfolded", infer_args.compare_checkpoint,
+                    "checkpoint whose unfolded eval model runs on the same batches, interleaved");
+  infer->add_option("--json", infer_args.json_path, "write the result as JSON");
+
   ft::SimulateArgs simulate_args;
   simulate_args.config_path = kDefaultConfig;
   CLI::App* simulate = app.add_subcommand(
@@ -131,12 +157,49 @@ int main(int argc, char** argv) {
       ->check(number_check(true));
   simulate->add_option("--json", simulate_args.json_path, "write the predictions as JSON");
 
+  ft::SampleArgs sample_args;
+  CLI::App* sample = app.add_subcommand(
+      "sample", "generate text from a GPT checkpoint with a KV cache, and report tokens/s");
+  add_config_flags(sample, &sample_args.config_path, &sample_args.overrides);
+  sample->add_option("--checkpoint", sample_args.checkpoint_path, "checkpoint (.safetensors)")
+      ->required();
+  sample->add_option("--prompt", sample_args.prompt, "text to continue (default: one newline)");
+  int sample_max_new_tokens = 0, sample_top_k = 0;
+  float sample_temperature = 0;
+  uint64_t sample_seed = 0;
+  CLI::Option* sample_max_new_tokens_flag =
+      sample
+          ->add_option("--max-new-tokens", sample_max_new_tokens,
+                       "bytes to generate (default inference.max_new_tokens)")
+          ->check(number_check(false));
+  CLI::Option* sample_temperature_flag =
+      sample
+          ->add_option("--temperature", sample_temperature,
+                       "0 = greedy (default inference.temperature)")
+          ->check(number_check(true));
+  CLI::Option* sample_top_k_flag =
+      sample
+          ->add_option("--top-k", sample_top_k,
+                       "keep the k most likely bytes; 0 = all (default inference.top_k)")
+          ->check(number_check(true));
+  CLI::Option* sample_seed_flag =
+      sample->add_option("--seed", sample_seed, "seed of the draws (default train.seed)");
+  sample->add_flag("--no-kv-cache", sample_args.no_kv_cache,
+                   "recompute the whole window for every new byte");
+  sample->add_flag("--compare-no-cache", sample_args.compare_no_cache,
+                   "time with and without the KV cache and check both write the same text");
+  sample->add_option("--json", sample_args.json_path, "write the text, settings and timings");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     return app.exit(error);
   }
   plan_args.batch_given = plan_batch->count() > 0;
+  if (sample_max_new_tokens_flag->count() > 0) sample_args.max_new_tokens = sample_max_new_tokens;
+  if (sample_temperature_flag->count() > 0) sample_args.temperature = sample_temperature;
+  if (sample_top_k_flag->count() > 0) sample_args.top_k = sample_top_k;
+  if (sample_seed_flag->count() > 0) sample_args.seed = sample_seed;
 
   int rank = 0;
   try {
@@ -151,11 +214,23 @@ int main(int argc, char** argv) {
         FT_CHECK(mpi.world_size() == 1, "eval runs on one rank; drop mpirun -np");
         return ft::run_eval(eval_args);
       }
+      if (app.got_subcommand(sample)) {
+        if (mpi.world_size() != 1) FT_FAIL("sample runs on one rank; drop mpirun -np");
+        return ft::run_sample(sample_args);
+      }
       if (app.got_subcommand(plan)) {
         FT_CHECK(mpi.world_size() == 1, "plan runs on one rank; drop mpirun -np");
         return ft::run_plan(plan_args);
       }
       if (app.got_subcommand(bench)) return ft::run_bench(bench_args, comm.get());
+      if (app.got_subcommand(export_job)) {
+        FT_CHECK(mpi.world_size() == 1, "export runs on one rank; drop mpirun -np");
+        return ft::run_export(export_args);
+      }
+      if (app.got_subcommand(infer)) {
+        FT_CHECK(mpi.world_size() == 1, "infer runs on one rank; drop mpirun -np");
+        return ft::run_infer(infer_args);
+      }
       if (app.got_subcommand(simulate)) return ft::run_simulate(simulate_args, comm.get());
       if (app.got_subcommand(tune)) return ft::run_tune(tune_args, comm.get());
       if (app.got_subcommand(bandwidth)) return ft::run_bandwidth(*comm, bandwidth_args);

@@ -25,12 +25,12 @@ GraphRun& GraphCache::get(int batch, GraphMode mode) {
   return *runs_.emplace(key, std::move(run)).first->second;
 }
 
-namespace {
-
 GptShape gpt_shape(const ModelConfig& model) {
   return GptShape{model.n_layer,    model.n_head,  model.d_model, model.seq_len,
                   model.vocab_size, model.dropout, model.qk_norm};
 }
+
+namespace {
 
 void load_tokens(const TokenBatch& batch, Workspace& ws) {
   ws.tokens = batch.inputs;
@@ -102,12 +102,16 @@ class GptTask : public Task {
   TokenBatch batch_;
 };
 
+}  // namespace
+
 ResnetShape resnet_shape(const ModelConfig& model) {
   ResnetShape shape{model.resnet_blocks, model.resnet_width};
   shape.conv_algorithm =
       model.conv_algorithm == "onednn" ? ConvAlgorithm::kOneDnn : ConvAlgorithm::kAuto;
   return shape;
 }
+
+namespace {
 
 class ResnetTask : public Task {
  public:

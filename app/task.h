@@ -11,8 +11,10 @@
 #include "app/config.h"
 #include "fusion/pipeline.h"
 #include "model/executor.h"
+#include "model/gpt.h"
 #include "model/graph.h"
 #include "model/params.h"
+#include "model/resnet.h"
 
 namespace ft {
 
@@ -67,6 +69,10 @@ class Task {
   virtual int64_t items_per_batch() const = 0;
   virtual const char* item_unit() const = 0;
 };
+
+// The model.* keys as the builders take them.
+GptShape gpt_shape(const ModelConfig& model);
+ResnetShape resnet_shape(const ModelConfig& model);
 
 // Builds the task `config.model.arch` names, loading its data shard for `rank` of `world_size`.
 std::unique_ptr<Task> make_task(const Config& config, int rank, int world_size);

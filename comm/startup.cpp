@@ -139,6 +139,7 @@ void broadcast_parameters(Communicator& comm, ParamStore& params) {
   if (comm.size() == 1) return;
   comm.broadcast(params.flat_values().data(), params.flat_values().numel(), 0);
   comm.broadcast(params.flat_buffers().data(), params.flat_buffers().numel(), 0);
+  params.mark_changed();
 }
 
 void check_same_config(Communicator& comm,

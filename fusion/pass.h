@@ -13,6 +13,7 @@ namespace ft {
 // Mirrors the fusion.* config keys (app/config.h), so fusion/ does not depend on app/.
 struct FusionOptions {
   bool enabled = true;  // false: no compute fusion at all; the executed graph is the built one
+  bool fold_bn = true;  // inference.fold_bn: eval graphs fold BatchNorm into the convolution
   struct Vertical {
     bool gemm_epilogue = true;       // Linear -> GELU
     bool residual_layernorm = true;  // (dropout ->) residual add -> LayerNorm

@@ -8,7 +8,9 @@
 
 namespace ft {
 
-// Horizontal first: QKV must be one op before attention fusion looks at its consumers.
+// Folding first: it takes conv -> BN -> ReLU chains that bn_relu would otherwise split.
+std::unique_ptr<FusionPass> make_fold_bn_pass();  // inference.fold_bn (eval graphs)
+// Horizontal next: QKV must be one op before attention fusion looks at its consumers.
 std::unique_ptr<FusionPass> make_qkv_pass();                 // fusion.horizontal.qkv
 std::unique_ptr<FusionPass> make_batched_layernorm_pass();   // fusion.horizontal.batched_layernorm
 std::unique_ptr<FusionPass> make_conv_shortcut_pass();       // fusion.horizontal.conv_shortcut

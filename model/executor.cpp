@@ -92,6 +92,8 @@ Workspace Executor::make_workspace() const {
 }
 
 void Executor::forward(Workspace& ws) {
+  // A train forward updates BatchNorm running statistics.
+  if (graph_.mode == GraphMode::kTrain) params_.mark_changed();
   const bool timed = profiling_ || observer_ != nullptr;
   for (int op_index = 0; op_index < static_cast<int>(graph_.ops.size()); ++op_index) {
     const Op& op = *graph_.ops[op_index];

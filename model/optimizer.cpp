@@ -164,6 +164,7 @@ class AdamW : public Optimizer {
   void step(ParamStore& params, float lr) override {
     ++steps_taken_;
     sweep_->adamw(params, exp_avg_, exp_avg_sq_, adamw_step_constants(options_, steps_taken_, lr));
+    params.mark_changed();
   }
 
   std::vector<std::pair<std::string, Tensor*>> state_slots() override {
@@ -192,6 +193,7 @@ class Sgd : public Optimizer {
     constants.first_step = steps_taken_ == 0;
     ++steps_taken_;
     sweep_->sgd(params, momentum_buffer_, constants);
+    params.mark_changed();
   }
 
   std::vector<std::pair<std::string, Tensor*>> state_slots() override {

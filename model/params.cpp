@@ -61,6 +61,7 @@ void ParamStore::allocate() {
 
 void ParamStore::initialize(uint64_t seed) {
   FT_CHECK(allocated_, "initialize() before allocate()");
+  mark_changed();
   Rng rng(seed);
   for (Param& param : params_) {
     float* values = param.value.data();

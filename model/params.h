@@ -59,6 +59,14 @@ class ParamStore {
   Tensor& flat_buffers() { return flat_buffers_; }
   int64_t num_trainable_floats() const { return flat_values_.numel(); }
 
+  // A counter that changes whenever parameter or buffer values may have changed, so that values
+  // derived from them (BN folded into a convolution's weights, fusion/ops/folded_conv.h) are
+  // recomputed only when needed. initialize(), Optimizer::step, a train graph's forward (BatchNorm
+  // running statistics), checkpoint loading and the start-up broadcast call mark_changed().
+  // REQUIRES: any other code that writes values calls mark_changed() before the next forward.
+  uint64_t version() const { return version_; }
+  void mark_changed() { ++version_; }
+
  private:
   ParamId add_entry(Param param);
 
@@ -66,6 +74,7 @@ class ParamStore {
   std::unordered_map<std::string, ParamId> index_;
   Tensor flat_values_, flat_grads_, flat_buffers_;
   bool allocated_ = false;
+  uint64_t version_ = 0;
 };
 
 }  // namespace ft

@@ -41,19 +41,19 @@ BatchNormParamIds add_batchnorm(ParamStore& params, const std::string& prefix, i
 
 void check_shape(const ResnetShape& shape) {
   FT_CHECK(shape.blocks_per_stage >= 1 && shape.width >= 1 && shape.image_size >= 1 &&
-               shape.in_channels >= 1 && shape.classes >= 2,
+               shape.in_channels >= 1 && shape.classes >= 2 && shape.bn_eps > 0.0f,
            "resnet: bad shape blocks_per_stage=", shape.blocks_per_stage, " width=", shape.width,
            " image_size=", shape.image_size, " in_channels=", shape.in_channels,
-           " classes=", shape.classes,
+           " classes=", shape.classes, " bn_eps=", shape.bn_eps,
            " (need blocks_per_stage >= 1, width >= 1, image_size >= 1, in_channels >= 1,"
-           " classes >= 2)");
+           " classes >= 2, bn_eps > 0)");
 }
 
 // Appends ops to a graph while tracking the current activation's channels and spatial size.
 class ResnetGraphBuilder {
  public:
-  ResnetGraphBuilder(int batch, ConvAlgorithm conv_algorithm)
-      : batch_(batch), conv_algorithm_(conv_algorithm) {}
+  ResnetGraphBuilder(int batch, ConvAlgorithm conv_algorithm, float bn_eps)
+      : batch_(batch), conv_algorithm_(conv_algorithm), bn_eps_(bn_eps) {}
 
   Graph& graph() { return graph_; }
 
@@ -80,9 +80,11 @@ class ResnetGraphBuilder {
     // Training normalises with batch statistics, evaluation with the running ones: two op kinds,
     // so no op branches on a mode flag and BN folding can match the inference one.
     if (graph_.mode == GraphMode::kEval)
-      graph_.add_op<BatchNormInferenceOp>(name, {x}, {y}, params, batch_, channels, height, width);
+      graph_.add_op<BatchNormInferenceOp>(name, {x}, {y}, params, batch_, channels, height, width,
+                                          bn_eps_);
     else
-      graph_.add_op<BatchNorm2dOp>(name, {x}, {y}, params, batch_, channels, height, width);
+      graph_.add_op<BatchNorm2dOp>(name, {x}, {y}, params, batch_, channels, height, width, 0.1f,
+                                   bn_eps_);
     return y;
   }
 
@@ -125,6 +127,7 @@ class ResnetGraphBuilder {
   Graph graph_;
   int batch_;
   ConvAlgorithm conv_algorithm_;
+  float bn_eps_;
 };
 
 }  // namespace
@@ -170,7 +173,7 @@ Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamI
   FT_CHECK(batch >= 1, "resnet: batch must be positive, got ", batch);
   FT_CHECK(static_cast<int>(ids.layers.size()) == kStages, "resnet: parameter ids hold ",
            ids.layers.size(), " stages, expected ", kStages);
-  ResnetGraphBuilder builder(batch, shape.conv_algorithm);
+  ResnetGraphBuilder builder(batch, shape.conv_algorithm, shape.bn_eps);
   Graph& graph = builder.graph();
   graph.mode = mode;
   graph.input =

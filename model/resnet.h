@@ -28,6 +28,7 @@ struct ResnetShape {
   int in_channels = 1;
   int classes = 10;
   ConvAlgorithm conv_algorithm = ConvAlgorithm::kAuto;  // for every convolution
+  float bn_eps = 1e-5f;                                 // every BatchNorm's, as PyTorch's default
 };
 
 struct BatchNormParamIds {

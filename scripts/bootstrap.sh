@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake pkg-config libdnnl-dev libyaml-cpp-dev libopenmpi-dev openmpi-bin
-  ocl-icd-opencl-dev opencl-headers nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
+  ocl-icd-opencl-dev opencl-headers nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev libssl-dev
   dataset-fashion-mnist python3 python3-matplotlib)
 
 missing=()

@@ -132,9 +132,12 @@ void transform_input(float* v, const float* x, const WinogradShape& shape, int c
 }
 
 // y tile (=, or +=) A^T m A for each tile, m[t][xi][o]; outputs past the edge are dropped.
+// With an epilogue (inference only, write is kOverwrite), each output vector gets the bias, the
+// residual and the ReLU before its one store.
 template <typename V>
 void transform_output(float* y, const float* m, const WinogradShape& shape, int channels,
-                      const TileGrid<V>& grid, int64_t first, int count, WinogradWrite write) {
+                      const TileGrid<V>& grid, int64_t first, int count, WinogradWrite write,
+                      const WinogradEpilogue* epilogue) {
   constexpr int W = V::kWindow, M = V::kOut;
   TileOrigin<V> origin(first, grid);
   for (int t = 0; t < count; ++t, origin.next()) {
@@ -157,8 +160,17 @@ void transform_output(float* y, const float* m, const WinogradShape& shape, int 
         for (int q = 0; q < W; ++q) row[q] = columns[q][r];
         V::output(row, outputs);
         for (int q = 0; q < cols; ++q) {
-          float* to = y_tile + (static_cast<int64_t>(r) * shape.width + q) * channels + c;
-          store8(to, write == WinogradWrite::kAccumulate ? load8(to) + outputs[q] : outputs[q]);
+          const int64_t offset = (static_cast<int64_t>(r) * shape.width + q) * channels + c;
+          float* to = y_tile + offset;
+          if (epilogue != nullptr) {
+            Vec8 value = outputs[q];
+            if (epilogue->bias != nullptr) value += load8(epilogue->bias + c);
+            if (epilogue->residual != nullptr) value += load8(epilogue->residual + (to - y));
+            if (epilogue->relu) value = value > 0.0f ? value : Vec8{};
+            store8(to, value);
+          } else {
+            store8(to, write == WinogradWrite::kAccumulate ? load8(to) + outputs[q] : outputs[q]);
+          }
         }
       }
     }
@@ -270,7 +282,7 @@ void transform_weights(float* transformed, const float* weight, int out_channels
 
 template <typename V>
 void conv(float* y, const float* x, const float* transformed, const WinogradShape& shape,
-          WinogradWrite write) {
+          WinogradWrite write, const WinogradEpilogue* epilogue) {
   const TileGrid<V> grid(shape);
   const int in = shape.in_channels, out = shape.out_channels;
   const int block = block_tiles<V>(in, out);
@@ -289,7 +301,7 @@ void conv(float* y, const float* x, const float* transformed, const WinogradShap
                  v + static_cast<int64_t>(xi) * in, V::kPoints * in, 1,
                  transformed + static_cast<int64_t>(xi) * in * out, out, count, out, in,
                  WinogradWrite::kOverwrite);
-      transform_output<V>(y, m, shape, out, grid, first, count, write);
+      transform_output<V>(y, m, shape, out, grid, first, count, write, epilogue);
     }
   }
 }
@@ -368,9 +380,18 @@ void winograd_conv(float* y, const float* x, const float* transformed, const Win
                    WinogradWrite write) {
   check_shape(shape);
   if (shape.tile == WinogradTile::k2x2)
-    conv<F2>(y, x, transformed, shape, write);
+    conv<F2>(y, x, transformed, shape, write, nullptr);
   else
-    conv<F4>(y, x, transformed, shape, write);
+    conv<F4>(y, x, transformed, shape, write, nullptr);
+}
+
+void winograd_conv_inference(float* y, const float* x, const float* transformed,
+                             const WinogradShape& shape, const WinogradEpilogue& epilogue) {
+  check_shape(shape);
+  if (shape.tile == WinogradTile::k2x2)
+    conv<F2>(y, x, transformed, shape, WinogradWrite::kOverwrite, &epilogue);
+  else
+    conv<F4>(y, x, transformed, shape, WinogradWrite::kOverwrite, &epilogue);
 }
 
 void winograd_conv_weight_grad(float* weight_grad, const float* x, const float* dy,

@@ -57,6 +57,21 @@ void winograd_transform_weights(float* transformed, const float* weight, int out
 void winograd_conv(float* y, const float* x, const float* transformed, const WinogradShape& shape,
                    WinogradWrite write);
 
+// What the inference convolution (FoldedConvOp, fusion/ops/folded_conv.h) applies to each output
+// inside the output transform, while the block is still in registers:
+//   y = act(conv(x, w) + bias[o] + residual)
+// so a folded BatchNorm's shift, a block's residual add and its ReLU cost no pass over memory.
+// Ownership: the pointers are borrowed for the call. Null `bias` or `residual` leaves the term out.
+struct WinogradEpilogue {
+  const float* bias = nullptr;      // [out]
+  const float* residual = nullptr;  // [B,H,W,out], like y; must not overlap y
+  bool relu = false;
+};
+
+// y = epilogue(conv(x, w)), forward only. REQUIRES: as winograd_conv.
+void winograd_conv_inference(float* y, const float* x, const float* transformed,
+                             const WinogradShape& shape, const WinogradEpilogue& epilogue);
+
 // weight_grad [out, in, 3, 3] += sum_{b,i,j} dy[b,i,j,o] x[b, i+p-1, j+q-1, c].
 // REQUIRES: winograd_supports(in, out).
 void winograd_conv_weight_grad(float* weight_grad, const float* x, const float* dy,

@@ -1,0 +1,239 @@
+// `fusiontrain infer`: runs an exported ResNet (app/inference_model.h) over the Fashion-MNIST test
+// set or an IDX file, reporting accuracy, loss, latency per batch and images/s. With
+// --compare-unfolded CKPT the unfolded eval model of the checkpoint (every fusion off: conv, BN
+// with running statistics, ReLU and residual add as separate ops) runs on the same batches,
+// interleaved with the export (which goes first alternates per batch), and the report adds the
+// largest logit differences, prediction agreement and the speedup as the median of per-batch
+// time ratios.
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "app/bench.h"
+#include "app/inference_model.h"
+#include "app/jobs.h"
+#include "app/task.h"
+#include "app/trainer.h"
+#include "core/check.h"
+#include "core/idx.h"
+#include "core/timer.h"
+
+namespace ft {
+namespace {
+
+ImageDataset load_images(const InferArgs& args, bool* has_labels, std::string* source) {
+  if (args.data == "test") {
+    *has_labels = true;
+    *source = "Fashion-MNIST test set";
+    return ImageDataset::load_fashion_mnist(kFashionMnistDir, false);
+  }
+  IdxArray images = read_idx(args.data);
+  FT_CHECK(images.dims.size() == 3, args.data, ": --data needs an IDX file of images [N, H, W]; ",
+           "it has ", images.dims.size(), " dimensions");
+  *has_labels = !args.labels_path.empty();
+  *source = args.data;
+  IdxArray labels;
+  if (*has_labels) {
+    labels = read_idx(args.labels_path);
+  } else {
+    labels.dims = {images.dims[0]};
+    labels.data.assign(images.dims[0], 0);
+  }
+  return ImageDataset::from_idx(std::move(images), std::move(labels), 28, 28, args.data);
+}
+
+// The unfolded eval model of a checkpoint, for --compare-unfolded.
+struct UnfoldedModel {
+  Config config;
+  ResnetShape shape{1, 1};
+  ResnetParamIds ids;
+  ParamStore params;
+  std::unique_ptr<GraphCache> graphs;
+};
+
+std::unique_ptr<UnfoldedModel> load_unfolded(const std::string& checkpoint,
+                                             const ResnetShape& exported) {
+  auto model = std::make_unique<UnfoldedModel>();
+  model->config = checkpoint_config(checkpoint, {});
+  FT_CHECK(model->config.model.arch == "resnet", checkpoint, ": --compare-unfolded needs a ",
+           "ResNet checkpoint; this one is ", model->config.model.arch);
+  model->shape = resnet_shape(model->config.model);
+  const ResnetShape& shape = model->shape;
+  FT_CHECK(shape.blocks_per_stage == exported.blocks_per_stage && shape.width == exported.width,
+           checkpoint, ": --compare-unfolded checkpoint is a ResNet with ", shape.blocks_per_stage,
+           " blocks per stage and width ", shape.width, "; the export has ",
+           exported.blocks_per_stage, " and ", exported.width);
+  model->ids = register_resnet_params(shape, model->params);
+  model->params.allocate();
+  load_checkpoint_params(checkpoint, model->params);
+  FusionOptions unfused;
+  unfused.enabled = false;
+  const UnfoldedModel* built = model.get();
+  model->graphs = std::make_unique<GraphCache>(
+      [built](int batch, GraphMode mode) {
+        return build_resnet_graph(built->shape, batch, built->ids, mode);
+      },
+      model->params, unfused);
+  return model;
+}
+
+// Copies `batch` into a graph's input and targets and times one forward.
+double timed_forward(Executor& executor, Workspace& ws, const Graph& graph,
+                     const ImageBatch& batch) {
+  const double start = now_ms();
+  std::memcpy(ws.values[graph.input].data(), batch.images.data(),
+              batch.images.size() * sizeof(float));
+  ws.targets = batch.labels;
+  executor.forward(ws);
+  return now_ms() - start;
+}
+
+void progress(int64_t done, int64_t total) {
+  if (!isatty(fileno(stderr))) return;
+  const int width = 40, filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
+  std::fprintf(stderr, "\r[%.*s%*s] %lld/%lld images", filled,
+               "########################################", width - filled, "",
+               static_cast<long long>(done), static_cast<long long>(total));
+  if (done == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+struct LogitDiff {
+  double max_abs = 0, max_logit = 0;
+  int64_t agree = 0;
+};
+
+void compare_logits(const float* folded, const float* unfolded, int rows, int classes,
+                    LogitDiff* diff) {
+  for (int r = 0; r < rows; ++r) {
+    const float* a = folded + static_cast<int64_t>(r) * classes;
+    const float* b = unfolded + static_cast<int64_t>(r) * classes;
+    for (int c = 0; c < classes; ++c) {
+      diff->max_abs = std::max(diff->max_abs, static_cast<double>(std::fabs(a[c] - b[c])));
+      diff->max_logit = std::max(diff->max_logit, static_cast<double>(std::fabs(b[c])));
+    }
+    diff->agree += std::max_element(a, a + classes) - a == std::max_element(b, b + classes) - b;
+  }
+}
+
+}  // namespace
+
+int run_infer(const InferArgs& args) {
+  FT_CHECK(!args.model_path.empty(), "infer needs --model FILE.safetensors");
+  FT_CHECK(args.batch >= 1, "--batch must be a positive integer, got ", args.batch);
+  const int threads = args.threads > 0 ? args.threads : resolve_threads(0);
+  omp_set_num_threads(threads);
+  ExportedResnet model(args.model_path);
+  bool has_labels = false;
+  std::string source;
+  const ImageDataset data = load_images(args, &has_labels, &source);
+  const int total = args.limit > 0 ? std::min(args.limit, data.size()) : data.size();
+  std::unique_ptr<UnfoldedModel> unfolded;
+  if (!args.compare_checkpoint.empty())
+    unfolded = load_unfolded(args.compare_checkpoint, model.shape());
+
+  const int classes = model.shape().classes;
+  std::vector<double> folded_ms, unfolded_ms, ratios;
+  LogitDiff diff;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  ImageBatch batch;
+  // One untimed batch first: the export folds nothing, but primitives and transformed weights are
+  // built on the first forward of each graph.
+  image_eval_batch(data, model.image_stats(), 0, std::min(args.batch, total), &batch);
+  {
+    ExportedResnet::Run& run = model.run(batch.batch);
+    timed_forward(*run.executor, run.ws, run.graph, batch);
+    if (unfolded) {
+      GraphRun& other = unfolded->graphs->get(batch.batch, GraphMode::kEval);
+      timed_forward(*other.executor, other.workspace, other.graph, batch);
+    }
+  }
+  for (int first = 0, index = 0; first < total; first += args.batch, ++index) {
+    image_eval_batch(data, model.image_stats(), first, std::min(args.batch, total - first), &batch);
+    ExportedResnet::Run& run = model.run(batch.batch);
+    GraphRun* other = unfolded ? &unfolded->graphs->get(batch.batch, GraphMode::kEval) : nullptr;
+    double other_ms = 0;
+    const bool other_first = other != nullptr && index % 2 == 1;
+    if (other_first)
+      other_ms = timed_forward(*other->executor, other->workspace, other->graph, batch);
+    const double ms = timed_forward(*run.executor, run.ws, run.graph, batch);
+    if (other != nullptr && !other_first)
+      other_ms = timed_forward(*other->executor, other->workspace, other->graph, batch);
+    folded_ms.push_back(ms);
+    const float* logits = run.ws.values[run.graph.output].data();
+    if (other != nullptr) {
+      unfolded_ms.push_back(other_ms);
+      ratios.push_back(other_ms / ms);
+      compare_logits(logits, other->workspace.values[other->graph.output].data(), batch.batch,
+                     classes, &diff);
+    }
+    loss_sum += static_cast<double>(run.executor->loss(run.ws)) * batch.batch;
+    for (int r = 0; r < batch.batch; ++r) {
+      const float* row = logits + static_cast<int64_t>(r) * classes;
+      correct += std::max_element(row, row + classes) - row == batch.labels[r];
+    }
+    progress(first + batch.batch, total);
+  }
+
+  double folded_total = 0;
+  for (double ms : folded_ms) folded_total += ms;
+  const double median = bench_percentile(folded_ms, 0.5), p90 = bench_percentile(folded_ms, 0.9);
+  const double images_per_s = 1000.0 * total / folded_total;
+  std::printf("infer %s on %s: %d images, batch %d, %d thread%s\n", args.model_path.c_str(),
+              source.c_str(), total, args.batch, threads, threads == 1 ? "" : "s");
+  nlohmann::json row = {{"type", "infer"},
+                        {"model", args.model_path},
+                        {"data", source},
+                        {"images", total},
+                        {"batch", args.batch},
+                        {"threads", threads},
+                        {"latency_median_ms", median},
+                        {"latency_p90_ms", p90},
+                        {"images_per_s", images_per_s}};
+  if (has_labels) {
+    row["accuracy"] = static_cast<double>(correct) / total;
+    row["loss"] = loss_sum / total;
+    std::printf("accuracy %.2f%% | loss %.4f\n", 100.0 * correct / total, loss_sum / total);
+  }
+  std::printf("latency per batch: median %.3f ms, p90 %.3f ms | %.0f images/s\n", median, p90,
+              images_per_s);
+  if (unfolded) {
+    const double relative = diff.max_logit > 0 ? diff.max_abs / diff.max_logit : diff.max_abs;
+    const double unfolded_median = bench_percentile(unfolded_ms, 0.5);
+    const double speedup = bench_percentile(ratios, 0.5);
+    std::printf(
+        "unfolded %s: max |logit diff| %.3g, max relative %.3g, predictions agree "
+        "%lld/%d (%.2f%%)\n",
+        args.compare_checkpoint.c_str(), diff.max_abs, relative, static_cast<long long>(diff.agree),
+        total, 100.0 * diff.agree / total);
+    std::printf(
+        "unfolded latency per batch: median %.3f ms, p90 %.3f ms | folded speedup %.3fx "
+        "(p10-p90 %.3f-%.3f, %zu interleaved batches)\n",
+        unfolded_median, bench_percentile(unfolded_ms, 0.9), speedup, bench_percentile(ratios, 0.1),
+        bench_percentile(ratios, 0.9), ratios.size());
+    row["compare"] = {{"checkpoint", args.compare_checkpoint},
+                      {"max_abs_logit_diff", diff.max_abs},
+                      {"max_rel_logit_diff", relative},
+                      {"prediction_agreement", static_cast<double>(diff.agree) / total},
+                      {"unfolded_latency_median_ms", unfolded_median},
+                      {"unfolded_latency_p90_ms", bench_percentile(unfolded_ms, 0.9)},
+                      {"speedup", speedup},
+                      {"speedup_p10", bench_percentile(ratios, 0.1)},
+                      {"speedup_p90", bench_percentile(ratios, 0.9)}};
+  }
+  if (!args.json_path.empty()) {
+    std::ofstream json(args.json_path);
+    FT_CHECK(json.good(), "cannot open --json file '", args.json_path, "' for writing");
+    json << row.dump() << "\n";
+  }
+  return 0;
+}
+
+}  // namespace ft

@@ -1,0 +1,295 @@
+// Export and reload of folded inference models (see inference_model.h for the file's contents).
+#include "app/inference_model.h"
+
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "app/task.h"
+#include "app/trainer.h"
+#include "core/check.h"
+#include "core/sha256.h"
+#include "fusion/ops/conv_bias.h"
+#include "model/gpt.h"
+
+namespace ft {
+namespace {
+
+// "layer1.0.conv1" for the op folded from the convolution with weight "layer1.0.conv1.weight".
+std::string conv_prefix(const ConvBiasOp& op, const ParamStore& params) {
+  const std::string& weight = params[op.params[0]].name;
+  const std::string suffix = ".weight";
+  FT_CHECK(weight.size() > suffix.size() &&
+               weight.compare(weight.size() - suffix.size(), suffix.size(), suffix) == 0,
+           "conv_bias '", op.name, "': weight '", weight, "' does not end in .weight");
+  return weight.substr(0, weight.size() - suffix.size());
+}
+
+nlohmann::json plan_of(const Graph& graph, const ParamStore& params) {
+  nlohmann::json plan = nlohmann::json::array();
+  for (const auto& op : graph.ops)
+    if (op->op_kind() == OpKind::kConvBias) {
+      const auto& conv = static_cast<const ConvBiasOp&>(*op);
+      plan.push_back({{"conv", conv_prefix(conv, params)},
+                      {"residual", conv.spec().residual},
+                      {"relu", conv.spec().relu},
+                      {"eps", conv.spec().eps}});
+    }
+  return plan;
+}
+
+std::string conv_algorithm_name(ConvAlgorithm algorithm) {
+  return algorithm == ConvAlgorithm::kOneDnn ? "onednn" : "auto";
+}
+
+nlohmann::json model_json(const ResnetShape& shape) {
+  return {{"resnet_blocks", shape.blocks_per_stage},
+          {"resnet_width", shape.width},
+          {"image_size", shape.image_size},
+          {"in_channels", shape.in_channels},
+          {"classes", shape.classes},
+          {"bn_eps", shape.bn_eps},
+          {"conv_algorithm", conv_algorithm_name(shape.conv_algorithm)}};
+}
+
+const std::string& metadata_entry(const std::map<std::string, std::string>& metadata,
+                                  const std::string& key, const std::string& path) {
+  auto it = metadata.find(key);
+  FT_CHECK(it != metadata.end(), path, ": export metadata has no '", key, "'");
+  return it->second;
+}
+
+nlohmann::json metadata_json(const std::map<std::string, std::string>& metadata,
+                             const std::string& key, const std::string& path) {
+  try {
+    return nlohmann::json::parse(metadata_entry(metadata, key, path));
+  } catch (const nlohmann::json::exception& error) {
+    FT_FAIL(path, ": export metadata '", key, "' is not valid JSON: ", error.what());
+  }
+}
+
+ResnetShape shape_from_json(const nlohmann::json& model, const std::string& path) {
+  try {
+    ResnetShape shape{model.at("resnet_blocks").get<int>(), model.at("resnet_width").get<int>()};
+    shape.image_size = model.at("image_size").get<int>();
+    shape.in_channels = model.at("in_channels").get<int>();
+    shape.classes = model.at("classes").get<int>();
+    shape.bn_eps = model.at("bn_eps").get<float>();
+    const std::string algorithm = model.at("conv_algorithm").get<std::string>();
+    FT_CHECK(algorithm == "auto" || algorithm == "onednn", path,
+             ": export metadata model.conv_algorithm is '", algorithm, "', not auto or onednn");
+    shape.conv_algorithm = algorithm == "onednn" ? ConvAlgorithm::kOneDnn : ConvAlgorithm::kAuto;
+    FT_CHECK(shape.blocks_per_stage >= 1 && shape.blocks_per_stage <= 64 && shape.width >= 1 &&
+                 shape.width <= 1024 && shape.image_size >= 1 && shape.image_size <= 4096 &&
+                 shape.in_channels >= 1 && shape.classes >= 2 && shape.bn_eps > 0,
+             path, ": export metadata 'model' holds an impossible shape: ", model.dump());
+    return shape;
+  } catch (const nlohmann::json::exception& error) {
+    FT_FAIL(path, ": export metadata 'model' lacks a field or has the wrong type: ", error.what());
+  }
+}
+
+// The tensors an export of `graph` (built over `params`) holds, with their shapes, in op order.
+std::vector<std::pair<std::string, Shape>> exported_layout(const Graph& graph,
+                                                           const ParamStore& params) {
+  std::vector<std::pair<std::string, Shape>> layout;
+  for (const auto& op : graph.ops) {
+    if (op->op_kind() == OpKind::kConvBias) {
+      const auto& conv = static_cast<const ConvBiasOp&>(*op);
+      const std::string prefix = conv_prefix(conv, params);
+      layout.push_back({prefix + ".weight", conv.weight_shape()});
+      layout.push_back({prefix + ".bias", {conv.spec().out_channels}});
+      continue;
+    }
+    for (ParamId id : op->params) layout.push_back({params[id].name, params[id].shape});
+  }
+  return layout;
+}
+
+void export_resnet(const std::string& checkpoint_path, const SafetensorsFile& checkpoint,
+                   const Config& config, SafetensorsFile* out, std::string* summary) {
+  ResnetShape shape = resnet_shape(config.model);
+  ParamStore params;
+  const ResnetParamIds ids = register_resnet_params(shape, params);
+  for (ParamId id = 0; id < params.size(); ++id)
+    if (!params[id].trainable && checkpoint.tensors.count(params[id].name) == 0)
+      FT_FAIL(checkpoint_path, ": checkpoint has no BatchNorm running statistics ('",
+              params[id].name, "'); folding needs the running mean and variance");
+  params.allocate();
+  load_checkpoint_params(checkpoint_path, params);
+  const Graph graph = build_folded_resnet_graph(shape, 1, ids, params);
+  int folded = 0;
+  for (const auto& op : graph.ops) {
+    if (op->op_kind() == OpKind::kConvBias) {
+      const auto& conv = static_cast<const ConvBiasOp&>(*op);
+      const std::string prefix = conv_prefix(conv, params);
+      SafetensorsEntry weight, bias;
+      conv.folded(params, &weight.data, &bias.data);
+      weight.shape = conv.weight_shape();
+      bias.shape = {conv.spec().out_channels};
+      out->tensors[prefix + ".weight"] = std::move(weight);
+      out->tensors[prefix + ".bias"] = std::move(bias);
+      ++folded;
+      continue;
+    }
+    for (ParamId id : op->params) {
+      const Param& param = params[id];
+      out->tensors[param.name] = {
+          param.shape,
+          std::vector<float>(param.value.data(), param.value.data() + param.value.numel())};
+    }
+  }
+  const ImageDataset train = ImageDataset::load_fashion_mnist(config.data.mnist_dir, true);
+  const ChannelStats stats = fashion_mnist_train_stats(train);
+  out->metadata["model"] = model_json(shape).dump();
+  out->metadata["plan"] = plan_of(graph, params).dump();
+  out->metadata["bn_eps"] = std::to_string(shape.bn_eps);
+  out->metadata["image_mean"] = nlohmann::json(stats.mean).dump();
+  out->metadata["image_std"] = nlohmann::json(stats.stddev).dump();
+  *summary = std::to_string(folded) + " convolutions with BatchNorm folded in, " +
+             std::to_string(out->tensors.size()) + " tensors";
+}
+
+void export_gpt(const std::string& checkpoint_path, const Config& config, SafetensorsFile* out,
+                std::string* summary) {
+  const GptShape shape = gpt_shape(config.model);
+  ParamStore params;
+  register_gpt_params(shape, params);
+  params.allocate();
+  load_checkpoint_params(checkpoint_path, params);
+  for (ParamId id = 0; id < params.size(); ++id) {
+    const Param& param = params[id];
+    out->tensors[param.name] = {
+        param.shape,
+        std::vector<float>(param.value.data(), param.value.data() + param.value.numel())};
+  }
+  out->metadata["model"] =
+      nlohmann::json{{"n_layer", shape.n_layer},       {"n_head", shape.n_head},
+                     {"d_model", shape.d_model},       {"seq_len", shape.seq_len},
+                     {"vocab_size", shape.vocab_size}, {"qk_norm", shape.qk_norm},
+                     {"tied_lm_head", "wte.weight"}}
+          .dump();
+  out->metadata["plan"] = "[]";  // nothing folds in a GPT: its weights are the trained ones
+  *summary = std::to_string(out->tensors.size()) + " tensors (no optimizer state)";
+}
+
+}  // namespace
+
+FusionOptions inference_fusion_options() {
+  FusionOptions options;
+  options.fold_bn = true;
+  return options;
+}
+
+Graph build_folded_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamIds& ids,
+                                const ParamStore& params, FusionResult* fusion) {
+  Graph graph = build_resnet_graph(shape, batch, ids, GraphMode::kEval);
+  FusionResult result = FusionPipeline::standard().run(graph, params, inference_fusion_options());
+  for (const auto& op : graph.ops) {
+    const OpKind kind = op->op_kind();
+    if (kind != OpKind::kBatchNormInference && kind != OpKind::kBatchNormInferenceRelu) continue;
+    std::string reasons;
+    for (const FusionDecision& decision : result.decisions)
+      if (decision.pass == "fold_bn" && !decision.fused)
+        reasons += "; " + decision.site + ": " + decision.reason;
+    FT_FAIL("BatchNorm '", op->name, "' could not be folded into a convolution", reasons);
+  }
+  if (fusion != nullptr) *fusion = std::move(result);
+  return graph;
+}
+
+void export_model(const std::string& checkpoint_path, const Config& config,
+                  const std::string& out_path, std::string* summary) {
+  const std::string bytes = read_file(checkpoint_path);
+  const SafetensorsFile checkpoint = decode_safetensors(bytes, checkpoint_path);
+  SafetensorsFile out;
+  if (config.model.arch == "resnet")
+    export_resnet(checkpoint_path, checkpoint, config, &out, summary);
+  else
+    export_gpt(checkpoint_path, config, &out, summary);
+  out.metadata["format"] = kExportFormat;
+  out.metadata["arch"] = config.model.arch;
+  out.metadata["config"] = config_to_yaml(config);
+  out.metadata["source_checkpoint"] = checkpoint_path;
+  out.metadata["source_sha256"] = sha256_hex(bytes);
+  save_safetensors(out_path, out);
+}
+
+ExportedResnet::ExportedResnet(const std::string& path) : path_(path) {
+  SafetensorsFile file = load_safetensors(path);
+  metadata_ = file.metadata;
+  auto format = metadata_.find("format");
+  FT_CHECK(format != metadata_.end() && format->second == kExportFormat, path,
+           ": not a fusiontrain export (metadata 'format' should be '", kExportFormat,
+           "'); make one with `fusiontrain export --checkpoint CKPT --out FILE`");
+  const std::string& arch = metadata_entry(metadata_, "arch", path);
+  FT_CHECK(arch == "resnet", path, ": is a ", arch,
+           " export; infer runs ResNet exports (sample text from a GPT with `fusiontrain sample "
+           "--checkpoint CKPT`)");
+  shape_ = shape_from_json(metadata_json(metadata_, "model", path), path);
+  try {
+    stats_.mean = metadata_json(metadata_, "image_mean", path).get<float>();
+    stats_.stddev = metadata_json(metadata_, "image_std", path).get<float>();
+  } catch (const nlohmann::json::exception& error) {
+    FT_FAIL(path, ": export metadata image_mean/image_std are not numbers: ", error.what());
+  }
+  FT_CHECK(stats_.stddev > 0, path, ": export metadata image_std must be positive");
+
+  layout_ids_ = register_resnet_params(shape_, layout_);
+  layout_.allocate();
+  const Graph graph = build_folded_resnet_graph(shape_, 1, layout_ids_, layout_);
+  const nlohmann::json plan = plan_of(graph, layout_);
+  const nlohmann::json file_plan = metadata_json(metadata_, "plan", path);
+  FT_CHECK(plan.size() == file_plan.size(), path, ": the export's plan folds ", file_plan.size(),
+           " convolutions; this build folds ", plan.size());
+  for (size_t i = 0; i < plan.size(); ++i)
+    FT_CHECK(file_plan[i].is_object() && file_plan[i].value("conv", "") == plan[i]["conv"] &&
+                 file_plan[i].value("residual", false) == plan[i]["residual"] &&
+                 file_plan[i].value("relu", false) == plan[i]["relu"],
+             path, ": the export's plan entry ", file_plan[i].dump(), " differs from this build's ",
+             plan[i].dump());
+
+  const auto layout = exported_layout(graph, layout_);
+  for (const auto& [name, shape] : layout) {
+    auto it = file.tensors.find(name);
+    FT_CHECK(it != file.tensors.end(), path, ": export has no tensor '", name, "'");
+    FT_CHECK(it->second.shape == shape, path, ": tensor '", name, "' has shape ",
+             shape_str(it->second.shape), ", expected ", shape_str(shape));
+    tensors_.add(name, shape, ParamInit::kZeros, 0.0f, false);
+  }
+  FT_CHECK(file.tensors.size() == layout.size(), path, ": export holds ", file.tensors.size(),
+           " tensors; a ResNet of this shape has ", layout.size());
+  tensors_.allocate();
+  for (const auto& [name, shape] : layout) {
+    const std::vector<float>& data = file.tensors[name].data;
+    std::copy(data.begin(), data.end(), tensors_[tensors_.find(name)].value.data());
+  }
+  tensors_.mark_changed();
+}
+
+ExportedResnet::Run& ExportedResnet::run(int batch) {
+  auto it = runs_.find(batch);
+  if (it != runs_.end()) return *it->second;
+  auto run = std::make_unique<Run>();
+  run->graph = build_folded_resnet_graph(shape_, batch, layout_ids_, layout_);
+  // Rewire every op from the layout's parameters onto the exported tensors.
+  for (auto& op : run->graph.ops) {
+    if (op->op_kind() == OpKind::kConvBias) {
+      const auto& folded = static_cast<const ConvBiasOp&>(*op);
+      const std::string prefix = conv_prefix(folded, layout_);
+      auto replacement = std::make_unique<ConvBiasOp>(folded.spec(), ConvBiasSource::kFolded);
+      replacement->name = folded.name;
+      replacement->inputs = folded.inputs;
+      replacement->outputs = folded.outputs;
+      replacement->eager_ops = folded.eager_ops;
+      replacement->params = {tensors_.find(prefix + ".weight"), tensors_.find(prefix + ".bias")};
+      op = std::move(replacement);
+      continue;
+    }
+    for (ParamId& id : op->params) id = tensors_.find(layout_[id].name);
+  }
+  run->executor = std::make_unique<Executor>(run->graph, tensors_);
+  run->ws = run->executor->make_workspace();
+  return *runs_.emplace(batch, std::move(run)).first->second;
+}
+
+}  // namespace ft
