@@ -83,7 +83,8 @@ void Trainer::load_checkpoint(const std::string& path) {
     for (ParamId id = 0; id < params_.size(); ++id) {
       const Param& param = params_[id];
       if (!param.trainable) continue;
-      const SafetensorsEntry& entry = find_entry(file, slot_name(slot, param.name), param.shape, path);
+      const SafetensorsEntry& entry =
+          find_entry(file, slot_name(slot, param.name), param.shape, path);
       std::memcpy(state->data() + param.offset, entry.data.data(), param.value.bytes());
     }
   step_ = static_cast<int>(metadata_int(file, "step", path));

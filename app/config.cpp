@@ -47,7 +47,8 @@ std::string valid_keys_text(const std::string& section) {
 // The field whose last name is `name`, if any: a key put in the wrong section is a common slip.
 const Field* field_named(const std::string& name) {
   for (const Field& field : fields())
-    if (field.key.size() > name.size() && field.key.compare(field.key.size() - name.size(), name.size(), name) == 0 &&
+    if (field.key.size() > name.size() &&
+        field.key.compare(field.key.size() - name.size(), name.size(), name) == 0 &&
         field.key[field.key.size() - name.size() - 1] == '.')
       return &field;
   return nullptr;
@@ -57,7 +58,9 @@ const Field* field_named(const std::string& name) {
 // so cross-field errors can point at both culprits.
 class Reader {
  public:
-  explicit Reader(std::string origin) : origin_(std::move(origin)) { config_.source_path = origin_; }
+  explicit Reader(std::string origin) : origin_(std::move(origin)) {
+    config_.source_path = origin_;
+  }
 
   void read_document(const std::string& text) {
     std::vector<YAML::Node> documents;
@@ -69,11 +72,12 @@ class Reader {
     if (documents.empty() || (documents.size() == 1 && documents[0].IsNull()))
       FT_FAIL(origin_, ": config file is empty (it has no keys, only comments or blank lines)");
     if (documents.size() > 1)
-      FT_FAIL(origin_, ": expected one YAML document, found ", documents.size(), " (remove the '---' separators)");
+      FT_FAIL(origin_, ": expected one YAML document, found ", documents.size(),
+              " (remove the '---' separators)");
     const YAML::Node& root = documents[0];
     if (!root.IsMap())
-      FT_FAIL(location(origin_, root.Mark()), ": the top level must be a map of sections, got ", kind_of(root),
-              "; ", valid_keys_text(""));
+      FT_FAIL(location(origin_, root.Mark()), ": the top level must be a map of sections, got ",
+              kind_of(root), "; ", valid_keys_text(""));
     read_section(root, "");
   }
 
@@ -83,7 +87,8 @@ class Reader {
     if (equals == std::string::npos || equals == 0)
       FT_FAIL(where, ": expected section.key=value, e.g. --set model.n_layer=6");
     const std::string key = assignment.substr(0, equals);
-    if (is_section(key)) FT_FAIL(where, ": '", key, "' is a section, not a key; ", valid_keys_text(key));
+    if (is_section(key))
+      FT_FAIL(where, ": '", key, "' is a section, not a key; ", valid_keys_text(key));
     const Field* field = find_field(key);
     if (field == nullptr) {
       std::vector<std::string> all_keys;
@@ -91,7 +96,8 @@ class Reader {
       const Field* moved = field_named(key.substr(key.rfind('.') + 1));
       std::string section = parent_of(key);
       while (!section.empty() && !is_section(section)) section = parent_of(section);
-      FT_FAIL(where, ": unknown key '", key, "'", did_you_mean(moved ? moved->key : nearest(key, all_keys)), "; ",
+      FT_FAIL(where, ": unknown key '", key, "'",
+              did_you_mean(moved ? moved->key : nearest(key, all_keys)), "; ",
               valid_keys_text(section));
     }
     const std::string problem = assign_value(*field, config_, assignment.substr(equals + 1), false);
@@ -110,20 +116,24 @@ class Reader {
                   " so that every attention head gets the same width");
       require(c.model.vocab_size == 256,
               show("model.vocab_size") + " must be 256 for gpt: the model reads raw bytes");
-      require(c.model.seq_len >= 2, show("model.seq_len") +
-                                        " must be at least 2 for gpt: a sequence needs inputs and next-byte targets");
-      require(c.data.augment == "none", show("data.augment") + " applies only to model.arch resnet; use none for gpt");
+      require(c.model.seq_len >= 2,
+              show("model.seq_len") +
+                  " must be at least 2 for gpt: a sequence needs inputs and next-byte targets");
+      require(c.data.augment == "none",
+              show("data.augment") + " applies only to model.arch resnet; use none for gpt");
       require(c.inference.top_k <= c.model.vocab_size,
               show("inference.top_k") + " must not exceed " + show("model.vocab_size"));
     }
     require(c.optim.warmup_steps <= c.train.steps,
             show("optim.warmup_steps") + " must not exceed " + show("train.steps"));
-    require(c.optim.min_lr <= c.optim.lr, show("optim.min_lr") + " must not exceed " + show("optim.lr"));
+    require(c.optim.min_lr <= c.optim.lr,
+            show("optim.min_lr") + " must not exceed " + show("optim.lr"));
     require(c.comm.first_bucket_mb <= c.comm.bucket_mb,
             show("comm.first_bucket_mb") + " must not exceed " + show("comm.bucket_mb"));
     require(c.comm.emulate.bandwidth_gbps > 0 || c.comm.emulate.latency_us == 0,
             show("comm.emulate.latency_us") + " requires comm.emulate.bandwidth_gbps > 0, got " +
-                show("comm.emulate.bandwidth_gbps") + ": bandwidth 0 turns emulation off, so the latency would be silently ignored; "
+                show("comm.emulate.bandwidth_gbps") +
+                ": bandwidth 0 turns emulation off, so the latency would be silently ignored; "
                 "set both to emulate a slow link, or both to 0");
     require(c.comm.backend != "nccl" || c.train.device == "cuda",
             show("comm.backend") + " requires train.device = cuda, got " + show("train.device"));
@@ -138,25 +148,29 @@ class Reader {
       const YAML::Node& key_node = entry.first;
       const YAML::Node& value = entry.second;
       const std::string where = location(origin_, key_node.Mark());
-      if (!key_node.IsScalar()) FT_FAIL(where, ": keys must be plain names; ", valid_keys_text(section));
+      if (!key_node.IsScalar())
+        FT_FAIL(where, ": keys must be plain names; ", valid_keys_text(section));
       const std::string& key = key_node.Scalar();
       const std::string dotted = section.empty() ? key : section + "." + key;
       auto [previous, fresh] = first_seen.emplace(key, key_node.Mark());
       if (!fresh)
-        FT_FAIL(where, ": duplicate key '", dotted, "' (first set at line ", previous->second.line + 1, ")");
+        FT_FAIL(where, ": duplicate key '", dotted, "' (first set at line ",
+                previous->second.line + 1, ")");
       if (is_section(dotted)) {
         if (value.IsNull()) continue;  // "fusion:" with nothing under it is an empty section
         if (!value.IsMap())
-          FT_FAIL(where, ": section '", dotted, "' must be a map of keys, got ", kind_of(value), "; ",
-                  valid_keys_text(dotted));
+          FT_FAIL(where, ": section '", dotted, "' must be a map of keys, got ", kind_of(value),
+                  "; ", valid_keys_text(dotted));
         read_section(value, dotted);
       } else if (const Field* field = find_field(dotted)) {
         const bool is_string = std::holds_alternative<std::string* (*)(Config&)>(field->ref);
         if (!value.IsScalar())
-          FT_FAIL(where, ": ", dotted, ": expected ", describe_allowed(*field), ", got ", kind_of(value),
+          FT_FAIL(where, ": ", dotted, ": expected ", describe_allowed(*field), ", got ",
+                  kind_of(value),
                   value.IsNull() && is_string ? " (write \"\" for an empty string)" : "");
         const std::string value_at = location(origin_, value.Mark());
-        const std::string problem = assign_value(*field, config_, value.Scalar(), value.Tag() == "!");
+        const std::string problem =
+            assign_value(*field, config_, value.Scalar(), value.Tag() == "!");
         if (!problem.empty()) FT_FAIL(value_at, ": ", dotted, ": ", problem);
         set_at_[dotted] = value_at;
       } else {
@@ -202,7 +216,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   namespace fs = std::filesystem;
   std::error_code error;
   if (!fs::exists(path, error))
-    FT_FAIL(path, ": config file not found (working directory: ", fs::current_path(error).string(), ")");
+    FT_FAIL(path, ": config file not found (working directory: ", fs::current_path(error).string(),
+            ")");
   if (fs::is_directory(path, error)) FT_FAIL(path, ": is a directory, not a config file");
   std::ifstream in(path, std::ios::binary);
   if (!in) FT_FAIL(path, ": cannot open config file: ", std::strerror(errno));

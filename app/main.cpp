@@ -183,7 +183,8 @@ int main(int argc, char** argv) {
                        "keep the k most likely bytes; 0 = all (default inference.top_k)")
           ->check(number_check(true));
   CLI::Option* sample_seed_flag =
-      sample->add_option("--seed", sample_seed, "seed of the draws (default train.seed)");
+      sample->add_option("--seed", sample_seed, "seed of the draws (default train.seed)")
+          ->check(number_check(true));
   sample->add_flag("--no-kv-cache", sample_args.no_kv_cache,
                    "recompute the whole window for every new byte");
   sample->add_flag("--compare-no-cache", sample_args.compare_no_cache,

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake pkg-config libdnnl-dev libyaml-cpp-dev libopenmpi-dev openmpi-bin
   ocl-icd-opencl-dev opencl-headers nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev libssl-dev
-  dataset-fashion-mnist python3 python3-matplotlib)
+  dataset-fashion-mnist python3 python3-matplotlib python3-numpy python3-torch)
 
 missing=()
 # npm may come from a Node.js install outside apt; only ask apt for it when it is absent.

@@ -19,9 +19,13 @@
 #include "model/executor.h"
 #include "model/ops/relu.h"
 #include "model/resnet.h"
+#include "tests/fold_test_util.h"
 
 namespace ft {
 namespace {
+
+using fold_test::randomize_batchnorms;
+using fold_test::test_images;
 
 constexpr float kLogitTolerance = 1e-4f;  // relative to the largest |logit|
 
@@ -56,41 +60,6 @@ TEST(FoldBatchnorm, MatchesDoublePrecisionFormula) {
       fold_batchnorm(folded_weight.data(), folded_bias.data(), weight.data(), nullptr, nullptr,
                      nullptr, mean.data(), negative.data(), 1e-5, out, per_channel),
       Error);
-}
-
-// The first `count` Fashion-MNIST test images, normalised as training does.
-const ImageBatch& test_images(int count) {
-  static ImageBatch batch;
-  if (batch.batch != count) {
-    const ImageDataset train = ImageDataset::load_fashion_mnist(kFashionMnistDir, true);
-    const ImageDataset test = ImageDataset::load_fashion_mnist(kFashionMnistDir, false);
-    image_eval_batch(test, fashion_mnist_train_stats(train), 0, count, &batch);
-  }
-  return batch;
-}
-
-// Gives every BatchNorm statistics far from identity: means N(0, 0.5), variances exp(U(-12, 2))
-// with every seventh exactly 0, gammas N(1, 0.5), betas N(0, 0.3).
-void randomize_batchnorms(ParamStore& params, uint64_t seed) {
-  Rng rng(seed);
-  const auto ends_with = [](const std::string& name, const std::string& suffix) {
-    return name.size() > suffix.size() &&
-           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  for (ParamId id = 0; id < params.size(); ++id) {
-    Param& param = params[id];
-    const bool conv = param.shape.size() == 4;
-    if (conv || param.name.rfind("fc.", 0) == 0) continue;
-    float* values = param.value.data();
-    for (int64_t i = 0; i < param.value.numel(); ++i) {
-      if (ends_with(param.name, "running_mean")) values[i] = 0.5f * rng.normal();
-      if (ends_with(param.name, "running_var"))
-        values[i] = i % 7 == 3 ? 0.0f : std::exp(-12.0f + 14.0f * rng.uniform());
-      if (ends_with(param.name, ".weight")) values[i] = 1.0f + 0.5f * rng.normal();
-      if (ends_with(param.name, ".bias")) values[i] = 0.3f * rng.normal();
-    }
-  }
-  params.mark_changed();
 }
 
 // One ParamStore with an eager eval graph and a second eval graph after the pipeline.
@@ -283,6 +252,60 @@ TEST(FoldBn, ConvWithAnotherReaderIsSkippedWithReason) {
   EXPECT_TRUE(skipped);
   pair.run();
   EXPECT_LT(relative_diff(pair.fused_logits(), pair.eager_logits()), kLogitTolerance);
+}
+
+// A ConvBiasOp run on its own: x [2,6,6,16] (and a residual like y), params registered here.
+std::vector<float> run_conv_bias(const ConvBiasSpec& spec, ParamStore& params,
+                                 const std::vector<ParamId>& ids) {
+  ConvBiasOp op(spec, ConvBiasSource::kBatchNorm);
+  op.name = "conv";
+  op.inputs = {0};
+  if (spec.residual) op.inputs.push_back(2);
+  op.outputs = {1};
+  op.params = ids;
+  Workspace ws;
+  Rng rng(8);
+  ws.values = {Tensor::zeros({2, 6, 6, 16}), Tensor::zeros(op.output_shape()),
+               Tensor::zeros(op.output_shape())};
+  for (Tensor* t : {&ws.values[0], &ws.values[2]})
+    for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] = rng.normal();
+  op.forward(ws, params);
+  return std::vector<float>(ws.values[1].data(), ws.values[1].data() + ws.values[1].numel());
+}
+
+// BatchNorm without affine parameters folds as gamma = 1, beta = 0, on both kernels, with and
+// without a residual and a ReLU.
+TEST(ConvBiasOp, BatchnormWithoutAffineParametersEqualsUnitGammaZeroBeta) {
+  ParamStore params;
+  const ParamId weight = params.add("w", {16, 16, 3, 3}, ParamInit::kNormal, 0.2f, true);
+  const ParamId gamma = params.add("gamma", {16}, ParamInit::kOnes, 0.0f, false);
+  const ParamId beta = params.add("beta", {16}, ParamInit::kZeros, 0.0f, false);
+  const ParamId mean = params.add("mean", {16}, ParamInit::kNormal, 0.5f, false);
+  const ParamId var = params.add("var", {16}, ParamInit::kOnes, 0.0f, false);
+  params.allocate();
+  params.initialize(9);
+  for (bool winograd : {true, false})
+    for (bool residual : {true, false}) {
+      ConvBiasSpec spec;
+      spec.batch = 2, spec.in_channels = 16, spec.out_channels = 16, spec.height = 6,
+      spec.width = 6, spec.kernel = 3, spec.padding = 1;
+      spec.winograd = winograd;
+      spec.residual = residual;
+      spec.relu = !residual;
+      spec.eps = 1e-3f;
+      const std::vector<float> affine =
+          run_conv_bias(spec, params, {weight, gamma, beta, mean, var});
+      spec.bn_affine = false;
+      const std::vector<float> plain = run_conv_bias(spec, params, {weight, mean, var});
+      ASSERT_EQ(affine.size(), plain.size());
+      float diff = 0.0f, scale = 0.0f;
+      for (size_t i = 0; i < affine.size(); ++i) {
+        diff = std::max(diff, std::fabs(affine[i] - plain[i]));
+        scale = std::max(scale, std::fabs(affine[i]));
+      }
+      EXPECT_GT(scale, 0.0f);
+      EXPECT_LE(diff, 1e-6f * scale) << "winograd " << winograd << " residual " << residual;
+    }
 }
 
 }  // namespace

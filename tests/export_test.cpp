@@ -1,0 +1,230 @@
+// Tests for `fusiontrain export` and `infer` (app/inference_model.h): the export's names and
+// metadata read by a plain JSON parser, the export -> infer round trip against the unfolded eval
+// model, PyTorch reproducing the logits from the file alone (scripts/load_export.py), GPT exports,
+// and clear errors for corrupt, truncated or wrong files and checkpoints without running
+// statistics. Checkpoints are written directly (tests/fold_test_util.h), not trained.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "app/inference_model.h"
+#include "app/task.h"
+#include "core/atomic_file.h"
+#include "model/gpt.h"
+#include "tests/fold_test_util.h"
+#include "tests/run_command.h"
+
+namespace ft {
+namespace {
+
+using test::run_fusiontrain;
+using test::run_shell;
+
+// Debian's python3, where python3-torch lives, ahead of any other python3 on PATH.
+constexpr const char* kPython =
+    "$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3 )";
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "/export_test_" + name;
+}
+
+Config resnet_config() {
+  return parse_config("model: {arch: resnet, resnet_blocks: 1, resnet_width: 16}\n", "test");
+}
+
+// A ResNet checkpoint with random weights and BatchNorm statistics far from identity.
+const std::string& resnet_checkpoint() {
+  static const std::string path = [] {
+    const Config config = resnet_config();
+    ParamStore params;
+    register_resnet_params(resnet_shape(config.model), params);
+    params.allocate();
+    params.initialize(21);
+    fold_test::randomize_batchnorms(params, 22);
+    const std::string file = temp_path("resnet.ckpt.safetensors");
+    fold_test::write_checkpoint(file, config, params);
+    return file;
+  }();
+  return path;
+}
+
+const std::string& resnet_export() {
+  static const std::string path = [] {
+    const std::string file = temp_path("resnet.export.safetensors");
+    std::string summary;
+    export_model(resnet_checkpoint(), resnet_config(), file, &summary);
+    return file;
+  }();
+  return path;
+}
+
+// The header of a safetensors file, parsed with nlohmann-json only.
+nlohmann::json read_header(const std::string& path) {
+  const std::string bytes = read_file(path);
+  uint64_t length = 0;
+  std::memcpy(&length, bytes.data(), 8);
+  return nlohmann::json::parse(bytes.substr(8, length));
+}
+
+TEST(Export, ResnetHoldsFoldedConvolutionsAndDocumentedMetadata) {
+  const nlohmann::json header = read_header(resnet_export());
+  for (const char* name :
+       {"conv1.weight", "conv1.bias", "layer1.0.conv1.weight", "layer1.0.conv1.bias",
+        "layer1.0.conv2.bias", "layer2.0.downsample.0.weight", "layer2.0.downsample.0.bias",
+        "fc.weight", "fc.bias"})
+    EXPECT_TRUE(header.contains(name)) << name;
+  for (const auto& [name, entry] : header.items()) {
+    EXPECT_EQ(name.find("bn"), std::string::npos) << name;
+    EXPECT_EQ(name.find("optim"), std::string::npos) << name;
+    EXPECT_EQ(name.find("running"), std::string::npos) << name;
+  }
+  const nlohmann::json& metadata = header.at("__metadata__");
+  EXPECT_EQ(metadata.at("format"), "fusiontrain-export-1");
+  EXPECT_EQ(metadata.at("arch"), "resnet");
+  const nlohmann::json model = nlohmann::json::parse(metadata.at("model").get<std::string>());
+  EXPECT_EQ(model.at("resnet_width"), 16);
+  const nlohmann::json plan = nlohmann::json::parse(metadata.at("plan").get<std::string>());
+  ASSERT_EQ(plan.size(), 9u);
+  EXPECT_EQ(plan[2].at("conv"), "layer1.0.conv2");
+  EXPECT_TRUE(plan[2].at("residual").get<bool>());
+  EXPECT_NE(metadata.at("config").get<std::string>().find("resnet"), std::string::npos);
+  EXPECT_FLOAT_EQ(std::stof(metadata.at("bn_eps").get<std::string>()), 1e-5f);
+  // The recorded digest is the checkpoint's, as sha256sum computes it.
+  const test::RunResult sum = run_shell("sha256sum " + resnet_checkpoint());
+  EXPECT_EQ(sum.output.substr(0, 64), metadata.at("source_sha256").get<std::string>());
+}
+
+TEST(Export, InferMatchesTheUnfoldedEvalModel) {
+  const std::string json = temp_path("infer.json");
+  const test::RunResult result =
+      run_fusiontrain("infer --model " + resnet_export() + " --compare-unfolded " +
+                          resnet_checkpoint() + " --limit 96 --batch 32 --threads 1 --json " + json,
+                      300);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("accuracy"), std::string::npos) << result.output;
+  const nlohmann::json row = nlohmann::json::parse(read_file(json));
+  EXPECT_EQ(row.at("images"), 96);
+  EXPECT_GT(row.at("images_per_s").get<double>(), 0.0);
+  const nlohmann::json& compare = row.at("compare");
+  EXPECT_LT(compare.at("max_rel_logit_diff").get<double>(), 1e-4);
+  EXPECT_EQ(compare.at("prediction_agreement").get<double>(), 1.0);
+}
+
+TEST(Export, InferReadsIdxFilesWithAndWithoutLabels) {
+  const std::string images = std::string(kFashionMnistDir) + "/t10k-images-idx3-ubyte.gz";
+  const std::string labels = std::string(kFashionMnistDir) + "/t10k-labels-idx1-ubyte.gz";
+  const std::string common = "infer --model " + resnet_export() + " --limit 16 --data " + images;
+  const test::RunResult labelled = run_fusiontrain(common + " --labels " + labels, 120);
+  ASSERT_EQ(labelled.exit_code, 0) << labelled.output;
+  EXPECT_NE(labelled.output.find("accuracy"), std::string::npos) << labelled.output;
+  const test::RunResult unlabelled = run_fusiontrain(common, 120);
+  ASSERT_EQ(unlabelled.exit_code, 0) << unlabelled.output;
+  EXPECT_EQ(unlabelled.output.find("accuracy"), std::string::npos) << unlabelled.output;
+  EXPECT_NE(unlabelled.output.find("images/s"), std::string::npos) << unlabelled.output;
+  const test::RunResult missing =
+      run_fusiontrain("infer --model " + resnet_export() + " --data /nonexistent/images.idx", 60);
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.output.find("/nonexistent/images.idx"), std::string::npos) << missing.output;
+}
+
+TEST(Export, PytorchReproducesTheLogitsFromTheFileAlone) {
+  if (run_shell(std::string(kPython) + " -c 'import torch, numpy'").exit_code != 0)
+    GTEST_SKIP() << "python3-torch is not installed (scripts/bootstrap.sh installs it)";
+  const int count = 64;
+  ExportedResnet model(resnet_export());
+  ExportedResnet::Run& run = model.run(count);
+  const ImageBatch& images = fold_test::test_images(count);
+  std::memcpy(run.ws.values[run.graph.input].data(), images.images.data(),
+              images.images.size() * sizeof(float));
+  run.ws.targets = images.labels;
+  run.executor->forward(run.ws);
+  const Tensor& logits = run.ws.values[run.graph.output];
+  const std::string expect = temp_path("logits.f32");
+  std::ofstream(expect, std::ios::binary)
+      .write(reinterpret_cast<const char*>(logits.data()), logits.bytes());
+  const test::RunResult result = run_shell(
+      std::string("cd ") + FT_SOURCE_DIR + " && " + kPython + " scripts/load_export.py --export " +
+      resnet_export() + " --count " + std::to_string(count) + " --expect " + expect);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("predictions agree 64/64"), std::string::npos) << result.output;
+}
+
+TEST(Export, CorruptOrTruncatedExportsGiveClearErrors) {
+  const std::string bytes = read_file(resnet_export());
+  const std::string truncated = temp_path("truncated.safetensors");
+  write_file_atomic(truncated, bytes.substr(0, bytes.size() / 2));
+  std::string corrupt_bytes = bytes;
+  corrupt_bytes[12] = '#';  // inside the JSON header
+  const std::string corrupt = temp_path("corrupt.safetensors");
+  write_file_atomic(corrupt, corrupt_bytes);
+  for (const std::string& file : {truncated, corrupt}) {
+    const test::RunResult result = run_fusiontrain("infer --model " + file + " --limit 8", 60);
+    EXPECT_EQ(result.exit_code, 1) << result.output;
+    EXPECT_NE(result.output.find(file), std::string::npos) << result.output;
+    EXPECT_EQ(result.output.find(".cpp"), std::string::npos) << result.output;
+  }
+  // A checkpoint is not an export.
+  const test::RunResult result =
+      run_fusiontrain("infer --model " + resnet_checkpoint() + " --limit 8", 60);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.output.find("not a fusiontrain export"), std::string::npos) << result.output;
+}
+
+TEST(Export, CheckpointWithoutRunningStatisticsIsRefused) {
+  const Config config = resnet_config();
+  ParamStore params;
+  register_resnet_params(resnet_shape(config.model), params);
+  params.allocate();
+  params.initialize(3);
+  std::vector<SafetensorsView> views;
+  for (ParamId id = 0; id < params.size(); ++id)
+    if (params[id].trainable)
+      views.push_back({params[id].name, params[id].shape, params[id].value.data()});
+  const std::string path = temp_path("no_stats.safetensors");
+  save_safetensors(path,
+                   {{"format", "fusiontrain-checkpoint-1"},
+                    {"step", "0"},
+                    {"optimizer_steps", "0"},
+                    {"arch", "resnet"},
+                    {"config", config_to_yaml(config)}},
+                   views);
+  const test::RunResult result = run_fusiontrain(
+      "export --checkpoint " + path + " --out " + temp_path("never.safetensors"), 60);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.output.find("running statistics"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("bn1.running_mean"), std::string::npos) << result.output;
+  EXPECT_NE(run_shell("test -e " + temp_path("never.safetensors")).exit_code, 0);
+}
+
+TEST(Export, GptExportHoldsTheParametersAndInferPointsToSample) {
+  const Config config =
+      parse_config("model: {arch: gpt, n_layer: 1, n_head: 2, d_model: 16, seq_len: 8}\n", "test");
+  ParamStore params;
+  register_gpt_params(gpt_shape(config.model), params);
+  params.allocate();
+  params.initialize(4);
+  const std::string checkpoint = temp_path("gpt.ckpt.safetensors");
+  fold_test::write_checkpoint(checkpoint, config, params);
+  const std::string out = temp_path("gpt.export.safetensors");
+  const test::RunResult exported =
+      run_fusiontrain("export --checkpoint " + checkpoint + " --out " + out, 60);
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const nlohmann::json header = read_header(out);
+  EXPECT_EQ(header.at("__metadata__").at("arch"), "gpt");
+  EXPECT_EQ(static_cast<int>(header.size()) - 1, params.size());
+  EXPECT_TRUE(header.contains("wte.weight"));
+  const SafetensorsFile file = load_safetensors(out);
+  const Param& wte = params[params.find("wte.weight")];
+  EXPECT_EQ(file.tensors.at("wte.weight").data,
+            std::vector<float>(wte.value.data(), wte.value.data() + wte.value.numel()));
+  const test::RunResult infer = run_fusiontrain("infer --model " + out, 60);
+  EXPECT_EQ(infer.exit_code, 1);
+  EXPECT_NE(infer.output.find("sample"), std::string::npos) << infer.output;
+}
+
+}  // namespace
+}  // namespace ft
