@@ -4,6 +4,7 @@
 // and clear errors for corrupt, truncated or wrong files and checkpoints without running
 // statistics. Checkpoints are written directly (tests/fold_test_util.h), not trained.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -29,7 +30,8 @@ constexpr const char* kPython =
     "$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3 )";
 
 std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "/export_test_" + name;
+  // ctest runs each test as its own process, in parallel: files are per process.
+  return ::testing::TempDir() + "/export_test_" + std::to_string(getpid()) + "_" + name;
 }
 
 Config resnet_config() {

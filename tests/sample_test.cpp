@@ -3,6 +3,7 @@
 // cache and the recompute path agree, the JSON holds the text and timings, and bad flags and a
 // ResNet checkpoint are refused with messages that name what is wrong.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -24,7 +25,8 @@ class SampleBinary : public ::testing::Test {
  protected:
   // One tiny GPT (seq_len 16) and one tiny ResNet checkpoint for every test of the suite.
   static void SetUpTestSuite() {
-    dir_ = ::testing::TempDir() + "/ft_sample";
+    // ctest runs each test of the suite as its own process, in parallel: one directory each.
+    dir_ = ::testing::TempDir() + "/ft_sample_" + std::to_string(getpid());
     std::filesystem::remove_all(dir_);
     const RunResult gpt = run(
         "train --config configs/gpt_tiny.yaml --set model.n_layer=1 --set model.d_model=16 "

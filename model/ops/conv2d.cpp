@@ -108,6 +108,11 @@ struct Conv2dOp::Primitives {
   memory diff_weights_user;        // oihw over the parameter's gradient
   dnnl::reorder add_diff_weights;  // diff_weights_written -> diff_weights_user, with sum
   std::string forward_impl;
+  // What the forward weights above were derived from; backward invalidates them (Winograd's
+  // backward data reuses winograd_weights).
+  bool forward_weights_valid = false;
+  uint64_t forward_weights_version = 0;
+  const float* forward_weights_source = nullptr;
 };
 
 Conv2dOp::Conv2dOp(int batch, int in_channels, int out_channels, int height, int width, int kernel,
@@ -283,9 +288,19 @@ void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
   expect_numel(weight, shape_numel(weight_shape()), *this, "weight");
   if (!primitives_) build_primitives();
   Primitives& p = *primitives_;
+  // The forward weights (transformed, flipped or reordered) are redone only when the parameters
+  // may have changed: every train forward (ParamStore::version moves), but an eval graph between
+  // optimizer steps reuses them, as an inference engine prepacks its weights.
+  const bool weights_current = p.forward_weights_valid &&
+                               p.forward_weights_version == params.version() &&
+                               p.forward_weights_source == weight.data();
+  p.forward_weights_valid = true;
+  p.forward_weights_version = params.version();
+  p.forward_weights_source = weight.data();
   if (p.algorithm == ConvAlgorithm::kWinograd) {
-    winograd_transform_weights(p.winograd_weights.data(), weight.data(), out_channels_,
-                               in_channels_, winograd_tile, WinogradPass::kForward);
+    if (!weights_current)
+      winograd_transform_weights(p.winograd_weights.data(), weight.data(), out_channels_,
+                                 in_channels_, winograd_tile, WinogradPass::kForward);
     winograd_conv(y.data(), x.data(), p.winograd_weights.data(), winograd_shape(),
                   WinogradWrite::kOverwrite);
     return;
@@ -293,13 +308,15 @@ void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
   p.src.set_data_handle(x.data());
   p.dst.set_data_handle(y.data());
   if (p.algorithm == ConvAlgorithm::kTransposed) {
-    flip_kernel(p.flipped_weights.data(), weight.data(), out_channels_, in_channels_, kernel_);
-    p.forward_weights.to_prim(p.flipped_weights.data());
+    if (!weights_current) {
+      flip_kernel(p.flipped_weights.data(), weight.data(), out_channels_, in_channels_, kernel_);
+      p.forward_weights.to_prim(p.flipped_weights.data());
+    }
     p.forward_transposed.execute(cpu_stream(), {{DNNL_ARG_DIFF_DST, p.src},
                                                 {DNNL_ARG_WEIGHTS, p.forward_weights.prim},
                                                 {DNNL_ARG_DIFF_SRC, p.dst}});
   } else {
-    p.forward_weights.to_prim(weight.data());
+    if (!weights_current) p.forward_weights.to_prim(weight.data());
     p.forward.execute(
         cpu_stream(),
         {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.forward_weights.prim}, {DNNL_ARG_DST, p.dst}});
@@ -310,6 +327,7 @@ void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
 void Conv2dOp::backward(Workspace& ws, ParamStore& params) {
   FT_CHECK(primitives_ != nullptr, "conv2d '", name, "': backward before forward");
   Primitives& p = *primitives_;
+  p.forward_weights_valid = false;
   Param& weight = params[this->params[0]];
   if (p.algorithm == ConvAlgorithm::kWinograd) {
     const float* x = ws.values[inputs[0]].data();
