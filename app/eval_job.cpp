@@ -51,7 +51,7 @@ int run_eval(const EvalArgs& args) {
   }
   if (!args.json_path.empty()) {
     std::ofstream json(args.json_path);
-    FT_CHECK(json.good(), "cannot open --json file '", args.json_path, "' for writing");
+    FT_REQUIRE(json.good(), "cannot open --json file '", args.json_path, "' for writing");
     json << row.dump() << "\n";
   }
   return 0;

@@ -10,8 +10,8 @@
 namespace ft {
 
 int run_export(const ExportArgs& args) {
-  FT_CHECK(!args.checkpoint_path.empty(), "export needs --checkpoint FILE");
-  FT_CHECK(!args.out_path.empty(), "export needs --out FILE.safetensors");
+  FT_REQUIRE(!args.checkpoint_path.empty(), "export needs --checkpoint FILE");
+  FT_REQUIRE(!args.out_path.empty(), "export needs --out FILE.safetensors");
   const Config config = args.config_path.empty()
                             ? checkpoint_config(args.checkpoint_path, args.overrides)
                             : load_config(args.config_path, args.overrides);

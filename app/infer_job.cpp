@@ -34,8 +34,8 @@ ImageDataset load_images(const InferArgs& args, bool* has_labels, std::string* s
     return ImageDataset::load_fashion_mnist(kFashionMnistDir, false);
   }
   IdxArray images = read_idx(args.data);
-  FT_CHECK(images.dims.size() == 3, args.data, ": --data needs an IDX file of images [N, H, W]; ",
-           "it has ", images.dims.size(), " dimensions");
+  FT_REQUIRE(images.dims.size() == 3, args.data, ": --data needs an IDX file of images [N, H, W]; ",
+             "it has ", images.dims.size(), " dimensions");
   *has_labels = !args.labels_path.empty();
   *source = args.data;
   IdxArray labels;
@@ -61,14 +61,14 @@ std::unique_ptr<UnfoldedModel> load_unfolded(const std::string& checkpoint,
                                              const ResnetShape& exported) {
   auto model = std::make_unique<UnfoldedModel>();
   model->config = checkpoint_config(checkpoint, {});
-  FT_CHECK(model->config.model.arch == "resnet", checkpoint, ": --compare-unfolded needs a ",
-           "ResNet checkpoint; this one is ", model->config.model.arch);
+  FT_REQUIRE(model->config.model.arch == "resnet", checkpoint, ": --compare-unfolded needs a ",
+             "ResNet checkpoint; this one is ", model->config.model.arch);
   model->shape = resnet_shape(model->config.model);
   const ResnetShape& shape = model->shape;
-  FT_CHECK(shape.blocks_per_stage == exported.blocks_per_stage && shape.width == exported.width,
-           checkpoint, ": --compare-unfolded checkpoint is a ResNet with ", shape.blocks_per_stage,
-           " blocks per stage and width ", shape.width, "; the export has ",
-           exported.blocks_per_stage, " and ", exported.width);
+  FT_REQUIRE(shape.blocks_per_stage == exported.blocks_per_stage && shape.width == exported.width,
+             checkpoint, ": --compare-unfolded checkpoint is a ResNet with ",
+             shape.blocks_per_stage, " blocks per stage and width ", shape.width,
+             "; the export has ", exported.blocks_per_stage, " and ", exported.width);
   model->ids = register_resnet_params(shape, model->params);
   model->params.allocate();
   load_checkpoint_params(checkpoint, model->params);
@@ -125,8 +125,8 @@ void compare_logits(const float* folded, const float* unfolded, int rows, int cl
 }  // namespace
 
 int run_infer(const InferArgs& args) {
-  FT_CHECK(!args.model_path.empty(), "infer needs --model FILE.safetensors");
-  FT_CHECK(args.batch >= 1, "--batch must be a positive integer, got ", args.batch);
+  FT_REQUIRE(!args.model_path.empty(), "infer needs --model FILE.safetensors");
+  FT_REQUIRE(args.batch >= 1, "--batch must be a positive integer, got ", args.batch);
   const int threads = args.threads > 0 ? args.threads : resolve_threads(0);
   omp_set_num_threads(threads);
   ExportedResnet model(args.model_path);
@@ -230,7 +230,7 @@ int run_infer(const InferArgs& args) {
   }
   if (!args.json_path.empty()) {
     std::ofstream json(args.json_path);
-    FT_CHECK(json.good(), "cannot open --json file '", args.json_path, "' for writing");
+    FT_REQUIRE(json.good(), "cannot open --json file '", args.json_path, "' for writing");
     json << row.dump() << "\n";
   }
   return 0;

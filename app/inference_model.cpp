@@ -18,9 +18,9 @@ namespace {
 std::string conv_prefix(const ConvBiasOp& op, const ParamStore& params) {
   const std::string& weight = params[op.params[0]].name;
   const std::string suffix = ".weight";
-  FT_CHECK(weight.size() > suffix.size() &&
-               weight.compare(weight.size() - suffix.size(), suffix.size(), suffix) == 0,
-           "conv_bias '", op.name, "': weight '", weight, "' does not end in .weight");
+  FT_REQUIRE(weight.size() > suffix.size() &&
+                 weight.compare(weight.size() - suffix.size(), suffix.size(), suffix) == 0,
+             "conv_bias '", op.name, "': weight '", weight, "' does not end in .weight");
   return weight.substr(0, weight.size() - suffix.size());
 }
 
@@ -54,7 +54,7 @@ nlohmann::json model_json(const ResnetShape& shape) {
 const std::string& metadata_entry(const std::map<std::string, std::string>& metadata,
                                   const std::string& key, const std::string& path) {
   auto it = metadata.find(key);
-  FT_CHECK(it != metadata.end(), path, ": export metadata has no '", key, "'");
+  FT_REQUIRE(it != metadata.end(), path, ": export metadata has no '", key, "'");
   return it->second;
 }
 
@@ -75,13 +75,13 @@ ResnetShape shape_from_json(const nlohmann::json& model, const std::string& path
     shape.classes = model.at("classes").get<int>();
     shape.bn_eps = model.at("bn_eps").get<float>();
     const std::string algorithm = model.at("conv_algorithm").get<std::string>();
-    FT_CHECK(algorithm == "auto" || algorithm == "onednn", path,
-             ": export metadata model.conv_algorithm is '", algorithm, "', not auto or onednn");
+    FT_REQUIRE(algorithm == "auto" || algorithm == "onednn", path,
+               ": export metadata model.conv_algorithm is '", algorithm, "', not auto or onednn");
     shape.conv_algorithm = algorithm == "onednn" ? ConvAlgorithm::kOneDnn : ConvAlgorithm::kAuto;
-    FT_CHECK(shape.blocks_per_stage >= 1 && shape.blocks_per_stage <= 64 && shape.width >= 1 &&
-                 shape.width <= 1024 && shape.image_size >= 1 && shape.image_size <= 4096 &&
-                 shape.in_channels >= 1 && shape.classes >= 2 && shape.bn_eps > 0,
-             path, ": export metadata 'model' holds an impossible shape: ", model.dump());
+    FT_REQUIRE(shape.blocks_per_stage >= 1 && shape.blocks_per_stage <= 64 && shape.width >= 1 &&
+                   shape.width <= 1024 && shape.image_size >= 1 && shape.image_size <= 4096 &&
+                   shape.in_channels >= 1 && shape.classes >= 2 && shape.bn_eps > 0,
+               path, ": export metadata 'model' holds an impossible shape: ", model.dump());
     return shape;
   } catch (const nlohmann::json::exception& error) {
     FT_FAIL(path, ": export metadata 'model' lacks a field or has the wrong type: ", error.what());
@@ -218,13 +218,13 @@ ExportedResnet::ExportedResnet(const std::string& path) : path_(path) {
   SafetensorsFile file = load_safetensors(path);
   metadata_ = file.metadata;
   auto format = metadata_.find("format");
-  FT_CHECK(format != metadata_.end() && format->second == kExportFormat, path,
-           ": not a fusiontrain export (metadata 'format' should be '", kExportFormat,
-           "'); make one with `fusiontrain export --checkpoint CKPT --out FILE`");
+  FT_REQUIRE(format != metadata_.end() && format->second == kExportFormat, path,
+             ": not a fusiontrain export (metadata 'format' should be '", kExportFormat,
+             "'); make one with `fusiontrain export --checkpoint CKPT --out FILE`");
   const std::string& arch = metadata_entry(metadata_, "arch", path);
-  FT_CHECK(arch == "resnet", path, ": is a ", arch,
-           " export; infer runs ResNet exports (sample text from a GPT with `fusiontrain sample "
-           "--checkpoint CKPT`)");
+  FT_REQUIRE(arch == "resnet", path, ": is a ", arch,
+             " export; infer runs ResNet exports (sample text from a GPT with `fusiontrain sample "
+             "--checkpoint CKPT`)");
   shape_ = shape_from_json(metadata_json(metadata_, "model", path), path);
   try {
     stats_.mean = metadata_json(metadata_, "image_mean", path).get<float>();
@@ -232,32 +232,32 @@ ExportedResnet::ExportedResnet(const std::string& path) : path_(path) {
   } catch (const nlohmann::json::exception& error) {
     FT_FAIL(path, ": export metadata image_mean/image_std are not numbers: ", error.what());
   }
-  FT_CHECK(stats_.stddev > 0, path, ": export metadata image_std must be positive");
+  FT_REQUIRE(stats_.stddev > 0, path, ": export metadata image_std must be positive");
 
   layout_ids_ = register_resnet_params(shape_, layout_);
   layout_.allocate();
   const Graph graph = build_folded_resnet_graph(shape_, 1, layout_ids_, layout_);
   const nlohmann::json plan = plan_of(graph, layout_);
   const nlohmann::json file_plan = metadata_json(metadata_, "plan", path);
-  FT_CHECK(plan.size() == file_plan.size(), path, ": the export's plan folds ", file_plan.size(),
-           " convolutions; this build folds ", plan.size());
+  FT_REQUIRE(plan.size() == file_plan.size(), path, ": the export's plan folds ", file_plan.size(),
+             " convolutions; this build folds ", plan.size());
   for (size_t i = 0; i < plan.size(); ++i)
-    FT_CHECK(file_plan[i].is_object() && file_plan[i].value("conv", "") == plan[i]["conv"] &&
-                 file_plan[i].value("residual", false) == plan[i]["residual"] &&
-                 file_plan[i].value("relu", false) == plan[i]["relu"],
-             path, ": the export's plan entry ", file_plan[i].dump(), " differs from this build's ",
-             plan[i].dump());
+    FT_REQUIRE(file_plan[i].is_object() && file_plan[i].value("conv", "") == plan[i]["conv"] &&
+                   file_plan[i].value("residual", false) == plan[i]["residual"] &&
+                   file_plan[i].value("relu", false) == plan[i]["relu"],
+               path, ": the export's plan entry ", file_plan[i].dump(),
+               " differs from this build's ", plan[i].dump());
 
   const auto layout = exported_layout(graph, layout_);
   for (const auto& [name, shape] : layout) {
     auto it = file.tensors.find(name);
-    FT_CHECK(it != file.tensors.end(), path, ": export has no tensor '", name, "'");
-    FT_CHECK(it->second.shape == shape, path, ": tensor '", name, "' has shape ",
-             shape_str(it->second.shape), ", expected ", shape_str(shape));
+    FT_REQUIRE(it != file.tensors.end(), path, ": export has no tensor '", name, "'");
+    FT_REQUIRE(it->second.shape == shape, path, ": tensor '", name, "' has shape ",
+               shape_str(it->second.shape), ", expected ", shape_str(shape));
     tensors_.add(name, shape, ParamInit::kZeros, 0.0f, false);
   }
-  FT_CHECK(file.tensors.size() == layout.size(), path, ": export holds ", file.tensors.size(),
-           " tensors; a ResNet of this shape has ", layout.size());
+  FT_REQUIRE(file.tensors.size() == layout.size(), path, ": export holds ", file.tensors.size(),
+             " tensors; a ResNet of this shape has ", layout.size());
   tensors_.allocate();
   for (const auto& [name, shape] : layout) {
     const std::vector<float>& data = file.tensors[name].data;

@@ -25,12 +25,19 @@ std::string concat(const Args&... args) {
 }  // namespace ft
 
 // Throws ft::Error("file:line: check `cond` failed: <message>") when cond is false.
-#define FT_CHECK(cond, ...)                                                         \
-  do {                                                                              \
-    if (!(cond))                                                                    \
-      throw ::ft::Error(::ft::detail::concat(__FILE__, ":", __LINE__, ": check `", \
-                                             #cond, "` failed: ", ##__VA_ARGS__));  \
+#define FT_CHECK(cond, ...)                                                               \
+  do {                                                                                    \
+    if (!(cond))                                                                          \
+      throw ::ft::Error(::ft::detail::concat(__FILE__, ":", __LINE__, ": check `", #cond, \
+                                             "` failed: ", ##__VA_ARGS__));               \
   } while (0)
 
 // Throws ft::Error with just the message: for user-facing errors (config, files, flags).
 #define FT_FAIL(...) throw ::ft::Error(::ft::detail::concat(__VA_ARGS__))
+
+// FT_FAIL(message) when cond is false: the check for user input (files, flags, metadata), whose
+// message must name the input, not our source.
+#define FT_REQUIRE(cond, ...)          \
+  do {                                 \
+    if (!(cond)) FT_FAIL(__VA_ARGS__); \
+  } while (0)

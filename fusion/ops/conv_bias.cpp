@@ -20,8 +20,8 @@ void fold_batchnorm(float* folded_weight, float* folded_bias, const float* weigh
                     int out_channels, int64_t per_channel) {
   for (int o = 0; o < out_channels; ++o) {
     const double variance = static_cast<double>(running_var[o]) + eps;
-    FT_CHECK(variance > 0.0 && std::isfinite(variance), "fold_bn: channel ", o,
-             " has running_var + eps = ", variance, "; it must be positive");
+    FT_REQUIRE(variance > 0.0 && std::isfinite(variance), "fold_bn: channel ", o,
+               " has running_var + eps = ", variance, "; it must be positive");
     const double scale = (gamma != nullptr ? gamma[o] : 1.0) / std::sqrt(variance);
     const float* from = weight + o * per_channel;
     float* to = folded_weight + o * per_channel;
