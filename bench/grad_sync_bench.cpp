@@ -66,8 +66,13 @@ void run_model(ft::Communicator& comm, const std::string& config_path, int itera
   ft::ParamStore params;
   ft::Graph graph;
   if (config.model.arch == "gpt") {
-    const ft::GptShape shape{config.model.n_layer, config.model.n_head, config.model.d_model,
-                             config.model.seq_len, config.model.vocab_size, 0.0f, false};
+    const ft::GptShape shape{config.model.n_layer,
+                             config.model.n_head,
+                             config.model.d_model,
+                             config.model.seq_len,
+                             config.model.vocab_size,
+                             0.0f,
+                             false};
     graph = ft::build_gpt(shape, 1, params);
   } else {
     graph = ft::build_resnet({config.model.resnet_blocks, config.model.resnet_width}, 1, params);
@@ -79,17 +84,21 @@ void run_model(ft::Communicator& comm, const std::string& config_path, int itera
   options.overlap = false;
   std::vector<Row> rows;
   options.bucketing = false;
-  rows.push_back(time_grad_sync(comm, params, order, options, "per-tensor (bucketing off)", iterations));
+  rows.push_back(
+      time_grad_sync(comm, params, order, options, "per-tensor (bucketing off)", iterations));
   options.bucketing = true;
-  rows.push_back(time_grad_sync(comm, params, order, options, "bucketed, zero-copy views", iterations));
+  rows.push_back(
+      time_grad_sync(comm, params, order, options, "bucketed, zero-copy views", iterations));
   options.bucket_view = false;
-  rows.push_back(time_grad_sync(comm, params, order, options, "bucketed, copy through fusion buffer", iterations));
+  rows.push_back(time_grad_sync(comm, params, order, options,
+                                "bucketed, copy through fusion buffer", iterations));
   ft::Tensor whole = ft::Tensor::zeros({params.num_trainable_floats()});
   const double single_ms = time_single_allreduce(comm, whole, iterations);
   if (comm.rank() != 0) return;
   std::printf("\n%s: %lld gradient bytes, %d ranks, median of %d\n", config_path.c_str(),
               static_cast<long long>(whole.bytes()), comm.size(), iterations);
-  std::printf("| mode | allreduce calls | ms | vs one allreduce of the same bytes |\n|---|---|---|---|\n");
+  std::printf(
+      "| mode | allreduce calls | ms | vs one allreduce of the same bytes |\n|---|---|---|---|\n");
   for (const Row& row : rows)
     std::printf("| %s | %lld | %.3f | %.2fx |\n", row.mode, static_cast<long long>(row.calls),
                 row.median_ms, row.median_ms / single_ms);
@@ -103,8 +112,8 @@ int main(int argc, char** argv) {
   const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 50;
   try {
     ft::MpiCommunicator comm;
-    for (const char* config : {"configs/gpt_tiny.yaml", "configs/gpt_small.yaml", "configs/resnet8.yaml",
-                               "configs/resnet20.yaml"})
+    for (const char* config : {"configs/gpt_tiny.yaml", "configs/gpt_small.yaml",
+                               "configs/resnet8.yaml", "configs/resnet20.yaml"})
       run_model(comm, std::string(FT_SOURCE_DIR) + "/" + config, iterations);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "rank %d: error: %s\n", mpi.world_rank(), error.what());

@@ -50,14 +50,14 @@ BENCHMARK(BM_Resnet20Step_B64)->Unit(benchmark::kMillisecond)->UseRealTime()->Mi
 // The same steps with oneDNN for every convolution (no Winograd), the configuration measured
 // before the Winograd kernels existed.
 void BM_Resnet8Step_B64_OneDnn(benchmark::State& state) {
-  run_steps(state, "configs/resnet8.yaml",
-            {"train.batch_size=64", "model.conv_algorithm=onednn"}, 64, "images");
+  run_steps(state, "configs/resnet8.yaml", {"train.batch_size=64", "model.conv_algorithm=onednn"},
+            64, "images");
 }
 BENCHMARK(BM_Resnet8Step_B64_OneDnn)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3);
 
 void BM_Resnet20Step_B64_OneDnn(benchmark::State& state) {
-  run_steps(state, "configs/resnet20.yaml",
-            {"train.batch_size=64", "model.conv_algorithm=onednn"}, 64, "images");
+  run_steps(state, "configs/resnet20.yaml", {"train.batch_size=64", "model.conv_algorithm=onednn"},
+            64, "images");
 }
 BENCHMARK(BM_Resnet20Step_B64_OneDnn)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3);
 

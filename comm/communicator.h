@@ -31,8 +31,7 @@ class Communicator {
   // In place over `count` floats at `buffer` (host memory for MPI, device memory for NCCL).
   virtual void allreduce(float* buffer, size_t count, ReduceOp op) = 0;
   // REQUIRES: `buffer` is neither read nor written until the handle's wait() returns.
-  virtual std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count,
-                                                      ReduceOp op) = 0;
+  virtual std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count, ReduceOp op) = 0;
   virtual void broadcast(float* buffer, size_t count, int root) = 0;
   virtual void barrier() = 0;
 };

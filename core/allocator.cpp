@@ -11,7 +11,9 @@ CachingAllocator& CachingAllocator::host() {
   return *allocator;
 }
 
-CachingAllocator::~CachingAllocator() { trim(); }
+CachingAllocator::~CachingAllocator() {
+  trim();
+}
 
 size_t CachingAllocator::round_up(size_t bytes) {
   // Exact sizes below 1 MiB are rounded to 512 B; larger ones to 64 KiB, so that a block can serve

@@ -36,8 +36,9 @@ size_t read_some(gzFile file, const std::string& path, uint8_t* out, size_t coun
       FT_FAIL("IDX file ", path, ": read error (", message ? message : "unknown error", ")");
     }
     if (got < 0 || (zlib_code != Z_OK && zlib_code != Z_STREAM_END)) {
-      FT_FAIL("IDX file ", path, ": gzip stream is corrupt or truncated (zlib: ",
-              message ? message : "unknown error", ")");
+      FT_FAIL("IDX file ", path,
+              ": gzip stream is corrupt or truncated (zlib: ", message ? message : "unknown error",
+              ")");
     }
     if (got == 0) break;
     done += static_cast<size_t>(got);
@@ -45,7 +46,8 @@ size_t read_some(gzFile file, const std::string& path, uint8_t* out, size_t coun
   return done;
 }
 
-void read_exact(gzFile file, const std::string& path, uint8_t* out, size_t count, const char* what) {
+void read_exact(gzFile file, const std::string& path, uint8_t* out, size_t count,
+                const char* what) {
   const size_t got = read_some(file, path, out, count);
   if (got != count) {
     FT_FAIL("IDX file ", path, ": truncated while reading ", what, " (expected ", count,
@@ -90,7 +92,8 @@ IdxArray read_idx(const std::string& path) {
       FT_FAIL("IDX file ", path, ": dimension ", d, " is ", static_cast<int32_t>(value),
               " (must be in 1..", kMaxElements, ")");
     }
-    elements *= value;  // each factor < 2^31 and the running product is capped below, so no overflow
+    elements *=
+        value;  // each factor < 2^31 and the running product is capped below, so no overflow
     if (elements > kMaxElements) {
       FT_FAIL("IDX file ", path, ": dimensions multiply to more than ", kMaxElements,
               " elements; the header is corrupt");

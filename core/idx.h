@@ -14,8 +14,8 @@ struct IdxArray {
   std::vector<uint8_t> data;  // row-major, size == product(dims)
 };
 
-// Reads `path`; zlib decompresses transparently when the file is gzip, and passes raw files through.
-// Payload larger than 2^31 - 1 elements is rejected before any allocation.
+// Reads `path`; zlib decompresses transparently when the file is gzip, and passes raw files
+// through. Payload larger than 2^31 - 1 elements is rejected before any allocation.
 IdxArray read_idx(const std::string& path);
 
 }  // namespace ft

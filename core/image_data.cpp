@@ -20,7 +20,8 @@ std::string find_idx_file(const std::string& dir, const std::string& stem) {
   if (std::filesystem::exists(base, ignored)) return base;
   FT_FAIL("Fashion-MNIST file ", base, ".gz not found (nor ", base,
           "); run scripts/bootstrap.sh, which installs the Debian package dataset-fashion-mnist "
-          "into ", kFashionMnistDir);
+          "into ",
+          kFashionMnistDir);
 }
 
 // Lookup table pixel byte -> normalised float, so batching is a gather.
@@ -29,12 +30,13 @@ std::array<float, 256> normalisation_table(ChannelStats stats) {
            "image normalisation stats mean ", stats.mean, " stddev ", stats.stddev,
            " (stddev must be finite and > 0)");
   std::array<float, 256> table;
-  for (int v = 0; v < 256; ++v) table[v] = (static_cast<float>(v) / 255.0f - stats.mean) / stats.stddev;
+  for (int v = 0; v < 256; ++v)
+    table[v] = (static_cast<float>(v) / 255.0f - stats.mean) / stats.stddev;
   return table;
 }
 
-void copy_image(const ImageDataset& data, int index, bool mirror, const std::array<float, 256>& table,
-                float* out) {
+void copy_image(const ImageDataset& data, int index, bool mirror,
+                const std::array<float, 256>& table, float* out) {
   const uint8_t* pixels = data.image(index);
   const int height = data.height(), width = data.width();
   for (int y = 0; y < height; ++y) {
@@ -169,7 +171,9 @@ void ImageBatcher::set_rng_state(const std::array<uint64_t, 4>& state) {
   rebuild_order();
 }
 
-void ImageBatcher::set_position(uint64_t samples_taken) { samples_taken_ = samples_taken; }
+void ImageBatcher::set_position(uint64_t samples_taken) {
+  samples_taken_ = samples_taken;
+}
 
 void ImageBatcher::next(ImageBatch* out) {
   const std::array<float, 256> table = normalisation_table(stats_);

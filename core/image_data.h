@@ -14,7 +14,8 @@
 
 namespace ft {
 
-// Where the Debian package dataset-fashion-mnist (installed by scripts/bootstrap.sh) puts the files.
+// Where the Debian package dataset-fashion-mnist (installed by scripts/bootstrap.sh) puts the
+// files.
 inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 inline constexpr int kFashionMnistClasses = 10;
 
@@ -31,7 +32,8 @@ class ImageDataset {
   // the file when one is missing (with a hint to run scripts/bootstrap.sh) or malformed, when
   // image and label counts disagree, when images are not 28x28, or a label is outside 0..9.
   static ImageDataset load_fashion_mnist(const std::string& dir, bool train);
-  // Validates and wraps already-read arrays: images {N, H, W}, labels {N}. `name` is used in errors.
+  // Validates and wraps already-read arrays: images {N, H, W}, labels {N}. `name` is used in
+  // errors.
   static ImageDataset from_idx(IdxArray images, IdxArray labels, int expected_height,
                                int expected_width, const std::string& name);
 
@@ -79,8 +81,8 @@ class ImageBatcher {
   int shard_size() const { return static_cast<int>(order_.size()); }
 
  private:
-  void start_epoch();      // draws the next permutation from rng_
-  void rebuild_order();    // recomputes the current permutation from epoch_rng_state_
+  void start_epoch();    // draws the next permutation from rng_
+  void rebuild_order();  // recomputes the current permutation from epoch_rng_state_
 
   const ImageDataset* data_;
   ChannelStats stats_;

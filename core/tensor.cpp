@@ -70,8 +70,8 @@ Tensor Tensor::view(const Shape& shape) const {
 }
 
 Tensor Tensor::rows(int64_t begin, int64_t end) const {
-  FT_CHECK(dim() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], "rows [", begin, ", ",
-           end, ") out of range for shape ", shape_str(shape_));
+  FT_CHECK(dim() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], "rows [", begin, ", ", end,
+           ") out of range for shape ", shape_str(shape_));
   const int64_t row_numel = shape_[0] == 0 ? 0 : numel_ / shape_[0];
   Tensor result = *this;
   result.offset_ += begin * row_numel;

@@ -95,7 +95,8 @@ void TextBatcher::next(TokenBatch* out) {
   out->seq_len = seq_len_;
   out->inputs.resize(static_cast<size_t>(batch_) * seq_len_);
   out->targets.resize(out->inputs.size());
-  const uint64_t num_starts = shard_len_ - static_cast<uint64_t>(seq_len_);  // valid starts: [0, num_starts)
+  const uint64_t num_starts =
+      shard_len_ - static_cast<uint64_t>(seq_len_);  // valid starts: [0, num_starts)
   for (int b = 0; b < batch_; ++b) {
     uint64_t start;
     if (shuffle_) {

@@ -1,7 +1,7 @@
 // Byte-level text data for the GPT-2 model (vocabulary = 256 byte values).
 // TextDataset holds a whole file in memory split into train (leading bytes) and validation
-// (the last round(size * val_fraction) bytes). TextBatcher cuts one rank's training shard into (input, target) windows;
-// eval_window_batch cuts fixed, non-overlapping windows for validation.
+// (the last round(size * val_fraction) bytes). TextBatcher cuts one rank's training shard into
+// (input, target) windows; eval_window_batch cuts fixed, non-overlapping windows for validation.
 //
 // Training windows are seq_len + 1 bytes: inputs = the first seq_len, targets = the last seq_len.
 // Sharding: rank r of N owns the contiguous train byte range [r*S/N, (r+1)*S/N), S = train size;
@@ -66,7 +66,9 @@ class TextBatcher {
   uint64_t batches_taken() const { return batches_taken_; }
   void set_batches_taken(uint64_t batches) { batches_taken_ = batches; }
 
-  size_t shard_begin() const { return shard_begin_; }  // offset of this rank's shard in the train split
+  size_t shard_begin() const {
+    return shard_begin_;
+  }  // offset of this rank's shard in the train split
   size_t shard_len() const { return shard_len_; }
 
  private:

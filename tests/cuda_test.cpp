@@ -6,7 +6,9 @@
 
 #ifndef FT_HAVE_CUDA
 
-TEST(Cuda, Skipped) { GTEST_SKIP() << "built without CUDA (FT_CUDA=OFF or nvcc not found)"; }
+TEST(Cuda, Skipped) {
+  GTEST_SKIP() << "built without CUDA (FT_CUDA=OFF or nvcc not found)";
+}
 
 #else
 
@@ -31,10 +33,10 @@ TEST(Cuda, Skipped) { GTEST_SKIP() << "built without CUDA (FT_CUDA=OFF or nvcc n
 namespace ft {
 namespace {
 
-#define FT_SKIP_WITHOUT_GPU()                                                   \
-  do {                                                                          \
-    if (!cuda_device_available())                                               \
-      GTEST_SKIP() << "no usable CUDA device: " << cuda_unavailable_reason();   \
+#define FT_SKIP_WITHOUT_GPU()                                                 \
+  do {                                                                        \
+    if (!cuda_device_available())                                             \
+      GTEST_SKIP() << "no usable CUDA device: " << cuda_unavailable_reason(); \
   } while (0)
 
 // A device copy of a host vector, freed on scope exit.
@@ -44,8 +46,8 @@ class DeviceBuffer {
     FT_CUDA_CHECK(cudaMalloc(&data_, std::max<size_t>(count, 1) * sizeof(float)));
   }
   explicit DeviceBuffer(const std::vector<float>& host) : DeviceBuffer(host.size()) {
-    FT_CUDA_CHECK(cudaMemcpy(data_, host.data(), host.size() * sizeof(float),
-                             cudaMemcpyHostToDevice));
+    FT_CUDA_CHECK(
+        cudaMemcpy(data_, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
   }
   ~DeviceBuffer() { cudaFree(data_); }
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -233,8 +235,8 @@ TEST(CublasLtGemm, MatchesCpuGemmForShapesTransposesAndEpilogues) {
     const auto a = uniform(static_cast<size_t>(test_case.m * test_case.k), -1.0f, 1.0f, ++seed);
     const auto b = uniform(static_cast<size_t>(test_case.k * test_case.n), -1.0f, 1.0f, ++seed);
     const auto bias = uniform(static_cast<size_t>(test_case.n), -1.0f, 1.0f, ++seed);
-    const auto c_before = uniform(static_cast<size_t>(test_case.m * test_case.n), -1.0f, 1.0f,
-                                  ++seed);
+    const auto c_before =
+        uniform(static_cast<size_t>(test_case.m * test_case.n), -1.0f, 1.0f, ++seed);
     const auto want = reference_gemm(test_case, a, b, bias, c_before);
     EXPECT_LT(max_scaled_error(run_gemm(gemm, test_case, a, b, bias, c_before), want),
               kGemmTolerance);

@@ -198,6 +198,5 @@ TEST(GeluOpTest, MatchesExactFormulaOnAGrid) {
   EXPECT_TRUE(std::isnan(y[0]));
 }
 
-
 }  // namespace
 }  // namespace ft

@@ -24,7 +24,8 @@ std::string temp_path(const std::string& name) {
 
 void write_raw(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
 }
 
 void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
@@ -83,14 +84,17 @@ TEST_F(IdxFiles, ReadsTinyFileRawAndGzip) {
   }
 }
 
-TEST_F(IdxFiles, MissingFile) { expect_idx_error(temp_path("nonexistent.gz"), "cannot open"); }
+TEST_F(IdxFiles, MissingFile) {
+  expect_idx_error(temp_path("nonexistent.gz"), "cannot open");
+}
 
 TEST_F(IdxFiles, TruncatedPayloadAndHeader) {
   std::vector<uint8_t> bytes = tiny_idx();
   bytes.pop_back();
   expect_idx_error(raw("short.idx", bytes), "truncated payload");
   expect_idx_error(gz("short.idx.gz", bytes), "truncated payload");
-  expect_idx_error(raw("header.idx", {0, 0, 0x08, 2, 0, 0}), "truncated while reading the dimension");
+  expect_idx_error(raw("header.idx", {0, 0, 0x08, 2, 0, 0}),
+                   "truncated while reading the dimension");
   expect_idx_error(raw("empty.idx", {}), "truncated while reading the 4-byte magic");
 }
 

@@ -29,7 +29,9 @@ float normalised(const ImageDataset& data, ChannelStats stats, int index, int pi
   return (static_cast<float>(data.image(index)[pixel]) / 255.0f - stats.mean) / stats.stddev;
 }
 
-IdxArray idx(std::vector<int32_t> dims, std::vector<uint8_t> data) { return IdxArray{dims, data}; }
+IdxArray idx(std::vector<int32_t> dims, std::vector<uint8_t> data) {
+  return IdxArray{dims, data};
+}
 
 TEST(ImageDataset, LoadsBothSplits) {
   const ImageDataset& train = train_set();
@@ -57,7 +59,8 @@ TEST(ImageDataset, MissingDirectoryNamesBootstrap) {
 
 TEST(ImageDataset, RejectsInconsistentArrays) {
   const std::vector<uint8_t> four_pixels(2 * 2 * 2, 7);
-  EXPECT_NO_THROW(ImageDataset::from_idx(idx({2, 2, 2}, four_pixels), idx({2}, {0, 9}), 2, 2, "ok"));
+  EXPECT_NO_THROW(
+      ImageDataset::from_idx(idx({2, 2, 2}, four_pixels), idx({2}, {0, 9}), 2, 2, "ok"));
   EXPECT_THROW(ImageDataset::from_idx(idx({2, 2, 2}, four_pixels), idx({3}, {0, 1, 2}), 2, 2, "n"),
                Error);  // count mismatch
   EXPECT_THROW(ImageDataset::from_idx(idx({2, 2, 2}, four_pixels), idx({2}, {0, 10}), 2, 2, "l"),

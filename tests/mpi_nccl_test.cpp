@@ -7,7 +7,9 @@
 
 #ifndef FT_HAVE_CUDA
 
-TEST(Nccl, Skipped) { GTEST_SKIP() << "built without CUDA (FT_CUDA=OFF or nvcc not found)"; }
+TEST(Nccl, Skipped) {
+  GTEST_SKIP() << "built without CUDA (FT_CUDA=OFF or nvcc not found)";
+}
 
 #else
 

@@ -20,7 +20,6 @@ void PrintTo(const ConvCase& c, std::ostream* out) {
        << " padding " << c.padding;
 }
 
-
 // PyTorch's output size along one spatial axis.
 int conv_out_size(int size, const ConvCase& c) {
   return (size + 2 * c.padding - c.kernel) / c.stride + 1;
@@ -50,10 +49,10 @@ struct NaiveConv {
                   const int h = i * c.stride + p - c.padding;
                   const int w = j * c.stride + q - c.padding;
                   if (h < 0 || h >= c.height || w < 0 || w >= c.width) continue;
-                  visit(activation_index(input_layout, b, ch, h, w, c.in_channels, c.height,
-                                         c.width),
-                        nchw_index(o, ch, p, q, c.in_channels, c.kernel, c.kernel),
-                        nhwc_index(b, o, i, j, c.out_channels, out_h, out_w));
+                  visit(
+                      activation_index(input_layout, b, ch, h, w, c.in_channels, c.height, c.width),
+                      nchw_index(o, ch, p, q, c.in_channels, c.kernel, c.kernel),
+                      nhwc_index(b, o, i, j, c.out_channels, out_h, out_w));
                 }
   }
 };
@@ -86,11 +85,16 @@ ConvAlgorithm expected_algorithm(const ConvCase& c, ActivationLayout layout,
 
 const char* algorithm_name(ConvAlgorithm algorithm) {
   switch (algorithm) {
-    case ConvAlgorithm::kAuto: return "auto";
-    case ConvAlgorithm::kOneDnn: return "onednn";
-    case ConvAlgorithm::kDirect: return "direct";
-    case ConvAlgorithm::kTransposed: return "transposed";
-    case ConvAlgorithm::kWinograd: return "winograd";
+    case ConvAlgorithm::kAuto:
+      return "auto";
+    case ConvAlgorithm::kOneDnn:
+      return "onednn";
+    case ConvAlgorithm::kDirect:
+      return "direct";
+    case ConvAlgorithm::kTransposed:
+      return "transposed";
+    case ConvAlgorithm::kWinograd:
+      return "winograd";
   }
   return "?";
 }
@@ -131,8 +135,7 @@ TEST_P(ConvTest, ForwardAndBackwardMatchNaiveConvolution) {
   g.executor->forward(g.ws);
   EXPECT_STRNE(op.forward_impl(), "");
   std::vector<double> y(g.ws.values[g.y].numel(), 0.0);
-  g.naive.for_each_tap(
-      [&](int64_t xi, int64_t wi, int64_t yi) { y[yi] += double(x[xi]) * w[wi]; });
+  g.naive.for_each_tap([&](int64_t xi, int64_t wi, int64_t yi) { y[yi] += double(x[xi]) * w[wi]; });
   for (size_t i = 0; i < y.size(); ++i)
     ASSERT_NEAR(g.ws.values[g.y].data()[i], y[i], 1e-4 * (1.0 + std::fabs(y[i])))
         << "y[" << i << "]";
@@ -209,23 +212,23 @@ std::vector<ConvParam> conv_params() {
     params.emplace_back(c, ActivationLayout::kNhwc, ConvAlgorithm::kAuto);
     if (c.in_channels % 16 == 0)  // the oneDNN twin of a Winograd case
       params.emplace_back(c, ActivationLayout::kNhwc, ConvAlgorithm::kOneDnn);
-    if (c.in_channels <= 3)
-      params.emplace_back(c, ActivationLayout::kNchw, ConvAlgorithm::kDirect);
+    if (c.in_channels <= 3) params.emplace_back(c, ActivationLayout::kNchw, ConvAlgorithm::kDirect);
   }
   return params;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    StridesAndPaddings, ConvTest, ::testing::ValuesIn(conv_params()),
-    [](const ::testing::TestParamInfo<ConvParam>& info) {
-      const ConvCase& c = std::get<0>(info.param);
-      return "k" + std::to_string(c.kernel) + "s" + std::to_string(c.stride) + "p" +
-             std::to_string(c.padding) + "h" + std::to_string(c.height) + "w" +
-             std::to_string(c.width) + "c" + std::to_string(c.in_channels) +
-             "o" + std::to_string(c.out_channels) +
-             (std::get<1>(info.param) == ActivationLayout::kNhwc ? "_nhwc" : "_nchw") +
-             "_" + algorithm_name(std::get<2>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(StridesAndPaddings, ConvTest, ::testing::ValuesIn(conv_params()),
+                         [](const ::testing::TestParamInfo<ConvParam>& info) {
+                           const ConvCase& c = std::get<0>(info.param);
+                           return "k" + std::to_string(c.kernel) + "s" + std::to_string(c.stride) +
+                                  "p" + std::to_string(c.padding) + "h" + std::to_string(c.height) +
+                                  "w" + std::to_string(c.width) + "c" +
+                                  std::to_string(c.in_channels) + "o" +
+                                  std::to_string(c.out_channels) +
+                                  (std::get<1>(info.param) == ActivationLayout::kNhwc ? "_nhwc"
+                                                                                      : "_nchw") +
+                                  "_" + algorithm_name(std::get<2>(info.param));
+                         });
 
 TEST(Conv2dOp, TransposedForwardOnlyWhereItApplies) {
   Conv2dOp strided(1, 8, 8, 6, 6, 3, 2, 1), unpadded(1, 8, 8, 6, 6, 3, 1, 0),
@@ -274,7 +277,6 @@ TEST(Conv2dOp, SkipsInputGradientWhenNotNeeded) {
   EXPECT_EQ(max_dx, 0.0f);
   EXPECT_GT(max_dw, 0.0f);
 }
-
 
 }  // namespace
 }  // namespace ft

@@ -37,13 +37,15 @@ std::string temp_path(const std::string& name) {
 }
 
 // Window start (relative to the shard) of row b, found by matching the row against the shard.
-size_t find_start(const TextBatcher& batcher, const TextDataset& data, const TokenBatch& batch, int b) {
+size_t find_start(const TextBatcher& batcher, const TextDataset& data, const TokenBatch& batch,
+                  int b) {
   const uint8_t* shard = data.train_bytes() + batcher.shard_begin();
   const int T = batch.seq_len;
   for (size_t s = 0; s + T + 1 <= batcher.shard_len(); ++s) {
     bool same = true;
     for (int t = 0; t < T && same; ++t) {
-      same = batch.inputs[b * T + t] == shard[s + t] && batch.targets[b * T + t] == shard[s + t + 1];
+      same =
+          batch.inputs[b * T + t] == shard[s + t] && batch.targets[b * T + t] == shard[s + t + 1];
     }
     if (same) return s;
   }
@@ -179,7 +181,8 @@ TEST(TextBatcher, UnshuffledWindowsFollowTheDocumentedRule) {
   const uint64_t shard_len = batcher.shard_len();
   ASSERT_EQ(shard_len, 200u);
   TokenBatch batch;
-  for (uint64_t k = 0; k < 40; ++k) {  // 40*3*7 = 840 bytes: wraps the 193 valid starts several times
+  for (uint64_t k = 0; k < 40;
+       ++k) {  // 40*3*7 = 840 bytes: wraps the 193 valid starts several times
     batcher.next(&batch);
     ASSERT_EQ(batch.batch, B);
     ASSERT_EQ(batch.seq_len, T);
@@ -239,8 +242,8 @@ TEST(TextBatcher, RejectsShardShorterThanAWindow) {
 
 TEST(EvalWindows, CountAndContent) {
   const std::vector<uint8_t> bytes = position_bytes(100);
-  EXPECT_EQ(count_eval_windows(100, 9), 10u);   // exactly 10 windows of 10
-  EXPECT_EQ(count_eval_windows(99, 9), 9u);     // short last window dropped
+  EXPECT_EQ(count_eval_windows(100, 9), 10u);  // exactly 10 windows of 10
+  EXPECT_EQ(count_eval_windows(99, 9), 9u);    // short last window dropped
   EXPECT_EQ(count_eval_windows(5, 9), 0u);
   TokenBatch batch;
   eval_window_batch(bytes.data(), 99, 9, 0, 4, &batch);

@@ -28,7 +28,8 @@ TEST(TrainSmoke, GptTinyBeatsUnigramEntropy) {
   const Config config = tiny_gpt_config({});
   const TextDataset text = TextDataset::load(config.data.path, config.data.val_fraction);
   // A model that learned nothing beyond byte frequencies has a loss of the unigram entropy.
-  const double unigram_nats = unigram_entropy_bits(text.val_bytes(), text.val_size()) * std::log(2.0);
+  const double unigram_nats =
+      unigram_entropy_bits(text.val_bytes(), text.val_size()) * std::log(2.0);
   Trainer trainer(config, nullptr);
   const double initial = trainer.evaluate(20).loss;
   while (trainer.step() < config.train.steps) trainer.train_step();
@@ -49,9 +50,9 @@ std::vector<float> run_steps(Trainer& trainer, int steps) {
 TEST(Resume, GptLossesAndParamsAreBitwiseEqual) {
   const std::string dir = ::testing::TempDir() + "/ft_resume";
   std::filesystem::create_directories(dir);
-  const std::vector<std::string> shape = {"model.n_layer=2", "model.d_model=32",
-                                          "model.n_head=2", "model.dropout=0.1", "optim.warmup_steps=2",
-                                          "train.steps=12", "train.batch_size=4"};
+  const std::vector<std::string> shape = {
+      "model.n_layer=2",      "model.d_model=32", "model.n_head=2",    "model.dropout=0.1",
+      "optim.warmup_steps=2", "train.steps=12",   "train.batch_size=4"};
   Trainer straight(tiny_gpt_config(shape), nullptr);
   const std::vector<float> straight_losses = run_steps(straight, 12);
 
@@ -76,7 +77,8 @@ TEST(Resume, GptLossesAndParamsAreBitwiseEqual) {
 TEST(Resume, CheckpointOfAnotherShapeIsAClearError) {
   const std::string dir = ::testing::TempDir() + "/ft_resume_shape";
   std::filesystem::create_directories(dir);
-  Trainer small(tiny_gpt_config({"model.n_layer=1", "model.d_model=32", "model.n_head=2"}), nullptr);
+  Trainer small(tiny_gpt_config({"model.n_layer=1", "model.d_model=32", "model.n_head=2"}),
+                nullptr);
   small.save_checkpoint(dir + "/small.safetensors");
   try {
     Trainer other(tiny_gpt_config({"model.n_layer=1", "model.d_model=64", "model.n_head=2",
@@ -97,15 +99,16 @@ namespace {
 TEST(TrainSmoke, Resnet8BeatsEightyPercentOnFashionMnist) {
   // The bar: > 80% test accuracy within at most 600 steps of batch 64. CI evaluates the
   // first 2000 test images to stay short.
-  const Config config = load_config(source_path("configs/resnet8.yaml"),
-                                    {"train.threads=1", "data.test_limit=2000"});
+  const Config config =
+      load_config(source_path("configs/resnet8.yaml"), {"train.threads=1", "data.test_limit=2000"});
   ASSERT_LE(config.train.steps, 600);
   ASSERT_EQ(config.train.batch_size, 64);
   Trainer trainer(config, nullptr);
   while (trainer.step() < config.train.steps) trainer.train_step();
   const EvalResult result = trainer.evaluate(0);
   std::printf("resnet8 after %d steps: test accuracy %.4f, loss %.4f on %lld images\n",
-              trainer.step(), result.accuracy, result.loss, static_cast<long long>(result.examples));
+              trainer.step(), result.accuracy, result.loss,
+              static_cast<long long>(result.examples));
   EXPECT_EQ(result.examples, 2000);
   EXPECT_GT(result.accuracy, 0.80);
 }

@@ -37,8 +37,10 @@ void agree_or_throw(bool local_ok, const std::string& local_error, const char* s
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAverage: return ncclAvg;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAverage:
+      return ncclAvg;
   }
   FT_FAIL("NCCL communicator: unknown ReduceOp ", static_cast<int>(op),
           " (allowed: kSum, kAverage)");
@@ -108,8 +110,7 @@ class NcclCommunicator : public Communicator {
     handle->synchronize();
   }
 
-  std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count,
-                                              ReduceOp op) override {
+  std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count, ReduceOp op) override {
     return start_allreduce(buffer, count, op, "NcclCommunicator::allreduce_async");
   }
 
@@ -119,8 +120,7 @@ class NcclCommunicator : public Communicator {
     check_device_buffer(buffer, count, "NcclCommunicator::broadcast");
     auto handle = enqueue_after_compute([&] {
       if (count == 0) return;
-      FT_NCCL_CHECK(
-          ncclBroadcast(buffer, buffer, count, ncclFloat32, root, comm_, comm_stream_));
+      FT_NCCL_CHECK(ncclBroadcast(buffer, buffer, count, ncclFloat32, root, comm_, comm_stream_));
     });
     handle->wait();
     handle->synchronize();
@@ -128,9 +128,8 @@ class NcclCommunicator : public Communicator {
 
   // NCCL has no barrier; a one-float allreduce completes only once every rank has joined it.
   void barrier() override {
-    FT_NCCL_CHECK(
-        ncclAllReduce(barrier_scratch_, barrier_scratch_, 1, ncclFloat32, ncclSum, comm_,
-                      comm_stream_));
+    FT_NCCL_CHECK(ncclAllReduce(barrier_scratch_, barrier_scratch_, 1, ncclFloat32, ncclSum, comm_,
+                                comm_stream_));
     FT_CUDA_CHECK(cudaStreamSynchronize(comm_stream_));
   }
 
@@ -155,8 +154,9 @@ class NcclCommunicator : public Communicator {
     if (rank_ == 0) {
       const ncclResult_t status = ncclGetUniqueId(&setup.id);
       setup.ok = status == ncclSuccess ? 1 : 0;
-      if (setup.ok == 0) error = cuda_error_message(CudaLibrary::kNccl, status,
-                                                    "ncclGetUniqueId(&id)", __FILE__, __LINE__);
+      if (setup.ok == 0)
+        error = cuda_error_message(CudaLibrary::kNccl, status, "ncclGetUniqueId(&id)", __FILE__,
+                                   __LINE__);
     }
     MPI_Bcast(&setup, sizeof(setup), MPI_BYTE, 0, MPI_COMM_WORLD);
     if (setup.ok == 0) {
@@ -189,8 +189,8 @@ class NcclCommunicator : public Communicator {
     const ncclRedOp_t reduce_op = nccl_op(op);
     return enqueue_after_compute([&] {
       if (count == 0) return;
-      FT_NCCL_CHECK(ncclAllReduce(buffer, buffer, count, ncclFloat32, reduce_op, comm_,
-                                  comm_stream_));
+      FT_NCCL_CHECK(
+          ncclAllReduce(buffer, buffer, count, ncclFloat32, reduce_op, comm_, comm_stream_));
     });
   }
 

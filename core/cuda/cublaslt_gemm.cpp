@@ -43,9 +43,12 @@ struct PlanKey {
 
 cublasLtEpilogue_t fused_epilogue(Activation activation, bool has_bias) {
   switch (activation) {
-    case Activation::kNone: return has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    case Activation::kRelu: return has_bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
-    case Activation::kGelu: return has_bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+    case Activation::kNone:
+      return has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    case Activation::kRelu:
+      return has_bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    case Activation::kGelu:
+      return has_bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -89,8 +92,8 @@ bool try_build_plan(Plan& plan, cublasLtHandle_t handle, const PlanKey& key,
                                                  &epilogue, sizeof(epilogue)));
   if (epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_RELU_BIAS ||
       epilogue == CUBLASLT_EPILOGUE_GELU_BIAS) {
-    FT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        plan.matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    FT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                   &bias, sizeof(bias)));
   }
 
   // Stored shapes (before op) in cuBLASLt's column-major terms; see the comment at the file top.
@@ -113,9 +116,9 @@ bool try_build_plan(Plan& plan, cublasLtHandle_t handle, const PlanKey& key,
   // The algorithm must not assume more alignment than the pointers it will see.
   const uint32_t align_lt_a = key.align_b, align_lt_b = key.align_a;
   const cublasStatus_t set_status = [&] {
-    cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
-        preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-        sizeof(workspace_bytes));
+    cublasStatus_t status =
+        cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &workspace_bytes, sizeof(workspace_bytes));
     if (status == CUBLAS_STATUS_SUCCESS)
       status = cublasLtMatmulPreferenceSetAttribute(
           preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_lt_a, sizeof(uint32_t));
@@ -172,7 +175,9 @@ CublasLtGemm::CublasLtGemm(size_t workspace_bytes) : impl_(std::make_unique<Impl
 
 CublasLtGemm::~CublasLtGemm() = default;
 
-size_t CublasLtGemm::cached_plan_count() const { return impl_->plans.size(); }
+size_t CublasLtGemm::cached_plan_count() const {
+  return impl_->plans.size();
+}
 
 void CublasLtGemm::matmul(float* c, const float* a, const float* b, const float* bias, int64_t m,
                           int64_t n, int64_t k, const GemmOptions& options, cudaStream_t stream) {
@@ -183,8 +188,17 @@ void CublasLtGemm::matmul(float* c, const float* a, const float* b, const float*
   const bool has_bias = bias != nullptr;
   // cuBLASLt reads the bias vector with 16-byte loads; an unaligned bias runs unfused instead.
   const bool fuse = fused_epilogue_enabled_ && (!has_bias || alignment_bytes(bias) == 16);
-  const PlanKey key{m, n, k, options.transpose_a, options.transpose_b, options.accumulate,
-                    has_bias, options.activation, fuse, alignment_bytes(a), alignment_bytes(b),
+  const PlanKey key{m,
+                    n,
+                    k,
+                    options.transpose_a,
+                    options.transpose_b,
+                    options.accumulate,
+                    has_bias,
+                    options.activation,
+                    fuse,
+                    alignment_bytes(a),
+                    alignment_bytes(b),
                     alignment_bytes(c)};
 
   auto found = impl_->plans.find(key);
@@ -206,8 +220,8 @@ void CublasLtGemm::matmul(float* c, const float* a, const float* b, const float*
   const bool needs_epilogue = has_bias || options.activation != Activation::kNone;
   if (plan.epilogue_fused && has_bias) {
     // The plan is shared by every call of this shape; the bias pointer is per call.
-    FT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        plan.matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    FT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                   &bias, sizeof(bias)));
   }
   const float alpha = 1.0f;
   const float beta = options.accumulate ? 1.0f : 0.0f;

@@ -10,10 +10,14 @@ namespace {
 
 const char* library_name(CudaLibrary library) {
   switch (library) {
-    case CudaLibrary::kRuntime: return "CUDA";
-    case CudaLibrary::kCublas: return "cuBLAS";
-    case CudaLibrary::kCudnn: return "cuDNN";
-    case CudaLibrary::kNccl: return "NCCL";
+    case CudaLibrary::kRuntime:
+      return "CUDA";
+    case CudaLibrary::kCublas:
+      return "cuBLAS";
+    case CudaLibrary::kCudnn:
+      return "cuDNN";
+    case CudaLibrary::kNccl:
+      return "NCCL";
   }
   return "CUDA library";
 }
@@ -62,8 +66,8 @@ const DeviceProbe& device_probe() {
 
 }  // namespace
 
-std::string cuda_error_message(CudaLibrary library, int status, const char* expr,
-                               const char* file, int line) {
+std::string cuda_error_message(CudaLibrary library, int status, const char* expr, const char* file,
+                               int line) {
   // A caught runtime error must not resurface at the next FT_CUDA_CHECK_LAUNCH; sticky errors
   // (a faulted context) come back from every later call anyway.
   if (library == CudaLibrary::kRuntime) cudaGetLastError();

@@ -16,8 +16,8 @@ namespace ft {
 enum class CudaLibrary { kRuntime, kCublas, kCudnn, kNccl };
 
 // Builds "file:line: <library> call `expr` failed with status <code>: <library message>".
-std::string cuda_error_message(CudaLibrary library, int status, const char* expr,
-                               const char* file, int line);
+std::string cuda_error_message(CudaLibrary library, int status, const char* expr, const char* file,
+                               int line);
 
 // True when the runtime finds a driver and at least one device. Never throws.
 bool cuda_device_available();
@@ -26,10 +26,10 @@ std::string cuda_unavailable_reason();
 
 }  // namespace ft
 
-#define FT_CUDA_LIBRARY_CHECK_(library, expr)                                                   \
-  do {                                                                                          \
-    const int ft_status_ = static_cast<int>(expr);                                              \
-    if (ft_status_ != 0)                                                                        \
+#define FT_CUDA_LIBRARY_CHECK_(library, expr)                                                      \
+  do {                                                                                             \
+    const int ft_status_ = static_cast<int>(expr);                                                 \
+    if (ft_status_ != 0)                                                                           \
       throw ::ft::Error(::ft::cuda_error_message(library, ft_status_, #expr, __FILE__, __LINE__)); \
   } while (0)
 

@@ -5,7 +5,9 @@
 
 namespace ft {
 
-CudnnHandle::CudnnHandle() { FT_CUDNN_CHECK(cudnnCreate(&handle_)); }
+CudnnHandle::CudnnHandle() {
+  FT_CUDNN_CHECK(cudnnCreate(&handle_));
+}
 
 CudnnHandle::~CudnnHandle() {
   if (handle_ != nullptr) cudnnDestroy(handle_);  // errors ignored: destructors never throw
@@ -15,6 +17,8 @@ void CudnnHandle::set_stream(cudaStream_t stream) {
   FT_CUDNN_CHECK(cudnnSetStream(handle_, stream));
 }
 
-size_t cudnn_version() { return cudnnGetVersion(); }
+size_t cudnn_version() {
+  return cudnnGetVersion();
+}
 
 }  // namespace ft

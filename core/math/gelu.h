@@ -1,6 +1,7 @@
-// GELU, tanh approximation (GPT-2): y = 0.5 x (1 + tanh(u)), u = s (x + 0.044715 x^3), s = sqrt(2/pi).
-// Since 0.5 (1 + tanh(u)) = sigmoid(2u), we compute y = x sigmoid(2u) with a vectorisable exp.
-// Shared by the CPU loops and the CUDA kernels, so CPU tests cover the GPU's math.
+// GELU, tanh approximation (GPT-2): y = 0.5 x (1 + tanh(u)), u = s (x + 0.044715 x^3), s =
+// sqrt(2/pi). Since 0.5 (1 + tanh(u)) = sigmoid(2u), we compute y = x sigmoid(2u) with a
+// vectorisable exp. Shared by the CPU loops and the CUDA kernels, so CPU tests cover the GPU's
+// math.
 #pragma once
 #include "core/hd.h"
 #include "core/math/fast_exp.h"
@@ -15,7 +16,9 @@ FT_HD float gelu_sigmoid_term(float x) {  // sigmoid(2u)
   return 1.0f / (1.0f + fast_exp(-2.0f * inner));
 }
 
-FT_HD float gelu_tanh(float x) { return x * gelu_sigmoid_term(x); }
+FT_HD float gelu_tanh(float x) {
+  return x * gelu_sigmoid_term(x);
+}
 
 // With g = sigmoid(2u): dy/dx = g + x g (1 - g) 2 du/dx, du/dx = s (1 + 3 c x^2).
 // (The same as 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx with t = tanh(u) = 2g - 1.)
