@@ -60,9 +60,9 @@ double measure_peak_gbps(Communicator& comm) {
 }
 
 // Fills with rank + 1, reduces once and checks a few elements: each is n(n+1)/2.
-void check_allreduce(Communicator& comm, float* buffer, int64_t count) {
+void check_allreduce(Communicator& comm, float* buffer, int64_t count, Summation summation) {
   std::fill(buffer, buffer + count, static_cast<float>(comm.rank() + 1));
-  comm.allreduce(buffer, static_cast<size_t>(count), ReduceOp::kSum);
+  comm.allreduce(buffer, static_cast<size_t>(count), {ReduceOp::kSum, summation});
   const float expected = comm.size() * (comm.size() + 1) / 2.0f;
   for (int64_t i : {int64_t{0}, count / 2, count - 1}) {
     FT_CHECK(buffer[i] == expected, "allreduce of ", count, " floats gave ", buffer[i],
@@ -99,6 +99,11 @@ int run_bandwidth(Communicator& comm, const BandwidthArgs& args) {
   check_args(args);
   const bool root = comm.rank() == 0;
   const int ranks = comm.size();
+  // One rank moves nothing: busbw would be 0 and algbw a memory-speed figure.
+  if (ranks < 2) {
+    FT_FAIL("bandwidth needs at least 2 ranks for allreduce numbers, got ", ranks,
+            "; run it under mpirun -np N with N >= 2");
+  }
   const bool measured = args.peak_gbps == 0;
   const double peak = measured ? measure_peak_gbps(comm) : args.peak_gbps;
   const std::string peak_source =
@@ -118,6 +123,7 @@ int run_bandwidth(Communicator& comm, const BandwidthArgs& args) {
                            {"backend", comm.backend_name()},
                            {"ranks", ranks},
                            {"op", "allreduce sum float32"},
+                           {"deterministic_same_call_as_native", ranks == 2},
                            {"peak_gbps", peak},
                            {"peak_source", peak_source},
                            {"bus_factor", bus_factor(ranks)}};
@@ -126,37 +132,53 @@ int run_bandwidth(Communicator& comm, const BandwidthArgs& args) {
                 comm.backend_name());
     std::printf("# peak %.2f GB/s (%s); busbw = algbw * 2(n-1)/n; util = busbw / peak\n", peak,
                 peak_source.c_str());
-    std::printf("%14s %12s %6s %12s %11s %11s %7s\n", "size(B)", "count", "iters", "time(us)",
-                "algbw(GB/s)", "busbw(GB/s)", "util(%)");
+    std::printf(
+        "# native = the MPI library's allreduce (comm.deterministic: false); det = rank-order sums "
+        "(comm.deterministic: true)%s; det/nat = time ratio\n",
+        ranks == 2 ? ", which with 2 ranks is the same MPI_Allreduce call" : "");
+    std::printf("%14s %12s %6s %12s %11s %11s %7s %12s %11s %8s\n", "size(B)", "count", "iters",
+                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "util(%)", "det(us)", "det busbw",
+                "det/nat");
   }
   nlohmann::json sweep = nlohmann::json::array();
   for (int64_t bytes = args.min_bytes; bytes <= args.max_bytes; bytes *= 2) {
     const int64_t count = bytes / 4;
-    check_allreduce(comm, buffer.data(), count);
     const Repeats repeats = repeats_for(args, bytes);
-    const double us = time_us(comm, repeats, [&] {
-      comm.allreduce(buffer.data(), static_cast<size_t>(count), ReduceOp::kSum);
-    });
+    auto time_summation = [&](Summation summation) {
+      check_allreduce(comm, buffer.data(), count, summation);
+      return time_us(comm, repeats, [&] {
+        comm.allreduce(buffer.data(), static_cast<size_t>(count), {ReduceOp::kSum, summation});
+      });
+    };
+    const double us = time_summation(Summation::kNative);
+    const double det_us = time_summation(Summation::kRankOrder);
     const double algbw = count * 4 / (us * 1e-6) / 1e9;
     const double busbw = algbw * bus_factor(ranks);
+    const double det_busbw = count * 4 / (det_us * 1e-6) / 1e9 * bus_factor(ranks);
     sweep.push_back({{"bytes", count * 4},
                      {"count", count},
                      {"iters", repeats.iters},
                      {"time_us", us},
                      {"algbw_gbps", algbw},
                      {"busbw_gbps", busbw},
-                     {"utilization", busbw / peak}});
+                     {"utilization", busbw / peak},
+                     {"deterministic_time_us", det_us},
+                     {"deterministic_busbw_gbps", det_busbw},
+                     {"deterministic_over_native", det_us / us}});
     if (root) {
-      std::printf("%14" PRId64 " %12" PRId64 " %6d %12.1f %11.3f %11.3f %7.1f\n", count * 4, count,
-                  repeats.iters, us, algbw, busbw, 100.0 * busbw / peak);
+      std::printf("%14" PRId64 " %12" PRId64
+                  " %6d %12.1f %11.3f %11.3f %7.1f %12.1f %11.3f %8.2f\n",
+                  count * 4, count, repeats.iters, us, algbw, busbw, 100.0 * busbw / peak, det_us,
+                  det_busbw, det_us / us);
       std::fflush(stdout);
     }
   }
   report["sweep"] = sweep;
 
   if (root) {
-    std::printf("\n# fusion: %d separate allreduces of s bytes vs one fused allreduce of %d*s\n",
-                kFusedMessages, kFusedMessages);
+    std::printf(
+        "\n# fusion (native): %d separate allreduces of s bytes vs one fused allreduce of %d*s\n",
+        kFusedMessages, kFusedMessages);
     std::printf("%12s %6s %14s %10s %14s %10s %8s\n", "s(B)", "iters", "separate(us)", "util(%)",
                 "fused(us)", "util(%)", "ratio");
   }
@@ -164,7 +186,7 @@ int run_bandwidth(Communicator& comm, const BandwidthArgs& args) {
   for (int64_t size : fused_sizes) {
     const int64_t count = size / 4;
     const int64_t total_bytes = kFusedMessages * count * 4;
-    check_allreduce(comm, buffer.data(), kFusedMessages * count);
+    check_allreduce(comm, buffer.data(), kFusedMessages * count, Summation::kNative);
     const Repeats repeats = repeats_for(args, total_bytes);
     const double separate_us = time_us(comm, repeats, [&] {
       for (int m = 0; m < kFusedMessages; ++m) {

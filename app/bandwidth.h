@@ -1,11 +1,12 @@
 // `fusiontrain bandwidth`: an nccl-tests-style allreduce sweep over the active Communicator, to see
 // what bucketing buys. Two tables: (1) message sizes doubling from min_bytes to max_bytes with
-// time, algbw = bytes / time, busbw = algbw * 2(n-1)/n and utilization = busbw / peak; (2) the
-// fusion table: k = 4 messages of s bytes sent one after another vs one fused message of k*s, for
-// s in {1, 8, 128} MiB (those with k*s <= max_bytes), with time, utilization and their ratio.
-// Bandwidths are GB/s = 1e9 bytes/s. Times are per iteration, averaged over ranks.
-// Rank 0 prints the tables to stdout and writes the JSON; every rank must call run_bandwidth.
-// Thread safety: a collective job run from main() on every rank.
+// time, algbw = bytes / time, busbw = algbw * 2(n-1)/n and utilization = busbw / peak, for the
+// library's native allreduce and, beside it, for rank-order sums (comm.deterministic: true) with
+// their slowdown; (2) the fusion table (native): k = 4 messages of s bytes sent one after another
+// vs one fused message of k*s, for s in {1, 8, 128} MiB (those with k*s <= max_bytes), with time,
+// utilization and their ratio. Bandwidths are GB/s = 1e9 bytes/s. Times are per iteration, averaged
+// over ranks. Rank 0 prints the tables to stdout and writes the JSON; every rank must call
+// run_bandwidth. Thread safety: a collective job run from main() on every rank.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -26,7 +27,8 @@ struct BandwidthArgs {
   double peak_gbps = 0;
 };
 
-// Returns 0. Throws ft::Error on bad arguments (naming the flag) or a wrong allreduce result.
+// Returns 0. Throws ft::Error on bad arguments (naming the flag), on fewer than 2 ranks, or on a
+// wrong allreduce result.
 int run_bandwidth(Communicator& comm, const BandwidthArgs& args);
 
 }  // namespace ft

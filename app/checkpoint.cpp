@@ -1,6 +1,12 @@
 // Checkpoints: one safetensors file with every parameter and buffer under its canonical name,
 // optimizer state under "optim.<slot>.<name>", and metadata (config, step, format).
+// Loading checks everything a checkpoint claims: the format, every tensor finite, every tensor
+// one the model has (and of its shape), and the step counters in range.
+#include <charconv>
+#include <climits>
+#include <cmath>
 #include <cstring>
+#include <filesystem>
 
 #include "app/trainer.h"
 #include "core/check.h"
@@ -10,6 +16,7 @@ namespace ft {
 namespace {
 
 constexpr const char* kFormat = "fusiontrain-checkpoint-1";
+constexpr size_t kMaxListedTensors = 32;
 
 std::string slot_name(const std::string& slot, const std::string& param) {
   return "optim." + slot + "." + param;
@@ -25,37 +32,133 @@ const SafetensorsEntry& find_entry(const SafetensorsFile& file, const std::strin
   return it->second;
 }
 
+// True for a model tensor, or for optimizer state "optim.<slot>.<param>" of one.
+bool known_tensor(const std::string& name, const ParamStore& params) {
+  if (params.find(name) >= 0) return true;
+  const std::string prefix = "optim.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  const size_t dot = name.find('.', prefix.size());
+  return dot != std::string::npos && params.find(name.substr(dot + 1)) >= 0;
+}
+
+// A checkpoint of another model (more layers, another head) must not load silently in part.
+void require_no_unknown_tensors(const SafetensorsFile& file, const ParamStore& params,
+                                const std::string& path) {
+  std::vector<std::string> unknown;
+  for (const auto& [name, entry] : file.tensors)
+    if (!known_tensor(name, params)) unknown.push_back(name);
+  if (unknown.empty()) return;
+  std::string listed;
+  for (size_t i = 0; i < unknown.size() && i < kMaxListedTensors; ++i)
+    listed += (i ? ", " : "") + unknown[i];
+  if (unknown.size() > kMaxListedTensors)
+    listed += ", ... (" + std::to_string(unknown.size() - kMaxListedTensors) + " more)";
+  FT_FAIL(path, ": checkpoint has ", unknown.size(), " tensor(s) the model does not have: ", listed,
+          "; the config's model.* keys must describe the checkpoint's model");
+}
+
 void copy_params(const SafetensorsFile& file, ParamStore& params, const std::string& path) {
   for (ParamId id = 0; id < params.size(); ++id) {
     Param& param = params[id];
     const SafetensorsEntry& entry = find_entry(file, param.name, param.shape, path);
     std::memcpy(param.value.data(), entry.data.data(), param.value.bytes());
   }
+  require_no_unknown_tensors(file, params, path);
   params.mark_changed();
 }
 
-int64_t metadata_int(const SafetensorsFile& file, const std::string& key, const std::string& path) {
+// The integer metadata `key` (absent: `fallback`, or an error when there is none), which must be
+// written in full as a decimal in [lo, hi]; `range` says where the bounds come from.
+int metadata_int(const SafetensorsFile& file, const std::string& key, const std::string& path,
+                 int64_t lo, int64_t hi, const std::string& range, const int* fallback = nullptr) {
   auto it = file.metadata.find(key);
-  if (it == file.metadata.end()) FT_FAIL(path, ": checkpoint metadata has no '", key, "'");
-  try {
-    return std::stoll(it->second);
-  } catch (const std::exception&) {
-    FT_FAIL(path, ": checkpoint metadata '", key, "' is not an integer: '", it->second, "'");
+  if (it == file.metadata.end()) {
+    if (fallback != nullptr) return *fallback;
+    FT_FAIL(path, ": checkpoint metadata has no '", key, "'");
   }
+  const std::string& text = it->second;
+  int64_t value = 0;
+  const char* last = text.data() + text.size();
+  const auto [end, error] = std::from_chars(text.data(), last, value);
+  if (error == std::errc::result_out_of_range)
+    FT_FAIL(path, ": checkpoint metadata '", key, "' is '", text, "', out of range (", range, ")");
+  if (error != std::errc() || end != last || text.empty())
+    FT_FAIL(path, ": checkpoint metadata '", key, "' is not an integer: '", text, "'");
+  if (value < lo || value > hi)
+    FT_FAIL(path, ": checkpoint metadata '", key, "' is ", value, ", out of range (", range, ")");
+  return static_cast<int>(value);
 }
+
+void require_finite_tensors(const SafetensorsFile& file, const std::string& path) {
+  for (const auto& [name, entry] : file.tensors)
+    for (size_t i = 0; i < entry.data.size(); ++i)
+      if (!std::isfinite(entry.data[i]))
+        FT_FAIL(path, ": tensor '", name, "' holds a non-finite value (", entry.data[i],
+                " at element ", i, "); the checkpoint is unusable");
+}
+
+// The first non-finite float of `count` at `data`, or -1.
+int64_t first_non_finite(const float* data, int64_t count) {
+  for (int64_t i = 0; i < count; ++i)
+    if (!std::isfinite(data[i])) return i;
+  return -1;
+}
+
+}  // namespace
 
 SafetensorsFile load_checkpoint_file(const std::string& path) {
   SafetensorsFile file = load_safetensors(path);
   auto format = file.metadata.find("format");
   if (format == file.metadata.end() || format->second != kFormat)
     FT_FAIL(path, ": not a fusiontrain checkpoint (metadata 'format' should be '", kFormat, "')");
+  require_finite_tensors(file, path);
   return file;
 }
 
-}  // namespace
+void Trainer::require_finite_state(const std::string& path) const {
+  std::string bad;
+  for (ParamId id = 0; id < params_.size() && bad.empty(); ++id) {
+    const Param& param = params_[id];
+    const int64_t at = first_non_finite(param.value.data(), param.value.numel());
+    if (at >= 0)
+      bad = "parameter '" + param.name + "' holds " + std::to_string(param.value.data()[at]);
+  }
+  for (auto& [slot, state] : optimizer_->state_slots()) {
+    if (!bad.empty()) break;
+    for (ParamId id = 0; id < params_.size() && bad.empty(); ++id) {
+      const Param& param = params_[id];
+      if (!param.trainable) continue;
+      const float* data = state->data() + param.offset;
+      const int64_t at = first_non_finite(data, param.value.numel());
+      if (at >= 0)
+        bad = "optimizer state '" + slot_name(slot, param.name) + "' holds " +
+              std::to_string(data[at]);
+    }
+  }
+  if (bad.empty()) return;
+  FT_FAIL("refusing to write checkpoint '", path, "' at step ", step_, ": ", bad,
+          "; a checkpoint is never written from a non-finite state. ", last_checkpoint_text());
+}
+
+std::string Trainer::last_checkpoint_text() const {
+  if (!last_checkpoint_.empty()) return "Last good checkpoint: " + last_checkpoint_;
+  if (!config_.train.resume.empty())
+    return "No checkpoint written yet (resumed from " + config_.train.resume + ")";
+  return "No checkpoint written yet";
+}
 
 void Trainer::save_checkpoint(const std::string& path) {
-  if (comm_ != nullptr && comm_->rank() != 0) return;
+  // Every rank checks (the parameters are the same on all), so all of them stop together.
+  require_finite_state(path);
+  if (comm_ != nullptr && comm_->rank() != 0) {
+    last_checkpoint_ = path;
+    return;
+  }
+  std::filesystem::path directory = std::filesystem::path(path).parent_path();
+  if (directory.empty()) directory = ".";
+  if (cleaned_dirs_.insert(directory.string()).second)
+    for (const std::string& stale : remove_stale_temp_files(directory.string()))
+      std::printf("removed stale temp file %s (its writer is gone)\n", stale.c_str());
   std::vector<SafetensorsView> views;
   for (ParamId id = 0; id < params_.size(); ++id) {
     const Param& param = params_[id];
@@ -71,13 +174,25 @@ void Trainer::save_checkpoint(const std::string& path) {
       {"format", kFormat},
       {"step", std::to_string(step_)},
       {"optimizer_steps", std::to_string(optimizer_->steps_taken())},
+      {"skipped_steps", std::to_string(skipped_steps_)},
       {"arch", config_.model.arch},
       {"config", config_to_yaml(config_)}};
   save_safetensors(path, metadata, views);
+  last_checkpoint_ = path;
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
   const SafetensorsFile file = load_checkpoint_file(path);
+  // Counters first: a wild step would otherwise replay billions of batches or wrap around.
+  const int total_steps = config_.train.steps;
+  const int step = metadata_int(file, "step", path, 0, total_steps,
+                                "0 to train.steps = " + std::to_string(total_steps));
+  const int optimizer_steps = metadata_int(file, "optimizer_steps", path, 0, step,
+                                           "0 to the checkpoint's step = " + std::to_string(step));
+  const int no_skips = 0;
+  const int skipped =
+      metadata_int(file, "skipped_steps", path, 0, step,
+                   "0 to the checkpoint's step = " + std::to_string(step), &no_skips);
   copy_params(file, params_, path);
   for (auto& [slot, state] : optimizer_->state_slots())
     for (ParamId id = 0; id < params_.size(); ++id) {
@@ -87,8 +202,9 @@ void Trainer::load_checkpoint(const std::string& path) {
           find_entry(file, slot_name(slot, param.name), param.shape, path);
       std::memcpy(state->data() + param.offset, entry.data.data(), param.value.bytes());
     }
-  step_ = static_cast<int>(metadata_int(file, "step", path));
-  optimizer_->set_steps_taken(metadata_int(file, "optimizer_steps", path));
+  step_ = step;
+  skipped_steps_ = skipped;
+  optimizer_->set_steps_taken(optimizer_steps);
   task_->skip_train_batches(static_cast<int64_t>(step_) * config_.train.grad_accum);
 }
 
@@ -96,11 +212,20 @@ void load_checkpoint_params(const std::string& path, ParamStore& params) {
   copy_params(load_checkpoint_file(path), params, path);
 }
 
-Config checkpoint_config(const std::string& path, const std::vector<std::string>& overrides) {
-  const SafetensorsFile file = load_checkpoint_file(path);
+void load_checkpoint_params(const SafetensorsFile& file, const std::string& path,
+                            ParamStore& params) {
+  copy_params(file, params, path);
+}
+
+Config checkpoint_config(const SafetensorsFile& file, const std::string& path,
+                         const std::vector<std::string>& overrides) {
   auto it = file.metadata.find("config");
   if (it == file.metadata.end()) FT_FAIL(path, ": checkpoint metadata has no 'config'");
   return parse_config(it->second, path + " (embedded config)", overrides);
+}
+
+Config checkpoint_config(const std::string& path, const std::vector<std::string>& overrides) {
+  return checkpoint_config(load_checkpoint_file(path), path, overrides);
 }
 
 }  // namespace ft

@@ -5,11 +5,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 
 #include "app/config_schema.h"
 #include "core/check.h"
@@ -27,6 +27,12 @@ std::string location(const std::string& origin, const YAML::Mark& mark) {
 std::string parent_of(const std::string& dotted) {
   size_t dot = dotted.rfind('.');
   return dot == std::string::npos ? "" : dotted.substr(0, dot);
+}
+
+// "tag:yaml.org,2002:str" as written in the file: "!!str".
+std::string short_tag(const std::string& tag) {
+  const std::string core = "tag:yaml.org,2002:";
+  return tag.compare(0, core.size(), core) == 0 ? "!!" + tag.substr(core.size()) : tag;
 }
 
 const char* kind_of(const YAML::Node& node) {
@@ -105,6 +111,18 @@ class Reader {
     set_at_[key] = where;
   }
 
+  // Defaults that only make sense for long runs shrink to fit a short one, with a note; a value
+  // the user set is never changed (validate() refuses it instead).
+  void fit_defaults() {
+    OptimConfig& optim = config_.optim;
+    if (set_at_.count("optim.warmup_steps") == 0 && optim.warmup_steps > config_.train.steps) {
+      std::printf("note: optim.warmup_steps defaults to %d, more than train.steps = %d; using %d\n",
+                  optim.warmup_steps, config_.train.steps, config_.train.steps);
+      std::fflush(stdout);
+      optim.warmup_steps = config_.train.steps;
+    }
+  }
+
   void validate() const {
     const Config& c = config_;
     auto require = [&](bool ok, const std::string& message) {
@@ -136,7 +154,8 @@ class Reader {
                 ": bandwidth 0 turns emulation off, so the latency would be silently ignored; "
                 "set both to emulate a slow link, or both to 0");
     require(c.comm.backend != "nccl" || c.train.device == "cuda",
-            show("comm.backend") + " requires train.device = cuda, got " + show("train.device"));
+            show("comm.backend") + " requires train.device = cuda, got " + show("train.device") +
+                "; GPU training is not there yet, so use comm.backend auto or mpi");
   }
 
   Config take() { return std::move(config_); }
@@ -169,6 +188,11 @@ class Reader {
                   kind_of(value),
                   value.IsNull() && is_string ? " (write \"\" for an empty string)" : "");
         const std::string value_at = location(origin_, value.Mark());
+        // "?" = a plain scalar, "!" = a quoted one; anything else is an explicit tag.
+        if (value.Tag() != "?" && value.Tag() != "!")
+          FT_FAIL(value_at, ": ", dotted, ": expected ", describe_allowed(*field),
+                  ", got a value with the YAML tag '", short_tag(value.Tag()),
+                  "'; tags are not accepted, write the plain value");
         const std::string problem =
             assign_value(*field, config_, value.Scalar(), value.Tag() == "!");
         if (!problem.empty()) FT_FAIL(value_at, ": ", dotted, ": ", problem);
@@ -208,6 +232,7 @@ Config parse_config(const std::string& yaml_text, const std::string& origin,
   Reader reader(origin);
   reader.read_document(yaml_text);
   for (const std::string& assignment : overrides) reader.apply_override(assignment);
+  reader.fit_defaults();
   reader.validate();
   return reader.take();
 }
@@ -221,10 +246,16 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (fs::is_directory(path, error)) FT_FAIL(path, ": is a directory, not a config file");
   std::ifstream in(path, std::ios::binary);
   if (!in) FT_FAIL(path, ": cannot open config file: ", std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
+  // Read at most one byte past the cap, so /dev/zero or a huge file fails fast instead of
+  // filling memory; a pipe (--config /dev/stdin) still works.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) FT_FAIL(path, ": error while reading config file");
-  return parse_config(text.str(), path, overrides);
+  if (static_cast<uint64_t>(in.gcount()) > kMaxConfigBytes)
+    FT_FAIL(path, ": config file is larger than ", kMaxConfigBytes / (1024 * 1024),
+            " MiB (the limit for a config); is it the right file?");
+  text.resize(static_cast<size_t>(in.gcount()));
+  return parse_config(text, path, overrides);
 }
 
 }  // namespace ft

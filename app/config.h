@@ -41,9 +41,12 @@ struct TrainConfig {
   int checkpoint_every = 0;  // steps; 0 = only at the end
   std::string resume = "";   // checkpoint path, empty = fresh start
   int grad_accum = 1;
-  std::string device = "cpu";  // cpu | cuda
+  std::string device = "cpu";  // cpu only for now (GPU training is not implemented yet)
   bool profile = false;        // per-op time table (rank 0) and fusion advice at the end of the run
   std::string trace = "";      // Chrome trace-event JSON of a few steps after warm-up; empty = none
+  std::string nan_policy = "stop";  // stop | skip_step: what a non-finite loss or gradient does
+  int max_skipped_steps = 10;       // skip_step: stop after more skips than this
+  bool overwrite = false;           // a fresh run may write into a dir holding checkpoints
 };
 
 struct OptimConfig {
@@ -85,6 +88,7 @@ struct CommConfig {
   bool bucket_view = true;
   bool overlap = true;
   bool reorder_buckets = false;
+  bool deterministic = false;  // true: rank-order sums, bitwise independent of bucketing
   EmulateConfig emulate;
 };
 
@@ -107,8 +111,13 @@ struct Config {
   std::string source_path;  // file it was read from
 };
 
+// Config files larger than this are refused (4 MiB; real ones are a few hundred bytes).
+inline constexpr uint64_t kMaxConfigBytes = uint64_t{4} << 20;
+
 // Reads `path` strictly, then applies `overrides` ("section.key=value", nested:
 // "comm.emulate.latency_us=20") in order, then validates. Throws ft::Error on any problem.
+// A defaulted optim.warmup_steps longer than train.steps is lowered to train.steps, with a
+// one-line note on stdout; a warmup the file or an override set stays an error.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 // Same, from YAML text (for tests); `origin` is used as the file name in messages.

@@ -86,12 +86,21 @@ std::vector<Field> build_fields() {
        "steps between checkpoints; 0 = only at the end"},
       {FT_KEY(train.resume), any_text(), "checkpoint to resume from; empty = fresh start"},
       {FT_KEY(train.grad_accum), in(1, 1024), "micro-batches accumulated per optimizer step"},
-      {FT_KEY(train.device), one_of({"cpu", "cuda"}), "where compute runs"},
+      {FT_KEY(train.device), one_of({"cpu"}),
+       "where compute runs; only cpu for now (GPU training is not implemented yet)"},
       {FT_KEY(train.profile), true_or_false(),
        "print per-op time (forward and backward apart) and fusion advice at the end; rank 0"},
       {FT_KEY(train.trace), any_text(),
        "write a Chrome trace-event JSON (Perfetto, chrome://tracing) of a few steps after warm-up "
        "here; empty = none"},
+      {FT_KEY(train.nan_policy), one_of({"stop", "skip_step"}),
+       "a non-finite loss or gradient norm: stop the run there (non-zero exit), or skip that "
+       "step's optimizer update"},
+      {FT_KEY(train.max_skipped_steps), in(0, 1000000),
+       "skip_step: stop once more steps than this have been skipped"},
+      {FT_KEY(train.overwrite), true_or_false(),
+       "let a fresh run (no train.resume) write into a checkpoint_dir that already holds "
+       "checkpoints"},
 
       {FT_KEY(optim.name), one_of({"adamw", "sgd"}), "optimizer"},
       {FT_KEY(optim.lr), above_up_to(0, 10), "peak learning rate, reached after warmup"},
@@ -156,6 +165,9 @@ std::vector<Field> build_fields() {
       {FT_KEY(comm.overlap), true_or_false(), "overlap all-reduce with the backward pass"},
       {FT_KEY(comm.reorder_buckets), true_or_false(),
        "order buckets by when their gradients become ready"},
+      {FT_KEY(comm.deterministic), true_or_false(),
+       "sum gradients in rank order so bucketing never changes a bit (slower from 3 ranks up); "
+       "false = the MPI library's own tuned allreduce"},
       {FT_KEY(comm.emulate.latency_us), in(0, 1e6),
        "added latency per message in microseconds; needs bandwidth_gbps > 0"},
       {FT_KEY(comm.emulate.bandwidth_gbps), in(0, 1e4),
@@ -180,6 +192,35 @@ std::string format_number(T value) {
   char buffer[64];
   auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
   return std::string(buffer, result.ptr);
+}
+
+// A value inside the allowed range as a double can still leave it once stored as a float: 1e-50
+// becomes 0, 0.99999999999 becomes 1, and 1e-40 becomes a subnormal that flush-to-zero turns into
+// 0. Returns what is wrong ("" when the float keeps the value in range).
+std::string float_rounding_problem(const Allowed& allowed, const std::string& text, double value) {
+  const float stored = static_cast<float>(value);
+  const double back = static_cast<double>(stored);
+  const std::string lo = format_number(allowed.lo), hi = format_number(allowed.hi);
+  if (allowed.lo_open && back <= allowed.lo)
+    return text + " rounds to " + format_number(stored) + " as a float; must be above " + lo;
+  if (allowed.hi_open && back >= allowed.hi)
+    return text + " rounds to " + format_number(stored) + " as a float; must be below " + hi;
+  if (back < allowed.lo || back > allowed.hi)
+    return text + " rounds to " + format_number(stored) + " as a float, outside [" + lo + ", " +
+           hi + "]";
+  if (stored != 0.0f && std::fabs(stored) < std::numeric_limits<float>::min())
+    return text + " is too small for a float: below " +
+           format_number(std::numeric_limits<float>::min()) +
+           ", the smallest normal float, it would be flushed to 0; use 0 or a larger value";
+  return "";
+}
+
+// Why a choice the schema once had or a user may expect is refused, appended to the error.
+std::string refusal_hint(const std::string& key, const std::string& text) {
+  if (key == "train.device" && text == "cuda")
+    return "; GPU training is not there yet: the trainer runs on the CPU only for now, so use "
+           "train.device: cpu";
+  return "";
 }
 
 // Config is only read here; the accessors take a mutable Config so one table serves both ways.
@@ -290,7 +331,8 @@ std::string assign_value(const Field& field, Config& config, const std::string& 
           if (allowed.nonempty && text.empty()) return expected + "an empty string";
           if (!allowed.choices.empty() && std::find(allowed.choices.begin(), allowed.choices.end(),
                                                     text) == allowed.choices.end())
-            return expected + got + did_you_mean(nearest(text, allowed.choices));
+            return expected + got + did_you_mean(nearest(text, allowed.choices)) +
+                   refusal_hint(field.key, text);
           target = text;
           return "";
         } else {
@@ -324,6 +366,10 @@ std::string assign_value(const Field& field, Config& config, const std::string& 
             if (result.ec != std::errc() || value < allowed.lo || value > hi ||
                 (allowed.lo_open && value == allowed.lo) || (allowed.hi_open && value == hi))
               return expected + text;
+            if constexpr (std::is_same_v<T, float>) {
+              const std::string problem = float_rounding_problem(allowed, text, value);
+              if (!problem.empty()) return problem + " (" + expected + text + ")";
+            }
             target = static_cast<T>(value);
           }
           return "";

@@ -9,20 +9,31 @@
 #include "app/jobs.h"
 #include "app/trainer.h"
 #include "core/check.h"
+#include "core/safetensors.h"
 
 namespace ft {
 
 int run_eval(const EvalArgs& args) {
-  FT_CHECK(!args.checkpoint_path.empty(), "eval needs --checkpoint FILE");
+  FT_REQUIRE(!args.checkpoint_path.empty(), "eval needs --checkpoint FILE");
+  const SafetensorsFile checkpoint = load_checkpoint_file(args.checkpoint_path);
   const Config config = args.config_path.empty()
-                            ? checkpoint_config(args.checkpoint_path, args.overrides)
+                            ? checkpoint_config(checkpoint, args.checkpoint_path, args.overrides)
                             : load_config(args.config_path, args.overrides);
+  // Before building a model of the wrong kind, whose errors would only list missing tensors.
+  auto arch = checkpoint.metadata.find("arch");
+  if (arch != checkpoint.metadata.end())
+    FT_REQUIRE(arch->second == config.model.arch, args.checkpoint_path, ": the checkpoint is a '",
+               arch->second, "' model (metadata 'arch'), but ",
+               args.config_path.empty() ? std::string("--set") : "--config " + args.config_path,
+               " says model.arch '", config.model.arch,
+               "'; pass the config the checkpoint was trained with, or no --config to use the "
+               "one stored in it");
   omp_set_num_threads(resolve_threads(config.train.threads));
   std::unique_ptr<Task> task = make_task(config, 0, 1);
   ParamStore params;
   task->register_params(params);
   params.allocate();
-  load_checkpoint_params(args.checkpoint_path, params);
+  load_checkpoint_params(checkpoint, args.checkpoint_path, params);
   GraphCache graphs([&task](int batch, GraphMode mode) { return task->build_graph(batch, mode); },
                     params, config.fusion);
   const EvalResult result = args.data_path.empty()
@@ -53,6 +64,9 @@ int run_eval(const EvalArgs& args) {
     std::ofstream json(args.json_path);
     FT_REQUIRE(json.good(), "cannot open --json file '", args.json_path, "' for writing");
     json << row.dump() << "\n";
+    json.close();  // a full disk shows at the flush, so check after closing
+    FT_REQUIRE(!json.fail(), "writing --json file '", args.json_path,
+               "' failed (disk full or not writable?)");
   }
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "app/bandwidth.h"
+#include "app/cli_help.h"
 #include "app/jobs.h"
 #include "app/simulate.h"
 #include "comm/mpi/mpi_communicator.h"
@@ -130,10 +131,10 @@ int main(int argc, char** argv) {
   infer->add_option("--labels", infer_args.labels_path, "IDX labels for --data PATH");
   infer->add_option("--batch", infer_args.batch, "images per batch (default 256)")
       ->check(number_check(false));
-  infer->add_option("--threads", infer_args.threads, "threads (default: all cores)")
-      ->check(number_check(false));
-  infer->add_option("--limit", infer_args.limit, "first N images only (default all)")
-      ->check(number_check(false));
+  infer->add_option("--threads", infer_args.threads, "threads; 0 = all cores")
+      ->check(number_check(true));
+  infer->add_option("--limit", infer_args.limit, "first N images only; 0 = all")
+      ->check(number_check(true));
   infer->add_option("--compare-unfolded", infer_args.compare_checkpoint,
                     "checkpoint whose unfolded eval model runs on the same batches, interleaved");
   infer->add_option("--json", infer_args.json_path, "write the result as JSON");
@@ -191,6 +192,21 @@ int main(int argc, char** argv) {
                    "time with and without the KV cache and check both write the same text");
   sample->add_option("--json", sample_args.json_path, "write the text, settings and timings");
 
+  app.set_version_flag("--version", ft::version_text());
+  ft::describe_jobs(app);
+  const std::string unknown_argument = ft::unknown_argument_error(app, argc, argv);
+  if (!unknown_argument.empty()) {
+    std::fprintf(stderr, "error: %s\nRun with --help for more information.\n",
+                 unknown_argument.c_str());
+    return 2;
+  }
+  // The config file of the job that runs (jobs without --config have none).
+  const std::vector<std::pair<CLI::App*, const std::string*>> config_paths = {
+      {train, &train_args.config_path},   {eval, &eval_args.config_path},
+      {plan, &plan_args.config_path},     {bench, &bench_args.config_path},
+      {tune, &tune_args.config_path},     {simulate, &simulate_args.config_path},
+      {sample, &sample_args.config_path}, {export_job, &export_args.config_path}};
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -210,6 +226,8 @@ int main(int argc, char** argv) {
       std::unique_ptr<ft::MpiCommunicator> comm;
       if (mpi.world_size() > 1 || app.got_subcommand(bandwidth))
         comm = std::make_unique<ft::MpiCommunicator>();
+      for (const auto& [job, path] : config_paths)
+        if (job->parsed()) ft::require_config_file(*path);
       if (app.got_subcommand(train)) return ft::run_train(train_args, comm.get());
       if (app.got_subcommand(eval)) {
         FT_CHECK(mpi.world_size() == 1, "eval runs on one rank; drop mpirun -np");

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 
+#include "app/plan.h"
 #include "core/check.h"
 #include "core/image_data.h"
 #include "core/text_data.h"
@@ -17,11 +19,26 @@ GraphRun& GraphCache::get(int batch, GraphMode mode) {
   auto it = runs_.find(key);
   if (it != runs_.end()) return *it->second;
   auto run = std::make_unique<GraphRun>();
-  run->graph = builder_(batch, mode);
-  run->eager_ops = run->graph.ops.size();
-  run->fusion = pipeline_.run(run->graph, params_, fusion_);
-  run->executor = std::make_unique<Executor>(run->graph, params_);
-  run->workspace = run->executor->make_workspace();
+  try {
+    run->graph = builder_(batch, mode);
+    run->eager_ops = run->graph.ops.size();
+    run->fusion = pipeline_.run(run->graph, params_, fusion_);
+    run->executor = std::make_unique<Executor>(run->graph, params_);
+    run->workspace = run->executor->make_workspace();
+  } catch (const std::bad_alloc&) {
+    double peak_bytes = 0;
+    if (!run->graph.ops.empty()) peak_bytes = plan_memory(run->graph).peak_bytes;
+    run.reset();  // frees what was allocated before formatting the message
+    const char* mode_name = mode == GraphMode::kTrain ? "training" : "evaluation";
+    const std::string need =
+        peak_bytes > 0 ? detail::concat(" (", peak_bytes / double(1 << 20),
+                                        " MiB of activations at its peak, see fusiontrain plan)")
+                       : std::string();
+    FT_FAIL("out of memory allocating the activations of the ", mode_name, " graph for batch ",
+            batch, need,
+            "; lower train.batch_size (or grow train.grad_accum to keep the examples per step), "
+            "model.seq_len or model.d_model (gpt), or model.resnet_width (resnet)");
+  }
   return *runs_.emplace(key, std::move(run)).first->second;
 }
 
@@ -38,10 +55,12 @@ void load_tokens(const TokenBatch& batch, Workspace& ws) {
 }
 
 // Mean loss over every window of `bytes`, in batches of `batch` (a smaller graph takes the rest).
+// `name` says what the bytes are in errors.
 EvalResult evaluate_windows(GraphCache& graphs, const uint8_t* bytes, size_t num_bytes, int seq_len,
-                            int batch, int max_batches) {
+                            int batch, int max_batches, const std::string& name) {
   const size_t windows = count_eval_windows(num_bytes, seq_len);
-  FT_CHECK(windows > 0, "evaluation text is shorter than one window of ", seq_len + 1, " bytes");
+  FT_REQUIRE(windows > 0, "evaluation text ", name, " has ", num_bytes,
+             " bytes, shorter than one window of model.seq_len + 1 = ", seq_len + 1, " bytes");
   TokenBatch tokens;
   double loss_sum = 0.0;
   size_t done = 0;
@@ -60,12 +79,28 @@ EvalResult evaluate_windows(GraphCache& graphs, const uint8_t* bytes, size_t num
   return result;
 }
 
+// The corpus, checked now for what evaluation needs later: a validation split too short for one
+// window would only fail after every training step, with no checkpoint written.
+TextDataset load_text(const Config& config) {
+  TextDataset data = TextDataset::load(config.data.path, config.data.val_fraction);
+  const size_t window = static_cast<size_t>(config.model.seq_len) + 1;
+  if (data.val_size() < window) {
+    const double total = static_cast<double>(data.train_size() + data.val_size());
+    FT_FAIL("data.val_fraction = ", config.data.val_fraction, " holds out ", data.val_size(),
+            " of the ", data.train_size() + data.val_size(), " bytes of ", data.name(),
+            " for validation, less than one evaluation window of model.seq_len + 1 = ", window,
+            " bytes; raise data.val_fraction to at least ", window / total,
+            " or lower model.seq_len");
+  }
+  return data;
+}
+
 class GptTask : public Task {
  public:
   GptTask(const Config& config, int rank, int world_size)
       : config_(config),
         shape_(gpt_shape(config.model)),
-        data_(TextDataset::load(config.data.path, config.data.val_fraction)),
+        data_(load_text(config)),
         batcher_(data_, rank, world_size, config.train.batch_size, config.model.seq_len,
                  config.data.shuffle, config.train.seed) {}
 
@@ -85,7 +120,7 @@ class GptTask : public Task {
 
   EvalResult evaluate(GraphCache& graphs, int batch, int max_batches) override {
     return evaluate_windows(graphs, data_.val_bytes(), data_.val_size(), config_.model.seq_len,
-                            batch, max_batches);
+                            batch, max_batches, "(the validation split of " + data_.name() + ")");
   }
 
   int64_t items_per_batch() const override {
@@ -199,10 +234,14 @@ std::unique_ptr<Task> make_task(const Config& config, int rank, int world_size) 
 }
 
 EvalResult evaluate_text_file(const Config& config, GraphCache& graphs, const std::string& path) {
-  FT_CHECK(config.model.arch == "gpt", "--data applies to GPT checkpoints only");
+  FT_REQUIRE(config.model.arch == "gpt", "eval --data ", path,
+             ": --data (a text file) applies to GPT checkpoints only; this one is model.arch ",
+             config.model.arch,
+             ", evaluated on the Fashion-MNIST test set in data.mnist_dir (for an IDX file, "
+             "export the model and run fusiontrain infer --data)");
   const TextDataset text = TextDataset::load(path, 0.0f);
   return evaluate_windows(graphs, text.train_bytes(), text.train_size(), config.model.seq_len,
-                          config.train.batch_size, 0);
+                          config.train.batch_size, 0, path);
 }
 
 }  // namespace ft

@@ -51,6 +51,7 @@ nlohmann::json step_json(const StepStats& stats, int64_t items) {
                         {"bucket_bytes", stats.comm.bucket_bytes},
                         {"extra_comm_memory_bytes", stats.comm.extra_memory_bytes}};
   if (stats.comm.emulated) row["link"] = "emulated link";
+  if (stats.skipped) row["skipped"] = true;
   return row;
 }
 
@@ -71,6 +72,62 @@ void print_eval(const EvalResult& result, int step) {
                 result.loss, result.bits_per_byte, static_cast<long long>(result.examples));
   std::fflush(stdout);
 }
+
+// Checkpoints (*.safetensors directly in `directory`); none when it does not exist.
+int count_checkpoints(const std::string& directory) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it(directory, ec);
+  if (ec) return 0;
+  int count = 0;
+  for (const std::filesystem::directory_entry& entry : it)
+    if (entry.path().extension() == ".safetensors") ++count;
+  return count;
+}
+
+// A fresh run must not write its step_N files over another run's: rank 0 looks (it is the one
+// that writes), every rank follows its answer.
+void refuse_to_overwrite(const Config& config, Communicator* comm, bool is_root) {
+  if (!config.train.resume.empty() || config.train.overwrite) return;
+  float found = is_root ? static_cast<float>(count_checkpoints(config.train.checkpoint_dir)) : 0;
+  if (comm != nullptr) comm->broadcast(&found, 1, 0);
+  FT_REQUIRE(found == 0, "train.checkpoint_dir '", config.train.checkpoint_dir, "' already holds ",
+             static_cast<int>(found),
+             " checkpoint(s) (*.safetensors), and this is a fresh run (no train.resume) that would "
+             "overwrite them; resume with train.resume: PATH, choose another "
+             "train.checkpoint_dir, or set train.overwrite: true to write there anyway");
+}
+
+// JSON Lines output that fails loudly: a full disk or a closed pipe is an error naming the path,
+// not a silently truncated file.
+class JsonLinesFile {
+ public:
+  void open(const std::string& path) {
+    path_ = path;
+    out_.open(path);
+    FT_REQUIRE(out_.good(), "cannot open --json file '", path, "' for writing");
+  }
+  bool is_open() const { return out_.is_open(); }
+  void write(const nlohmann::json& row, bool flush = false) {
+    out_ << row.dump() << "\n";
+    if (flush) out_.flush();
+    require_good();
+  }
+  // Flushes and closes; REQUIRES: is_open().
+  void close() {
+    out_.flush();
+    require_good();
+    out_.close();
+    require_good();
+  }
+
+ private:
+  void require_good() {
+    FT_REQUIRE(!out_.fail(), "writing --json file '", path_,
+               "' failed (disk full or not writable?)");
+  }
+  std::string path_;
+  std::ofstream out_;
+};
 
 std::string checkpoint_path(const Config& config, int step) {
   char name[64];
@@ -93,20 +150,25 @@ int run_train(const TrainArgs& args, Communicator* comm) {
   const bool is_root = comm == nullptr || comm->rank() == 0;
   const int world_size = comm ? comm->size() : 1;
   omp_set_num_threads(resolve_threads(config.train.threads));
-  if (is_root) {
-    const std::string resolved = config_to_yaml(config);
+  const std::string resolved = config_to_yaml(config);
+  if (is_root)
     std::printf("# resolved config (%s), %d rank(s), %d thread(s) per rank\n%s\n",
                 config.source_path.c_str(), world_size, omp_get_max_threads(), resolved.c_str());
+  refuse_to_overwrite(config, comm, is_root);
+
+  // Before anything is written: loading train.resume checks the checkpoint.
+  Trainer trainer(config, comm);
+  if (trainer.step() >= config.train.steps) {
+    if (is_root)
+      std::printf("%s: already finished at step %d; nothing to do (raise train.steps to go on)\n",
+                  config.train.resume.c_str(), trainer.step());
+    return 0;
+  }
+  if (is_root)
     write_file_atomic((std::filesystem::path(config.train.run_dir) / "config.yaml").string(),
                       resolved);
-  }
-  std::ofstream json;
-  if (is_root && !args.json_path.empty()) {
-    json.open(args.json_path);
-    FT_CHECK(json.good(), "cannot open --json file '", args.json_path, "' for writing");
-  }
-
-  Trainer trainer(config, comm);
+  JsonLinesFile json;
+  if (is_root && !args.json_path.empty()) json.open(args.json_path);
   // train.profile: rank 0 only; warm-up shortened so that a short run still measures a step.
   std::unique_ptr<Profiler> profiler;
   if (is_root && config.train.profile) {
@@ -131,7 +193,7 @@ int run_train(const TrainArgs& args, Communicator* comm) {
     last_eval = trainer.evaluate(config.train.eval_batches);
     evaluated = true;
     print_eval(last_eval, step);
-    if (json.is_open()) json << eval_json(last_eval, step).dump() << "\n" << std::flush;
+    if (json.is_open()) json.write(eval_json(last_eval, step), true);
   };
   std::string last_checkpoint;
 
@@ -151,7 +213,15 @@ int run_train(const TrainArgs& args, Communicator* comm) {
     comm_totals.bucket_bytes = stats.comm.bucket_bytes;
     comm_totals.extra_memory_bytes = stats.comm.extra_memory_bytes;
     const int step = stats.step;
-    if (is_root && json.is_open()) json << step_json(stats, items_per_step).dump() << "\n";
+    if (is_root && json.is_open()) json.write(step_json(stats, items_per_step));
+    if (is_root && stats.skipped) {
+      std::printf(
+          "step %d/%d | loss %g, gradient norm %g: update skipped (%d skipped so far, "
+          "train.max_skipped_steps %d)\n",
+          step, total_steps, stats.loss, stats.grad_norm, trainer.skipped_steps(),
+          config.train.max_skipped_steps);
+      std::fflush(stdout);
+    }
     const bool log_now = step == first_step + 1 || step == total_steps ||
                          (config.train.log_every > 0 && step % config.train.log_every == 0);
     if (is_root && log_now) {
@@ -186,11 +256,15 @@ int run_train(const TrainArgs& args, Communicator* comm) {
   if (is_root) {
     const int steps_run = trainer.step() - first_step;
     const double ms_per_step = steps_run > 0 ? train_ms / steps_run : 0.0;
+    const std::string skipped_text =
+        trainer.skipped_steps() > 0
+            ? std::to_string(trainer.skipped_steps()) + " steps skipped (train.nan_policy) | "
+            : "";
     std::printf(
-        "done: %d steps in %.1fs | %.1f ms/step | %s %s/s | final loss %.4f | checkpoint %s%s\n",
+        "done: %d steps in %.1fs | %.1f ms/step | %s %s/s | final loss %.4f | %scheckpoint %s%s\n",
         steps_run, train_ms / 1e3, ms_per_step,
         human_rate(steps_run > 0 ? items_per_step / (ms_per_step / 1e3) : 0).c_str(),
-        trainer.task().item_unit(), last_loss, last_checkpoint.c_str(),
+        trainer.task().item_unit(), last_loss, skipped_text.c_str(), last_checkpoint.c_str(),
         emulated_link ? " [emulated link]" : "");
     if (profiler) {
       AdviceOptions advice_options;
@@ -203,7 +277,7 @@ int run_train(const TrainArgs& args, Communicator* comm) {
         nlohmann::json row = profile_json(profiler->profile());
         row["type"] = "profile";
         row["advice"] = advice_json(advice, advice_options);
-        json << row.dump() << "\n";
+        json.write(row);
       }
     }
     if (json.is_open()) {
@@ -213,6 +287,7 @@ int run_train(const TrainArgs& args, Communicator* comm) {
                                 {"final_loss", last_loss},
                                 {"items_per_step", items_per_step},
                                 {"world_size", world_size},
+                                {"skipped_steps", trainer.skipped_steps()},
                                 {"checkpoint", last_checkpoint}};
       if (emulated_link) summary["link"] = "emulated link";
       if (world_size > 1 && steps_run > 0)
@@ -225,7 +300,8 @@ int run_train(const TrainArgs& args, Communicator* comm) {
             {"bucket_bytes", comm_totals.bucket_bytes},
             {"extra_memory_bytes", comm_totals.extra_memory_bytes}};
       if (evaluated) summary["eval"] = eval_json(last_eval, trainer.step());
-      json << summary.dump() << "\n";
+      json.write(summary);
+      json.close();
     }
   }
   return 0;

@@ -1,5 +1,8 @@
 #include "app/trainer.h"
 
+#include <cmath>
+#include <sstream>
+
 #include "comm/startup.h"
 #include "core/check.h"
 #include "core/rng.h"
@@ -102,15 +105,48 @@ StepStats Trainer::train_step() {
     float* grad = grads.data();
     for (int64_t i = 0; i < grads.numel(); ++i) grad[i] *= grad_scale;
   }
+  // The global norm is computed whether or not optim.grad_clip clips.
   stats.grad_norm = clip_grad_norm(params_, config_.optim.grad_clip, *sweep_);
   stats.lr = schedule_.at(step_);
-  optimizer_->step(params_, stats.lr);
+  stats.loss = static_cast<float>(loss_sum / micro_batches);
+  const bool locally_finite = std::isfinite(stats.loss) && std::isfinite(stats.grad_norm);
+  if (any_rank_diverged(locally_finite)) {
+    // Parameters and optimizer state stay those of the last good step.
+    stats.skipped = true;
+    std::ostringstream what;
+    what << "step " << step_ + 1 << ": ";
+    if (locally_finite)
+      what << "the loss or gradient norm of another rank is not finite (here loss " << stats.loss
+           << ", gradient norm " << stats.grad_norm << ")";
+    else if (!std::isfinite(stats.loss))
+      what << "loss is " << stats.loss << " (gradient norm " << stats.grad_norm << ")";
+    else
+      what << "gradient norm is " << stats.grad_norm << " (loss " << stats.loss << ")";
+    if (config_.train.nan_policy != "skip_step")
+      FT_FAIL(what.str(),
+              "; stopping the run (train.nan_policy: stop; skip_step skips such steps). ",
+              last_checkpoint_text());
+    ++skipped_steps_;
+    if (skipped_steps_ > config_.train.max_skipped_steps)
+      FT_FAIL(what.str(), "; stopping the run: ", skipped_steps_,
+              " steps skipped, more than train.max_skipped_steps = ",
+              config_.train.max_skipped_steps, ". ", last_checkpoint_text());
+  } else {
+    optimizer_->step(params_, stats.lr);
+  }
   ++step_;
   stats.step = step_;
-  stats.loss = static_cast<float>(loss_sum / micro_batches);
   stats.step_ms = now_ms() - start_ms;
   stats.compute_ms = stats.step_ms - stats.comm.exposed_ms;
   return stats;
+}
+
+bool Trainer::any_rank_diverged(bool locally_finite) {
+  if (comm_ == nullptr) return !locally_finite;
+  // The gradients are already reduced, but each rank's loss is its own: vote.
+  float diverged = locally_finite ? 0.0f : 1.0f;
+  comm_->allreduce(&diverged, 1, ReduceOp::kSum);
+  return diverged != 0.0f;
 }
 
 EvalResult Trainer::evaluate(int max_batches) {

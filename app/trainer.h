@@ -2,9 +2,14 @@
 // parameter sweep, the optimizer and the gradient synchroniser, and drives a Task through optimizer
 // steps: forward → backward (gradients announced to comm/ as they become final) → bucket allreduce
 // → clip → optimizer. Checkpoints save and restore everything needed for a bitwise-exact resume.
+// Divergence guard: a step whose loss or gradient norm is not finite (on any rank) never reaches
+// the optimizer; by train.nan_policy it stops the run (ft::Error naming the step, the value and
+// the last good checkpoint) or is skipped, up to train.max_skipped_steps. A checkpoint is never
+// written from a non-finite state, and loading one checks every tensor and counter.
 // Thread safety: one training thread per rank drives a Trainer.
 #pragma once
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -12,6 +17,7 @@
 #include "app/task.h"
 #include "comm/communicator.h"
 #include "comm/grad_sync.h"
+#include "core/safetensors.h"
 #include "model/optimizer.h"
 
 namespace ft {
@@ -24,6 +30,9 @@ struct StepStats {
   double step_ms = 0.0;
   double compute_ms = 0.0;  // step time minus exposed communication
   CommStepStats comm;
+  // The loss or gradient norm was not finite (on some rank): no optimizer update this step
+  // (train.nan_policy: skip_step; under stop train_step throws instead).
+  bool skipped = false;
 };
 
 class Trainer {
@@ -32,15 +41,27 @@ class Trainer {
   Trainer(const Config& config, Communicator* comm);
   ~Trainer();
 
+  // Throws ft::Error when the step diverges and train.nan_policy says stop, or when it is one skip
+  // more than train.max_skipped_steps; the parameters are then those before the step. Collective
+  // under a communicator: every rank takes the same decision at the same step.
   StepStats train_step();
   // Validation loss (GPT) or test accuracy (ResNet) on this rank's view of the eval data.
   EvalResult evaluate(int max_batches);
 
-  // Rank 0 writes; every rank may load. Atomic: temp file, fsync, rename.
+  // Rank 0 writes; every rank may load. Atomic: temp file, fsync, rename. Every rank throws
+  // ft::Error, writing nothing, when a parameter or optimizer state is not finite. The first save
+  // into a directory removes the temp files that dead writers left there.
   void save_checkpoint(const std::string& path);
+  // Throws ft::Error naming the file and the defect: wrong format, a non-finite tensor, a missing,
+  // extra or mis-shaped tensor, or "step" / "optimizer_steps" not an integer in range
+  // (0 <= optimizer_steps <= step <= train.steps).
   void load_checkpoint(const std::string& path);
 
   int step() const { return step_; }
+  int skipped_steps() const { return skipped_steps_; }  // over the whole run, resumes included
+  // Where the last save went ("" before the first); "Last good checkpoint: ..." for messages.
+  const std::string& last_checkpoint() const { return last_checkpoint_; }
+  std::string last_checkpoint_text() const;
   const Config& config() const { return config_; }
   ParamStore& params() { return params_; }
   Task& task() { return *task_; }
@@ -63,12 +84,28 @@ class Trainer {
   std::unique_ptr<GradSync> grad_sync_;
   LrSchedule schedule_;
   int step_ = 0;
+  int skipped_steps_ = 0;
+  std::string last_checkpoint_;
+  std::set<std::string> cleaned_dirs_;  // directories already rid of stale temp files
+
+  // True when `locally_finite` is false on any rank (collective under a communicator).
+  bool any_rank_diverged(bool locally_finite);
+  void require_finite_state(const std::string& path) const;
 };
 
+// A checkpoint file, read and checked: fusiontrain format, every tensor finite. Throws ft::Error
+// naming the file and the defect.
+SafetensorsFile load_checkpoint_file(const std::string& path);
 // Reads a checkpoint's parameters (and buffers) into `params` by name; used by eval and infer.
-// Throws ft::Error naming the file and the first missing or mis-shaped tensor.
+// Throws ft::Error naming the file and the first missing or mis-shaped tensor, or listing the
+// tensors `params` does not have (optimizer state "optim.<slot>.<param>" of a known param aside).
 void load_checkpoint_params(const std::string& path, ParamStore& params);
+// Same, from a file already read by load_checkpoint_file; `path` names it in errors.
+void load_checkpoint_params(const SafetensorsFile& file, const std::string& path,
+                            ParamStore& params);
 // The config a checkpoint was trained with (its metadata), with `overrides` applied.
 Config checkpoint_config(const std::string& path, const std::vector<std::string>& overrides);
+Config checkpoint_config(const SafetensorsFile& file, const std::string& path,
+                         const std::vector<std::string>& overrides);
 
 }  // namespace ft

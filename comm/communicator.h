@@ -10,6 +10,26 @@ namespace ft {
 
 enum class ReduceOp { kSum, kAverage };
 
+// The order in which a sum-allreduce adds the ranks' values.
+enum class Summation {
+  // The library's own tuned, topology-aware algorithm (MPI_Allreduce / MPI_Iallreduce,
+  // ncclAllReduce). With three or more ranks it picks its algorithm, and so the order of additions
+  // and the last bits of the result, by message size: bucketing changes rounding.
+  kNative,
+  // Every element becomes ((x_0 + x_1) + x_2) + ... in rank order, whatever the message size, so
+  // bucketing never changes a bit. MPI only (comm/mpi/fold_allreduce.h); slower from three ranks.
+  kRankOrder,
+};
+
+// Options of one allreduce. A bare ReduceOp converts to {op, Summation::kNative}.
+struct AllreduceOptions {
+  AllreduceOptions(ReduceOp op = ReduceOp::kSum,  // NOLINT(google-explicit-constructor)
+                   Summation summation = Summation::kNative)
+      : op(op), summation(summation) {}
+  ReduceOp op;          // kAverage is the sum followed by one scale pass by 1 / size()
+  Summation summation;  // how the sum is ordered; see Summation
+};
+
 // An in-flight async collective. wait() blocks until the buffer holds the result.
 class CommHandle {
  public:
@@ -29,9 +49,11 @@ class Communicator {
   virtual const char* backend_name() const = 0;
 
   // In place over `count` floats at `buffer` (host memory for MPI, device memory for NCCL).
-  virtual void allreduce(float* buffer, size_t count, ReduceOp op) = 0;
+  // Every rank must pass the same options. Throws ft::Error for a Summation the backend lacks.
+  virtual void allreduce(float* buffer, size_t count, const AllreduceOptions& options) = 0;
   // REQUIRES: `buffer` is neither read nor written until the handle's wait() returns.
-  virtual std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count, ReduceOp op) = 0;
+  virtual std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count,
+                                                      const AllreduceOptions& options) = 0;
   virtual void broadcast(float* buffer, size_t count, int root) = 0;
   virtual void barrier() = 0;
 };

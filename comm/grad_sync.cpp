@@ -120,7 +120,8 @@ void GradSync::reduce_bucket(int bucket) {
     data = staged;
   }
   const double start_ms = now_ms();
-  comm_.allreduce(data, static_cast<size_t>(range.count), ReduceOp::kSum);
+  const Summation summation = options_.deterministic ? Summation::kRankOrder : Summation::kNative;
+  comm_.allreduce(data, static_cast<size_t>(range.count), {ReduceOp::kSum, summation});
   emulate_link_delay(options_.emulate, range.count * static_cast<int64_t>(sizeof(float)), now_ms());
   bucket_comm_ms_[bucket] = now_ms() - start_ms;
 }

@@ -41,7 +41,11 @@ struct GradSyncOptions {
   bool bucket_view = true;       // true: reduce flat_grads in place; false: through a fusion buffer
   bool overlap = true;           // true: launch each bucket during backward, on a comm thread
   bool reorder_buckets = false;  // after the first step, rebuild buckets in rank 0's observed order
-  EmulatedLink emulate;          // added on top of every real allreduce
+  // true: sums in rank order (Summation::kRankOrder), so bucketing never changes a bit of the
+  // result; false: the MPI library's own allreduce, faster and topology-aware, whose rounding
+  // depends on bucket sizes from three ranks up. Both the inline and the overlapped path follow it.
+  bool deterministic = false;
+  EmulatedLink emulate;  // added on top of every real allreduce
 };
 
 // One bucket's allreduce in one step, on the clock of core/timer.h now_ms(). With overlap the

@@ -1,10 +1,13 @@
 #include "core/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
+#include <climits>
 #include <filesystem>
 #include <system_error>
 
@@ -102,6 +105,30 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   AtomicFileWriter writer(path);
   writer.append(bytes.data(), bytes.size());
   writer.commit();
+}
+
+std::vector<std::string> remove_stale_temp_files(const std::string& directory) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(directory, ec);
+  if (ec) return removed;  // missing or unreadable: nothing we could have left there
+  for (const std::filesystem::directory_entry& entry : it) {
+    const std::string name = entry.path().filename().string();
+    const size_t marker = name.rfind(".tmp.");
+    if (marker == std::string::npos || marker == 0) continue;
+    const char* first = name.data() + marker + 5;
+    const char* last = name.data() + name.size();
+    long pid = 0;
+    const auto [end, parse_error] = std::from_chars(first, last, pid);
+    if (parse_error != std::errc() || end != last || first == last || pid <= 0 || pid > INT_MAX)
+      continue;
+    if (static_cast<pid_t>(pid) == ::getpid()) continue;                      // ours, and in use
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or EPERM)
+    std::error_code type_error;
+    if (!entry.is_regular_file(type_error)) continue;
+    if (::unlink(entry.path().c_str()) == 0) removed.push_back(entry.path().string());
+  }
+  return removed;
 }
 
 std::string read_file(const std::string& path) {

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace ft {
 
@@ -41,6 +42,13 @@ class AtomicFileWriter {
 
 // Writes `bytes` to `path` atomically (see above). Creates missing parent directories.
 void write_file_atomic(const std::string& path, const std::string& bytes);
+
+// Removes the temp files ("<name>.tmp.<pid>") that writers which died before commit() left in
+// `directory`: only those whose pid is no longer alive (kill(pid, 0) fails with ESRCH); a temp
+// file of a live process, or one whose suffix is not a pid, is left alone. Returns the removed
+// paths. A missing directory holds nothing to remove. Pids are this host's: a temp file on a
+// shared filesystem written by a process on another host may be taken for a dead one.
+std::vector<std::string> remove_stale_temp_files(const std::string& directory);
 
 // Returns the whole content of `path`; throws ft::Error naming the path when it cannot be read.
 std::string read_file(const std::string& path);

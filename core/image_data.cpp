@@ -26,9 +26,9 @@ std::string find_idx_file(const std::string& dir, const std::string& stem) {
 
 // Lookup table pixel byte -> normalised float, so batching is a gather.
 std::array<float, 256> normalisation_table(ChannelStats stats) {
-  FT_CHECK(std::isfinite(stats.mean) && std::isfinite(stats.stddev) && stats.stddev > 0.0f,
-           "image normalisation stats mean ", stats.mean, " stddev ", stats.stddev,
-           " (stddev must be finite and > 0)");
+  FT_REQUIRE(std::isfinite(stats.mean) && std::isfinite(stats.stddev) && stats.stddev > 0.0f,
+             "image normalisation statistics are mean ", stats.mean, " stddev ", stats.stddev,
+             "; the stddev must be finite and > 0 (constant images cannot be normalised)");
   std::array<float, 256> table;
   for (int v = 0; v < 256; ++v)
     table[v] = (static_cast<float>(v) / 255.0f - stats.mean) / stats.stddev;
@@ -88,6 +88,7 @@ ImageDataset ImageDataset::from_idx(IdxArray images, IdxArray labels, int expect
   data.size_ = images.dims[0];
   data.height_ = expected_height;
   data.width_ = expected_width;
+  data.name_ = name;
   data.pixels_ = std::move(images.data);
   data.labels_ = std::move(labels.data);
   return data;
@@ -120,6 +121,12 @@ ChannelStats fashion_mnist_train_stats(const ImageDataset& train) {
   for (int v = 0; v < 256; ++v) {
     const double d = v / 255.0 - mean;
     squares += static_cast<double>(histogram[v]) * d * d;
+  }
+  for (int v = 0; v < 256; ++v) {
+    if (static_cast<double>(histogram[v]) == count)
+      FT_FAIL("image data ", train.name(), ": every one of the ", train.size(),
+              " train images has all pixels equal to ", v,
+              "; constant images cannot be normalised (pixel stddev is 0)");
   }
   return ChannelStats{static_cast<float>(mean), static_cast<float>(std::sqrt(squares / count))};
 }

@@ -43,8 +43,10 @@ class ImageDataset {
   // REQUIRES: 0 <= i < size(). The pointer addresses height()*width() row-major pixels.
   const uint8_t* image(int i) const;
   int label(int i) const;
+  const std::string& name() const { return name_; }  // the files it was read from
 
  private:
+  std::string name_;
   std::vector<uint8_t> pixels_, labels_;
   int size_ = 0, height_ = 0, width_ = 0;
 };
@@ -54,7 +56,8 @@ struct ChannelStats {
 };
 
 // Mean and (population) standard deviation of every train pixel scaled to [0, 1]. Computed from an
-// exact integer histogram, so every rank gets bit-identical values.
+// exact integer histogram, so every rank gets bit-identical values. Throws ft::Error naming the
+// data when every pixel has one value (stddev 0 cannot normalise).
 ChannelStats fashion_mnist_train_stats(const ImageDataset& train);
 
 class ImageBatcher {

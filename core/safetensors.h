@@ -54,7 +54,9 @@ void save_safetensors(const std::string& path, const SafetensorsFile& file);
 void save_safetensors(const std::string& path, const std::map<std::string, std::string>& metadata,
                       const std::vector<SafetensorsView>& views);
 
-// read_file + decode_safetensors; errors name `path`.
+// Reads `path` with bounds and decodes it; errors name `path`. Refuses anything that is not a
+// regular file (e.g. /dev/zero), a header length over kSafetensorsMaxHeaderBytes, and a file size
+// that disagrees with the header's data offsets, each before reading the data section.
 SafetensorsFile load_safetensors(const std::string& path);
 
 }  // namespace ft

@@ -1,5 +1,7 @@
 #include "core/text_data.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -16,6 +18,17 @@ struct FileCloser {
   void operator()(std::FILE* file) const { std::fclose(file); }
 };
 
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a pipe";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// Whole regular files only, at most kMaxTextDataBytes: a device such as /dev/zero or a pipe has
+// no size to check up front and could be read until memory runs out.
 std::vector<uint8_t> read_whole_file(const std::string& path) {
   errno = 0;
   std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
@@ -23,11 +36,24 @@ std::vector<uint8_t> read_whole_file(const std::string& path) {
     FT_FAIL("text data file ", path, ": cannot open (", std::strerror(errno),
             "); run scripts/bootstrap.sh to fetch the datasets");
   }
+  struct stat info {};
+  if (::fstat(::fileno(file.get()), &info) != 0)
+    FT_FAIL("text data file ", path, ": cannot stat (", std::strerror(errno), ")");
+  if (!S_ISREG(info.st_mode))
+    FT_FAIL("text data file ", path, ": is ", file_kind(info.st_mode),
+            ", not a regular file; data.path must name a text file");
+  if (static_cast<uint64_t>(info.st_size) > kMaxTextDataBytes)
+    FT_FAIL("text data file ", path, ": ", info.st_size, " bytes, over the ", kMaxTextDataBytes,
+            "-byte (2 GiB) limit for a corpus held in memory");
   std::vector<uint8_t> bytes;
+  bytes.reserve(static_cast<size_t>(info.st_size));
   uint8_t chunk[1 << 16];
   for (;;) {
     const size_t got = std::fread(chunk, 1, sizeof(chunk), file.get());
     bytes.insert(bytes.end(), chunk, chunk + got);
+    if (bytes.size() > kMaxTextDataBytes)  // the file grew while being read
+      FT_FAIL("text data file ", path, ": more than ", kMaxTextDataBytes,
+              " bytes (the 2 GiB limit for a corpus held in memory)");
     if (got < sizeof(chunk)) break;
   }
   if (std::ferror(file.get())) FT_FAIL("text data file ", path, ": read error");

@@ -28,10 +28,14 @@ struct TokenBatch {
   std::vector<int32_t> inputs, targets;  // [batch * seq_len] each; targets = inputs shifted by one
 };
 
+// Largest corpus TextDataset::load reads (2 GiB): the whole file is held in memory.
+inline constexpr uint64_t kMaxTextDataBytes = uint64_t{1} << 31;
+
 class TextDataset {
  public:
   // REQUIRES: 0 <= val_fraction < 1. Throws ft::Error naming the path when the file is missing,
-  // unreadable, empty, or too short to give each split at least 2 bytes.
+  // unreadable, not a regular file (a device such as /dev/zero, a pipe), larger than
+  // kMaxTextDataBytes, empty, or too short to give each split at least 2 bytes.
   static TextDataset load(const std::string& path, float val_fraction);
   // Builds from memory (tests, synthetic corpora); `name` appears in error messages.
   static TextDataset from_bytes(std::vector<uint8_t> bytes, float val_fraction,

@@ -168,11 +168,15 @@ TEST_P(FoldedAgainstUnfolded, LogitsAndPredictionsAgree) {
     EXPECT_EQ(impl.find("winograd"), std::string::npos) << impl;
 }
 
-INSTANTIATE_TEST_SUITE_P(AlgorithmsAndEps, FoldedAgainstUnfolded,
-                         ::testing::Values(FoldCase{ConvAlgorithm::kAuto, 1e-5f},
-                                           FoldCase{ConvAlgorithm::kAuto, 1e-3f},
-                                           FoldCase{ConvAlgorithm::kOneDnn, 1e-5f},
-                                           FoldCase{ConvAlgorithm::kOneDnn, 1e-3f}));
+INSTANTIATE_TEST_SUITE_P(
+    AlgorithmsAndEps, FoldedAgainstUnfolded,
+    ::testing::Values(FoldCase{ConvAlgorithm::kAuto, 1e-5f}, FoldCase{ConvAlgorithm::kAuto, 1e-3f},
+                      FoldCase{ConvAlgorithm::kOneDnn, 1e-5f},
+                      FoldCase{ConvAlgorithm::kOneDnn, 1e-3f}),
+    [](const ::testing::TestParamInfo<FoldCase>& info) {
+      return std::string(info.param.algorithm == ConvAlgorithm::kAuto ? "winograd" : "onednn") +
+             (info.param.eps < 1e-4f ? "_eps1e5" : "_eps1e3");
+    });
 
 TEST(FoldBn, BatchOfOneAgrees) {
   FoldPair pair(ConvAlgorithm::kAuto, 1e-5f, FusionOptions{}, 1);

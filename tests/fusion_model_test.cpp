@@ -152,7 +152,11 @@ TEST_P(GptTwins, EveryPassMatchesTheEagerGraph) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GptTwins,
                          ::testing::Values(std::make_tuple(false, 0.0f),
                                            std::make_tuple(true, 0.0f),
-                                           std::make_tuple(true, 0.2f)));
+                                           std::make_tuple(true, 0.2f)),
+                         [](const ::testing::TestParamInfo<std::tuple<bool, float>>& info) {
+                           return std::string(std::get<0>(info.param) ? "qk_norm" : "plain") +
+                                  (std::get<1>(info.param) > 0 ? "_dropout" : "");
+                         });
 
 TEST(ResnetTwins, EveryPassMatchesTheEagerGraph) {
   ResnetShape shape{1, 16};

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -105,9 +106,9 @@ std::vector<float> messy_values(int rank, size_t count) {
 
 // Every element must be ((x_0 + x_1) + x_2) + ..., whether the buffer goes whole or in pieces
 // (small pieces take the gather path, large ones the exchange, the largest spans two segments).
-TEST(MpiComm, FixedOrderSumIsALeftFoldWhateverTheSplit) {
+TEST(MpiComm, RankOrderSumIsALeftFoldWhateverTheSplit) {
   MpiCommunicator comm;
-  EXPECT_EQ(comm.reduction(), MpiReduction::kFixedOrder);
+  const AllreduceOptions rank_order(ReduceOp::kSum, Summation::kRankOrder);
   const size_t count = FoldAllreduce::kSegmentFloats + 12345;
   // Folded from stored values: inlining messy_value into the sum would let the compiler fuse its
   // multiply with the add (one rounding fewer) and the reference would no longer be a plain fold.
@@ -117,14 +118,14 @@ TEST(MpiComm, FixedOrderSumIsALeftFoldWhateverTheSplit) {
     for (size_t i = 0; i < count; ++i) fold[i] += values[i];
   }
   std::vector<float> whole = messy_values(comm.rank(), count);
-  comm.allreduce(whole.data(), count, ReduceOp::kSum);
+  comm.allreduce(whole.data(), count, rank_order);
   std::vector<float> pieces = messy_values(comm.rank(), count);
   size_t begin = 0;
   for (size_t piece : {size_t{1}, size_t{7}, size_t{2000}, size_t{99999}}) {
-    comm.allreduce(pieces.data() + begin, piece, ReduceOp::kSum);
+    comm.allreduce(pieces.data() + begin, piece, rank_order);
     begin += piece;
   }
-  auto handle = comm.allreduce_async(pieces.data() + begin, count - begin, ReduceOp::kSum);
+  auto handle = comm.allreduce_async(pieces.data() + begin, count - begin, rank_order);
   while (!handle->test()) {
   }
   size_t whole_mismatches = 0, piece_mismatches = 0;
@@ -136,16 +137,52 @@ TEST(MpiComm, FixedOrderSumIsALeftFoldWhateverTheSplit) {
   EXPECT_EQ(piece_mismatches, 0u);
 }
 
-TEST(MpiComm, NativeReductionSums) {
-  MpiCommunicator comm(MpiReduction::kNative);
+TEST(MpiComm, NativeIsTheDefault) {
+  const AllreduceOptions defaults;
+  EXPECT_EQ(defaults.summation, Summation::kNative);
+  EXPECT_EQ(defaults.op, ReduceOp::kSum);
+  const AllreduceOptions from_op = ReduceOp::kAverage;
+  EXPECT_EQ(from_op.summation, Summation::kNative);
+  EXPECT_EQ(from_op.op, ReduceOp::kAverage);
+}
+
+TEST(MpiComm, RankOrderSumsAndAverages) {
+  MpiCommunicator comm;
   const size_t count = 5000;
   std::vector<float> sum = rank_values(comm.rank(), count);
-  comm.allreduce(sum.data(), count, ReduceOp::kSum);
+  comm.allreduce(sum.data(), count, {ReduceOp::kSum, Summation::kRankOrder});
   std::vector<float> average = rank_values(comm.rank(), count);
-  comm.allreduce_async(average.data(), count, ReduceOp::kAverage)->wait();
+  comm.allreduce_async(average.data(), count, {ReduceOp::kAverage, Summation::kRankOrder})->wait();
   for (size_t i = 0; i < count; i += 101) {
     EXPECT_EQ(sum[i], expected_sum(comm.size(), i));
     EXPECT_FLOAT_EQ(average[i], expected_sum(comm.size(), i) / comm.size());
+  }
+}
+
+// MPI does not promise that a native allreduce hands every rank the same bits, yet data
+// parallelism needs identical replicas. Open MPI's algorithms (one rank reduces each element, or
+// pairs add the same two partial sums) do; this checks it for messy values over message sizes
+// that select different algorithms, blocking and nonblocking. Rank-order sums must too.
+TEST(MpiComm, EveryRankGetsTheSameBits) {
+  MpiCommunicator comm;
+  for (Summation summation : {Summation::kNative, Summation::kRankOrder}) {
+    for (size_t count : {size_t{1}, size_t{100}, size_t{3000}, size_t{70000}, size_t{1} << 20}) {
+      for (bool async : {false, true}) {
+        std::vector<float> values = messy_values(comm.rank(), count);
+        if (async) {
+          comm.allreduce_async(values.data(), count, {ReduceOp::kSum, summation})->wait();
+        } else {
+          comm.allreduce(values.data(), count, {ReduceOp::kSum, summation});
+        }
+        std::vector<float> root = values;
+        comm.broadcast(root.data(), count, 0);
+        size_t differing = 0;
+        for (size_t i = 0; i < count; ++i) differing += root[i] != values[i];
+        EXPECT_EQ(differing, 0u) << "rank " << comm.rank() << ", " << count << " floats, "
+                                 << (summation == Summation::kNative ? "native" : "rank order")
+                                 << (async ? ", async" : "");
+      }
+    }
   }
 }
 
@@ -267,7 +304,14 @@ TEST(MpiBandwidth, SweepAndFusedTableReachTheJson) {
     EXPECT_GT(row["time_us"].get<double>(), 0.0);
     EXPECT_NEAR(row["busbw_gbps"].get<double>(), row["algbw_gbps"].get<double>() * factor, 1e-9);
     EXPECT_NEAR(row["utilization"].get<double>(), row["busbw_gbps"].get<double>() / 10.0, 1e-9);
+    EXPECT_GT(row["deterministic_time_us"].get<double>(), 0.0);
+    EXPECT_NEAR(row["deterministic_over_native"].get<double>(),
+                row["deterministic_time_us"].get<double>() / row["time_us"].get<double>(), 1e-9);
+    EXPECT_NEAR(
+        row["deterministic_busbw_gbps"].get<double>() * row["deterministic_time_us"].get<double>(),
+        row["busbw_gbps"].get<double>() * row["time_us"].get<double>(), 1e-6);
   }
+  EXPECT_EQ(report["deterministic_same_call_as_native"], comm.size() == 2);
   // No listed size fits 4 * s <= 64 KiB, so one row of s = max_bytes / 4.
   ASSERT_EQ(report["fused"].size(), 1u);
   const auto& fused = report["fused"][0];
@@ -286,6 +330,34 @@ TEST(MpiBandwidth, BadArgumentsNameTheFlag) {
     ADD_FAILURE() << "no error";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("--max-bytes"), std::string::npos) << error.what();
+  }
+}
+
+// A world of one rank, to check that bandwidth refuses it.
+class OneRank final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  int local_rank() const override { return 0; }
+  const char* backend_name() const override { return "one-rank"; }
+  void allreduce(float*, size_t, const AllreduceOptions&) override {}
+  std::unique_ptr<CommHandle> allreduce_async(float*, size_t, const AllreduceOptions&) override {
+    FT_FAIL("OneRank::allreduce_async is not expected");
+  }
+  void broadcast(float*, size_t, int) override {}
+  void barrier() override {}
+};
+
+TEST(MpiBandwidth, OneRankIsRefused) {
+  OneRank comm;
+  BandwidthArgs args;
+  args.peak_gbps = 10;
+  try {
+    run_bandwidth(comm, args);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("at least 2 ranks"), std::string::npos)
+        << error.what();
   }
 }
 

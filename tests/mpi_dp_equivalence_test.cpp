@@ -3,9 +3,14 @@
 // local big-batch run (the union of every rank's batches, computed here without communication),
 // and so does gradient accumulation. ResNet's BatchNorm uses per-rank statistics, so there each
 // combination is compared with the plainest N-rank run instead.
+// Both comm.deterministic settings run. Bucketing is bitwise neutral (every combination gives the
+// plain per-tensor run's exact bits) only with comm.deterministic: true; with the native MPI
+// allreduce, rounding follows bucket sizes from 3 ranks up, so there it is relative 1e-5. In both,
+// every rank must end with the same parameters (bitwise with deterministic, else relative 1e-6).
 // ctest runs this under mpirun with 2 and 3 ranks.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -14,6 +19,7 @@
 #include "app/config.h"
 #include "app/task.h"
 #include "app/trainer.h"
+#include "comm/communicator.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_test_main.h"
 #include "core/image_data.h"
@@ -62,18 +68,53 @@ std::string describe(const Mode& mode) {
          " overlap=" + (mode.overlap ? "on" : "off");
 }
 
-Config make_config(const std::string& yaml, const Mode& mode, int grad_accum) {
+std::string describe(bool deterministic) {
+  return deterministic ? "deterministic" : "native";
+}
+
+Config make_config(const std::string& yaml, const Mode& mode, int grad_accum, bool deterministic) {
   auto flag = [](bool on) { return on ? std::string("true") : std::string("false"); };
   return parse_config(
       yaml, "mpi_dp_equivalence_test",
       {"comm.bucketing=" + flag(mode.bucketing), "comm.bucket_view=" + flag(mode.bucket_view),
-       "comm.overlap=" + flag(mode.overlap), "train.grad_accum=" + std::to_string(grad_accum)});
+       "comm.overlap=" + flag(mode.overlap), "train.grad_accum=" + std::to_string(grad_accum),
+       "comm.deterministic=" + flag(deterministic)});
 }
+
+// Forwards to the MPI communicator and counts the allreduces that ask for rank-order sums, so a
+// test sees whether comm.deterministic reached the gradient reduction.
+class SummationCounter final : public Communicator {
+ public:
+  explicit SummationCounter(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  int local_rank() const override { return inner_.local_rank(); }
+  const char* backend_name() const override { return inner_.backend_name(); }
+  void allreduce(float* buffer, size_t count, const AllreduceOptions& options) override {
+    if (options.summation == Summation::kRankOrder) ++rank_order;
+    inner_.allreduce(buffer, count, options);
+  }
+  std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count,
+                                              const AllreduceOptions& options) override {
+    if (options.summation == Summation::kRankOrder) ++rank_order;
+    return inner_.allreduce_async(buffer, count, options);
+  }
+  void broadcast(float* buffer, size_t count, int root) override {
+    inner_.broadcast(buffer, count, root);
+  }
+  void barrier() override { inner_.barrier(); }
+
+  std::atomic<int64_t> rank_order{0};  // read after training, written by any thread
+
+ private:
+  Communicator& inner_;
+};
 
 struct Trained {
   std::vector<float> values;
   std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> tensors;  // name, offset, numel
   int64_t allreduce_calls = 0;
+  int64_t rank_order_calls = 0;  // of any collective, from the Trainer's start-up on
 };
 
 Trained snapshot(ParamStore& params) {
@@ -89,11 +130,13 @@ Trained snapshot(ParamStore& params) {
 }
 
 Trained train_data_parallel(const Config& config, Communicator& comm) {
-  Trainer trainer(config, &comm);
+  SummationCounter counter(comm);
+  Trainer trainer(config, &counter);
   int64_t calls = 0;
   for (int step = 0; step < kSteps; ++step) calls += trainer.train_step().comm.allreduce_calls;
   Trained trained = snapshot(trainer.params());
   trained.allreduce_calls = calls;
+  trained.rank_order_calls = counter.rank_order.load();
   return trained;
 }
 
@@ -157,6 +200,43 @@ std::pair<double, std::string> worst_relative_error(const Trained& a, const Trai
   return worst;
 }
 
+// Floats whose bits differ between a and b (all of them when the layouts differ).
+size_t differing_floats(const Trained& a, const Trained& b) {
+  if (a.values.size() != b.values.size()) return std::max(a.values.size(), b.values.size());
+  size_t differing = 0;
+  for (size_t i = 0; i < a.values.size(); ++i) differing += a.values[i] != b.values[i];
+  return differing;
+}
+
+// `b` equals `a` bitwise with comm.deterministic: true, and within `tolerance` otherwise.
+void expect_same_training(const Trained& a, const Trained& b, bool deterministic, double tolerance,
+                          const std::string& what) {
+  if (deterministic) {
+    EXPECT_EQ(differing_floats(a, b), 0u) << what << " (" << describe(deterministic) << ")";
+  } else {
+    const auto [error, tensor] = worst_relative_error(a, b);
+    EXPECT_LE(error, tolerance) << what << " (" << describe(deterministic) << "): worst tensor "
+                                << tensor;
+  }
+}
+
+// Every rank holds rank 0's parameters: bitwise with deterministic sums, else relative 1e-6.
+// Also checks that comm.deterministic decided which summation the gradients used.
+void expect_replicas_agree(Communicator& comm, const Trained& trained, bool deterministic,
+                           const std::string& what) {
+  Trained root = trained;
+  comm.broadcast(root.values.data(), root.values.size(), 0);
+  expect_same_training(trained, root, deterministic, 1e-6,
+                       what + ": rank " + std::to_string(comm.rank()) + " against rank 0");
+  if (deterministic) {
+    EXPECT_GE(trained.rank_order_calls, trained.allreduce_calls)
+        << what << ": comm.deterministic: true did not reach the gradient allreduces (is "
+        << "GradSyncOptions::deterministic set from CommConfig in app/trainer.cpp?)";
+  } else {
+    EXPECT_EQ(trained.rank_order_calls, 0) << what << ": native run asked for rank order";
+  }
+}
+
 // Parameters really moved, so equality after training means something.
 double relative_change(const Trained& trained, const Config& config) {
   std::unique_ptr<Task> model = make_task(config, 0, 1);
@@ -167,41 +247,60 @@ double relative_change(const Trained& trained, const Config& config) {
   return worst_relative_error(trained, snapshot(params)).first;
 }
 
-TEST(DpEquivalence, GptEveryModeMatchesBigBatch) {
+const Mode kPlain = {false, true, false};  // one allreduce per tensor, in place, no overlap
+
+class DpEquivalence : public ::testing::TestWithParam<bool> {};  // comm.deterministic
+
+TEST_P(DpEquivalence, GptEveryModeMatchesBigBatch) {
+  const bool deterministic = GetParam();
   MpiCommunicator comm;
-  const Config reference_config = make_config(kGptYaml, {false, true, false}, 1);
+  const Config reference_config = make_config(kGptYaml, kPlain, 1, deterministic);
   const Trained reference = train_big_batch(reference_config, comm.size());
   EXPECT_GT(relative_change(reference, reference_config), 1e-3);
+  const Trained plain = train_data_parallel(reference_config, comm);
   for (const Mode& mode : all_modes()) {
-    const Trained trained = train_data_parallel(make_config(kGptYaml, mode, 1), comm);
+    const Trained trained =
+        train_data_parallel(make_config(kGptYaml, mode, 1, deterministic), comm);
     const auto [error, tensor] = worst_relative_error(trained, reference);
     EXPECT_LE(error, 1e-5) << describe(mode) << ": worst tensor " << tensor;
     EXPECT_GT(trained.allreduce_calls, 0) << describe(mode);
+    expect_same_training(trained, plain, deterministic, 1e-5, describe(mode) + " against plain");
+    expect_replicas_agree(comm, trained, deterministic, describe(mode));
   }
 }
 
-TEST(DpEquivalence, GptGradAccumulationMatchesBigBatch) {
+TEST_P(DpEquivalence, GptGradAccumulationMatchesBigBatch) {
+  const bool deterministic = GetParam();
   MpiCommunicator comm;
   const int micro_batches = 3;
-  const Config config = make_config(kGptYaml, {true, true, true}, micro_batches);
+  const Config config = make_config(kGptYaml, {true, true, true}, micro_batches, deterministic);
   const Trained reference = train_big_batch(config, comm.size());
   const Trained trained = train_data_parallel(config, comm);
   const auto [error, tensor] = worst_relative_error(trained, reference);
   EXPECT_LE(error, 1e-5) << "grad_accum " << micro_batches << ": worst tensor " << tensor;
+  expect_replicas_agree(comm, trained, deterministic, "grad_accum");
 }
 
-TEST(DpEquivalence, ResnetEveryModeMatchesPlainDataParallel) {
+TEST_P(DpEquivalence, ResnetEveryModeMatchesPlainDataParallel) {
+  const bool deterministic = GetParam();
   MpiCommunicator comm;
-  const Config plain_config = make_config(kResnetYaml, {false, true, false}, 1);
+  const Config plain_config = make_config(kResnetYaml, kPlain, 1, deterministic);
   const Trained plain = train_data_parallel(plain_config, comm);
   EXPECT_GT(relative_change(plain, plain_config), 1e-3);
+  expect_replicas_agree(comm, plain, deterministic, "plain");
   for (const Mode& mode : all_modes()) {
     if (!mode.bucketing && mode.bucket_view && !mode.overlap) continue;  // the plain run itself
-    const Trained trained = train_data_parallel(make_config(kResnetYaml, mode, 1), comm);
-    const auto [error, tensor] = worst_relative_error(trained, plain);
-    EXPECT_LE(error, 1e-6) << describe(mode) << ": worst tensor " << tensor;
+    const Trained trained =
+        train_data_parallel(make_config(kResnetYaml, mode, 1, deterministic), comm);
+    expect_same_training(trained, plain, deterministic, 1e-5, describe(mode) + " against plain");
+    expect_replicas_agree(comm, trained, deterministic, describe(mode));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(CommDeterministic, DpEquivalence, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Deterministic" : "Native";
+                         });
 
 }  // namespace
 }  // namespace ft

@@ -27,13 +27,16 @@ class CountingComm final : public Communicator {
   int size() const override { return inner_.size(); }
   int local_rank() const override { return inner_.local_rank(); }
   const char* backend_name() const override { return "counting"; }
-  void allreduce(float* buffer, size_t count, ReduceOp op) override {
+  void allreduce(float* buffer, size_t count, const AllreduceOptions& options) override {
     ++allreduces;
-    inner_.allreduce(buffer, count, op);
+    if (options.summation == Summation::kRankOrder) ++rank_order_allreduces;
+    inner_.allreduce(buffer, count, options);
   }
-  std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count, ReduceOp op) override {
+  std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count,
+                                              const AllreduceOptions& options) override {
     ++allreduces;
-    return inner_.allreduce_async(buffer, count, op);
+    if (options.summation == Summation::kRankOrder) ++rank_order_allreduces;
+    return inner_.allreduce_async(buffer, count, options);
   }
   void broadcast(float* buffer, size_t count, int root) override {
     inner_.broadcast(buffer, count, root);
@@ -41,6 +44,7 @@ class CountingComm final : public Communicator {
   void barrier() override { inner_.barrier(); }
 
   std::atomic<int> allreduces{0};
+  std::atomic<int> rank_order_allreduces{0};  // those asking for Summation::kRankOrder
 
  private:
   Communicator& inner_;
@@ -53,8 +57,8 @@ class SoloComm final : public Communicator {
   int size() const override { return 1; }
   int local_rank() const override { return 0; }
   const char* backend_name() const override { return "solo"; }
-  void allreduce(float*, size_t, ReduceOp) override { ++allreduces; }
-  std::unique_ptr<CommHandle> allreduce_async(float*, size_t, ReduceOp) override {
+  void allreduce(float*, size_t, const AllreduceOptions&) override { ++allreduces; }
+  std::unique_ptr<CommHandle> allreduce_async(float*, size_t, const AllreduceOptions&) override {
     FT_FAIL("SoloComm::allreduce_async is not expected");
   }
   void broadcast(float*, size_t, int) override {}
@@ -170,12 +174,14 @@ TEST_P(GradSyncCombos, ExactAverageAndCallCounts) {
   for (int step = 0; step < 2; ++step) {
     fill_grads(store, comm.rank(), step, false);
     comm.allreduces = 0;
+    comm.rank_order_allreduces = 0;
     sync.begin_backward(true);
     announce(sync, order, 0.3);
     sync.finish(scale);
     EXPECT_EQ(count_mismatches(store, comm.size(), {step}, scale), 0) << "step " << step;
     const CommStepStats& stats = sync.last_stats();
     EXPECT_EQ(comm.allreduces.load(), buckets);
+    EXPECT_EQ(comm.rank_order_allreduces.load(), 0);  // native is the default
     EXPECT_EQ(stats.allreduce_calls, buckets);
     EXPECT_EQ(static_cast<int>(stats.bucket_bytes.size()), buckets);
     EXPECT_EQ(stats.bytes_reduced, store.num_trainable_floats() * 4);
@@ -230,6 +236,35 @@ TEST(GradSync, OverlapLaunchesBeforeFinish) {
     sync.finish(0.5f);
     EXPECT_EQ(started_before_rest, overlap ? 1 : 0) << "overlap " << overlap;
     EXPECT_EQ(count_mismatches(store, comm.size(), {0}, 0.5f), 0);
+  }
+}
+
+// deterministic = true asks for rank-order sums on every gradient allreduce, whether the training
+// thread runs it (no overlap) or the comm thread does (overlap); the sums are still exact.
+TEST(GradSync, DeterministicAsksForRankOrderOnBothPaths) {
+  MpiCommunicator mpi;
+  for (bool overlap : {false, true}) {
+    for (bool deterministic : {false, true}) {
+      CountingComm comm(mpi);
+      ParamStore store;
+      build_store(store);
+      GradSyncOptions options = small_buckets();
+      options.overlap = overlap;
+      options.deterministic = deterministic;
+      const std::vector<ParamId> order = reverse_registration_order(store);
+      GradSync sync(comm, store, order, options);
+      comm.allreduces = 0;  // the constructor's layout check is not a gradient collective
+      comm.rank_order_allreduces = 0;
+      fill_grads(store, comm.rank(), 0, false);
+      sync.begin_backward(true);
+      announce(sync, order, 0);
+      sync.finish(0.5f);
+      const int buckets = static_cast<int>(sync.buckets().size());
+      EXPECT_EQ(comm.allreduces.load(), buckets);
+      EXPECT_EQ(comm.rank_order_allreduces.load(), deterministic ? buckets : 0)
+          << "overlap " << overlap << " deterministic " << deterministic;
+      EXPECT_EQ(count_mismatches(store, comm.size(), {0}, 0.5f), 0);
+    }
   }
 }
 

@@ -73,7 +73,7 @@ class MpiHandle final : public CommHandle {
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(MpiReduction reduction) : reduction_(reduction) {
+MpiCommunicator::MpiCommunicator() {
   int initialized = 0;
   MPI_Initialized(&initialized);
   FT_CHECK(initialized, "MpiCommunicator needs MPI initialised first (create an MpiRuntime)");
@@ -96,13 +96,13 @@ MpiCommunicator::~MpiCommunicator() {
 
 // With two ranks every algorithm computes x_0 + x_1 (addition commutes exactly), so the native
 // call, with its lower latency, is already size-independent.
-bool MpiCommunicator::folds() const {
-  return reduction_ == MpiReduction::kFixedOrder && size_ > 2;
+bool MpiCommunicator::folds(Summation summation) const {
+  return summation == Summation::kRankOrder && size_ > 2;
 }
 
-void MpiCommunicator::allreduce(float* buffer, size_t count, ReduceOp op) {
+void MpiCommunicator::allreduce(float* buffer, size_t count, const AllreduceOptions& options) {
   FT_CHECK(buffer != nullptr || count == 0, "allreduce of ", count, " floats at nullptr");
-  if (folds()) {
+  if (folds(options.summation)) {
     FoldAllreduce(comm_, next_sequence_++, buffer, count, &scratch_).progress(true);
   } else {
     for (size_t begin = 0; begin < count; begin += kMaxChunk) {
@@ -110,15 +110,16 @@ void MpiCommunicator::allreduce(float* buffer, size_t count, ReduceOp op) {
       FT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buffer + begin, chunk, MPI_FLOAT, MPI_SUM, comm_));
     }
   }
-  if (op == ReduceOp::kAverage) scale(buffer, count, 1.0f / static_cast<float>(size_));
+  if (options.op == ReduceOp::kAverage) scale(buffer, count, 1.0f / static_cast<float>(size_));
 }
 
 std::unique_ptr<CommHandle> MpiCommunicator::allreduce_async(float* buffer, size_t count,
-                                                             ReduceOp op) {
+                                                             const AllreduceOptions& options) {
   FT_CHECK(buffer != nullptr || count == 0, "allreduce_async of ", count, " floats at nullptr");
-  const float post_scale = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
+  const float post_scale =
+      options.op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
   auto handle = std::make_unique<MpiHandle>(buffer, count, post_scale);
-  if (folds()) {
+  if (folds(options.summation)) {
     handle->fold_ =
         std::make_unique<FoldAllreduce>(comm_, next_sequence_++, buffer, count, &handle->scratch_);
     handle->fold_->progress(false);  // posts the first messages

@@ -104,14 +104,15 @@ class NcclCommunicator : public Communicator {
   int local_rank() const override { return local_rank_; }
   const char* backend_name() const override { return "nccl"; }
 
-  void allreduce(float* buffer, size_t count, ReduceOp op) override {
-    auto handle = start_allreduce(buffer, count, op, "NcclCommunicator::allreduce");
+  void allreduce(float* buffer, size_t count, const AllreduceOptions& options) override {
+    auto handle = start_allreduce(buffer, count, options, "NcclCommunicator::allreduce");
     handle->wait();
     handle->synchronize();
   }
 
-  std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count, ReduceOp op) override {
-    return start_allreduce(buffer, count, op, "NcclCommunicator::allreduce_async");
+  std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count,
+                                              const AllreduceOptions& options) override {
+    return start_allreduce(buffer, count, options, "NcclCommunicator::allreduce_async");
   }
 
   void broadcast(float* buffer, size_t count, int root) override {
@@ -183,10 +184,12 @@ class NcclCommunicator : public Communicator {
     comm_stream_ = nullptr;
   }
 
-  std::unique_ptr<NcclHandle> start_allreduce(float* buffer, size_t count, ReduceOp op,
-                                              const char* call) {
+  std::unique_ptr<NcclHandle> start_allreduce(float* buffer, size_t count,
+                                              const AllreduceOptions& options, const char* call) {
+    FT_CHECK(options.summation == Summation::kNative, call,
+             ": rank-order summation (comm.deterministic: true) needs the mpi backend");
     check_device_buffer(buffer, count, call);
-    const ncclRedOp_t reduce_op = nccl_op(op);
+    const ncclRedOp_t reduce_op = nccl_op(options.op);
     return enqueue_after_compute([&] {
       if (count == 0) return;
       FT_NCCL_CHECK(

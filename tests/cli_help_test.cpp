@@ -1,0 +1,57 @@
+// The command line's own errors and help (app/cli_help.h): a mistyped job or flag names the
+// closest valid one, --version names the commit, --help lists the presets and where every config
+// key is documented, and a missing --config file names the closest preset.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/run_command.h"
+
+namespace ft {
+namespace {
+
+using test::run_fusiontrain;
+
+TEST(CliHelp, UnknownJobSuggestsTheClosest) {
+  const test::RunResult result = run_fusiontrain("trian", 30);
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("unknown job 'trian' (did you mean 'train'?)"), std::string::npos)
+      << result.output;
+}
+
+TEST(CliHelp, UnknownFlagSuggestsTheClosest) {
+  const test::RunResult result = run_fusiontrain("train --conifg configs/gpt_tiny.yaml", 30);
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("unknown flag '--conifg' for train (did you mean '--config'?)"),
+            std::string::npos)
+      << result.output;
+  const test::RunResult infer = run_fusiontrain("infer --modle x.safetensors", 30);
+  EXPECT_NE(infer.output.find("did you mean '--model'?"), std::string::npos) << infer.output;
+}
+
+TEST(CliHelp, VersionNamesTheCommit) {
+  const test::RunResult result = run_fusiontrain("--version", 30);
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_NE(result.output.find("fusiontrain "), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("(commit "), std::string::npos) << result.output;
+}
+
+TEST(CliHelp, JobHelpShowsDefaultsPresetsAndTheReference) {
+  const test::RunResult result = run_fusiontrain("infer --help", 30);
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_NE(result.output.find("=256"), std::string::npos) << result.output;  // --batch default
+  EXPECT_NE(result.output.find("configs/resnet8.yaml"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("docs/config_reference.md"), std::string::npos) << result.output;
+}
+
+TEST(CliHelp, MissingConfigNamesTheClosestPreset) {
+  const test::RunResult result = run_fusiontrain("plan --config configs/gpt_tin.yaml", 30);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.output.find("did you mean 'configs/gpt_tiny.yaml'?"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("presets: "), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find(".cpp:"), std::string::npos) << result.output;
+}
+
+}  // namespace
+}  // namespace ft
