@@ -70,14 +70,35 @@ void check_allreduce(Communicator& comm, float* buffer, int64_t count, Summation
   }
 }
 
-// Microseconds per iteration of `body`, averaged over ranks.
-template <typename Body>
-double time_us(Communicator& comm, const Repeats& repeats, Body body) {
-  for (int i = 0; i < repeats.warmup; ++i) body();
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+struct PairUs {
+  double first = 0, second = 0;
+};
+
+// Microseconds per iteration of two bodies run interleaved (first, second, first, ...), so both
+// see the same load on a shared machine: the median over iterations, averaged over ranks.
+template <typename First, typename Second>
+PairUs time_pair_us(Communicator& comm, const Repeats& repeats, First first, Second second) {
+  for (int i = 0; i < repeats.warmup; ++i) {
+    first();
+    second();
+  }
+  std::vector<double> first_us, second_us;
   comm.barrier();
-  const double start = now_ms();
-  for (int i = 0; i < repeats.iters; ++i) body();
-  return mean_over_ranks(comm, (now_ms() - start) * 1e3 / repeats.iters);
+  for (int i = 0; i < repeats.iters; ++i) {
+    double start = now_ms();
+    first();
+    first_us.push_back((now_ms() - start) * 1e3);
+    start = now_ms();
+    second();
+    second_us.push_back((now_ms() - start) * 1e3);
+  }
+  return {mean_over_ranks(comm, median(first_us)), mean_over_ranks(comm, median(second_us))};
 }
 
 // User-facing: names the flag and what is allowed, without source locations.
@@ -144,14 +165,14 @@ int run_bandwidth(Communicator& comm, const BandwidthArgs& args) {
   for (int64_t bytes = args.min_bytes; bytes <= args.max_bytes; bytes *= 2) {
     const int64_t count = bytes / 4;
     const Repeats repeats = repeats_for(args, bytes);
-    auto time_summation = [&](Summation summation) {
-      check_allreduce(comm, buffer.data(), count, summation);
-      return time_us(comm, repeats, [&] {
-        comm.allreduce(buffer.data(), static_cast<size_t>(count), {ReduceOp::kSum, summation});
-      });
+    check_allreduce(comm, buffer.data(), count, Summation::kNative);
+    check_allreduce(comm, buffer.data(), count, Summation::kRankOrder);
+    auto reduce = [&](Summation summation) {
+      comm.allreduce(buffer.data(), static_cast<size_t>(count), {ReduceOp::kSum, summation});
     };
-    const double us = time_summation(Summation::kNative);
-    const double det_us = time_summation(Summation::kRankOrder);
+    const PairUs times = time_pair_us(
+        comm, repeats, [&] { reduce(Summation::kNative); }, [&] { reduce(Summation::kRankOrder); });
+    const double us = times.first, det_us = times.second;
     const double algbw = count * 4 / (us * 1e-6) / 1e9;
     const double busbw = algbw * bus_factor(ranks);
     const double det_busbw = count * 4 / (det_us * 1e-6) / 1e9 * bus_factor(ranks);
@@ -188,14 +209,18 @@ int run_bandwidth(Communicator& comm, const BandwidthArgs& args) {
     const int64_t total_bytes = kFusedMessages * count * 4;
     check_allreduce(comm, buffer.data(), kFusedMessages * count, Summation::kNative);
     const Repeats repeats = repeats_for(args, total_bytes);
-    const double separate_us = time_us(comm, repeats, [&] {
-      for (int m = 0; m < kFusedMessages; ++m) {
-        comm.allreduce(buffer.data() + m * count, static_cast<size_t>(count), ReduceOp::kSum);
-      }
-    });
-    const double fused_us = time_us(comm, repeats, [&] {
-      comm.allreduce(buffer.data(), static_cast<size_t>(kFusedMessages * count), ReduceOp::kSum);
-    });
+    const PairUs times = time_pair_us(
+        comm, repeats,
+        [&] {
+          for (int m = 0; m < kFusedMessages; ++m) {
+            comm.allreduce(buffer.data() + m * count, static_cast<size_t>(count), ReduceOp::kSum);
+          }
+        },
+        [&] {
+          comm.allreduce(buffer.data(), static_cast<size_t>(kFusedMessages * count),
+                         ReduceOp::kSum);
+        });
+    const double separate_us = times.first, fused_us = times.second;
     auto utilization = [&](double us) {
       return total_bytes / (us * 1e-6) / 1e9 * bus_factor(ranks) / peak;
     };

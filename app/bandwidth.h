@@ -4,9 +4,11 @@
 // library's native allreduce and, beside it, for rank-order sums (comm.deterministic: true) with
 // their slowdown; (2) the fusion table (native): k = 4 messages of s bytes sent one after another
 // vs one fused message of k*s, for s in {1, 8, 128} MiB (those with k*s <= max_bytes), with time,
-// utilization and their ratio. Bandwidths are GB/s = 1e9 bytes/s. Times are per iteration, averaged
-// over ranks. Rank 0 prints the tables to stdout and writes the JSON; every rank must call
-// run_bandwidth. Thread safety: a collective job run from main() on every rank.
+// utilization and their ratio. Bandwidths are GB/s = 1e9 bytes/s. Times are per iteration: the
+// two timings of a row run interleaved (so both see the same load on a shared machine), the
+// median over iterations, averaged over ranks. Rank 0 prints the tables to stdout and writes the
+// JSON; every rank must call run_bandwidth. Thread safety: a collective job run from main() on
+// every rank.
 #pragma once
 #include <cstdint>
 #include <string>

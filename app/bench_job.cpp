@@ -249,8 +249,8 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
 }
 
 int run_bench(const BenchArgs& args, Communicator* comm) {
-  FT_CHECK(args.steps >= 1 && args.warmup >= 0, "--steps must be >= 1 and --warmup >= 0, got ",
-           args.steps, " and ", args.warmup);
+  FT_REQUIRE(args.steps >= 1 && args.warmup >= 0, "--steps must be >= 1 and --warmup >= 0, got ",
+             args.steps, " and ", args.warmup);
   if (!args.sweep.empty() && (!args.variants.empty() || args.ablation))
     FT_FAIL("--sweep replaces the variant list: drop --variants and --ablation");
   const bool is_root = comm == nullptr || comm->rank() == 0;
@@ -295,9 +295,7 @@ int run_bench(const BenchArgs& args, Communicator* comm) {
           std::printf("\n%s", format_top_ops(name, run.profiles[v], 5).c_str());
     std::fflush(stdout);
     if (!args.json_path.empty()) {
-      std::ofstream json(args.json_path);
-      FT_CHECK(json.good(), "cannot open --json file '", args.json_path, "' for writing");
-      json << bench_to_json(run.info, results, summaries) << "\n";
+      write_output_file(args.json_path, bench_to_json(run.info, results, summaries) + "\n");
     }
   }
   int mismatches = 0;

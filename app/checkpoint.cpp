@@ -137,14 +137,14 @@ void Trainer::require_finite_state(const std::string& path) const {
   }
   if (bad.empty()) return;
   FT_FAIL("refusing to write checkpoint '", path, "' at step ", step_, ": ", bad,
-          "; a checkpoint is never written from a non-finite state. ", last_checkpoint_text());
+          "; a checkpoint is never written from a non-finite state; ", last_checkpoint_text());
 }
 
 std::string Trainer::last_checkpoint_text() const {
-  if (!last_checkpoint_.empty()) return "Last good checkpoint: " + last_checkpoint_;
+  if (!last_checkpoint_.empty()) return "last good checkpoint: " + last_checkpoint_;
   if (!config_.train.resume.empty())
-    return "No checkpoint written yet (resumed from " + config_.train.resume + ")";
-  return "No checkpoint written yet";
+    return "no checkpoint written yet (resumed from " + config_.train.resume + ")";
+  return "no checkpoint written yet";
 }
 
 void Trainer::save_checkpoint(const std::string& path) {

@@ -36,12 +36,13 @@ struct TrainConfig {
   int eval_every = 100;
   int eval_batches = 20;
   int log_every = 10;
-  std::string run_dir = "runs/latest";
-  std::string checkpoint_dir = "runs/latest/checkpoints";
-  int checkpoint_every = 0;  // steps; 0 = only at the end
-  std::string resume = "";   // checkpoint path, empty = fresh start
+  std::string run_dir = "";         // empty = runs/<config stem>-<timestamp>, runs/latest -> it
+  std::string checkpoint_dir = "";  // empty = <run_dir>/checkpoints
+  int checkpoint_every = 0;         // steps; 0 = only at the end
+  std::string resume = "";          // checkpoint path, empty = fresh start
   int grad_accum = 1;
   std::string device = "cpu";  // cpu only for now (GPU training is not implemented yet)
+  bool verbose = false;        // progress lines add lr and communication details (ranks > 1)
   bool profile = false;        // per-op time table (rank 0) and fusion advice at the end of the run
   std::string trace = "";      // Chrome trace-event JSON of a few steps after warm-up; empty = none
   std::string nan_policy = "stop";  // stop | skip_step: what a non-finite loss or gradient does

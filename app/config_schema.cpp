@@ -80,8 +80,13 @@ std::vector<Field> build_fields() {
        "steps between evaluations; 0 = no periodic evaluation"},
       {FT_KEY(train.eval_batches), in(1, 1000000), "batches per evaluation"},
       {FT_KEY(train.log_every), at_least(1), "steps between log lines"},
-      {FT_KEY(train.run_dir), nonempty_text(), "directory for logs and the resolved config"},
-      {FT_KEY(train.checkpoint_dir), nonempty_text(), "directory for checkpoints"},
+      {FT_KEY(train.run_dir), any_text(),
+       "directory of the run: config.yaml, log.txt, metrics.jsonl; empty = "
+       "runs/<config stem>-<timestamp>, with runs/latest a symlink to it"},
+      {FT_KEY(train.checkpoint_dir), any_text(),
+       "directory for checkpoints; empty = <run_dir>/checkpoints"},
+      {FT_KEY(train.verbose), true_or_false(),
+       "progress lines add the learning rate and, with several ranks, communication details"},
       {FT_KEY(train.checkpoint_every), at_least(0),
        "steps between checkpoints; 0 = only at the end"},
       {FT_KEY(train.resume), any_text(), "checkpoint to resume from; empty = fresh start"},
@@ -166,8 +171,9 @@ std::vector<Field> build_fields() {
       {FT_KEY(comm.reorder_buckets), true_or_false(),
        "order buckets by when their gradients become ready"},
       {FT_KEY(comm.deterministic), true_or_false(),
-       "sum gradients in rank order so bucketing never changes a bit (slower from 3 ranks up); "
-       "false = the MPI library's own tuned allreduce"},
+       "sum gradients in rank order, so bucketing never changes a bit (from 3 ranks a "
+       "point-to-point fold instead of the MPI library's collective); false = MPI's own tuned, "
+       "topology-aware allreduce"},
       {FT_KEY(comm.emulate.latency_us), in(0, 1e6),
        "added latency per message in microseconds; needs bandwidth_gbps > 0"},
       {FT_KEY(comm.emulate.bandwidth_gbps), in(0, 1e4),
@@ -208,10 +214,12 @@ std::string float_rounding_problem(const Allowed& allowed, const std::string& te
   if (back < allowed.lo || back > allowed.hi)
     return text + " rounds to " + format_number(stored) + " as a float, outside [" + lo + ", " +
            hi + "]";
-  if (stored != 0.0f && std::fabs(stored) < std::numeric_limits<float>::min())
-    return text + " is too small for a float: below " +
-           format_number(std::numeric_limits<float>::min()) +
-           ", the smallest normal float, it would be flushed to 0; use 0 or a larger value";
+  const float smallest = std::numeric_limits<float>::min();
+  const bool zero_allowed = allowed.lo < 0 || (allowed.lo == 0 && !allowed.lo_open);
+  if (stored != 0.0f && std::fabs(stored) < smallest)
+    return text + " is too small for a float: below " + format_number(smallest) +
+           ", the smallest normal float, it would be flushed to 0; use " +
+           (zero_allowed ? "0 or " : "") + "at least " + format_number(smallest);
   return "";
 }
 

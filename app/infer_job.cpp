@@ -20,6 +20,7 @@
 #include "app/jobs.h"
 #include "app/task.h"
 #include "app/trainer.h"
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/idx.h"
 #include "core/timer.h"
@@ -229,9 +230,7 @@ int run_infer(const InferArgs& args) {
                       {"speedup_p90", bench_percentile(ratios, 0.9)}};
   }
   if (!args.json_path.empty()) {
-    std::ofstream json(args.json_path);
-    FT_REQUIRE(json.good(), "cannot open --json file '", args.json_path, "' for writing");
-    json << row.dump() << "\n";
+    write_output_file(args.json_path, row.dump() + "\n");
   }
   return 0;
 }

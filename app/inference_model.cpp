@@ -199,8 +199,7 @@ Graph build_folded_resnet_graph(const ResnetShape& shape, int batch, const Resne
 
 void export_model(const std::string& checkpoint_path, const Config& config,
                   const std::string& out_path, std::string* summary) {
-  const std::string bytes = read_file(checkpoint_path);
-  const SafetensorsFile checkpoint = decode_safetensors(bytes, checkpoint_path);
+  const SafetensorsFile checkpoint = load_safetensors(checkpoint_path);  // bounded, validated
   SafetensorsFile out;
   if (config.model.arch == "resnet")
     export_resnet(checkpoint_path, checkpoint, config, &out, summary);
@@ -210,7 +209,7 @@ void export_model(const std::string& checkpoint_path, const Config& config,
   out.metadata["arch"] = config.model.arch;
   out.metadata["config"] = config_to_yaml(config);
   out.metadata["source_checkpoint"] = checkpoint_path;
-  out.metadata["source_sha256"] = sha256_hex(bytes);
+  out.metadata["source_sha256"] = sha256_hex_of_file(checkpoint_path);
   save_safetensors(out_path, out);
 }
 

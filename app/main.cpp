@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
         if (job->parsed()) ft::require_config_file(*path);
       if (app.got_subcommand(train)) return ft::run_train(train_args, comm.get());
       if (app.got_subcommand(eval)) {
-        FT_CHECK(mpi.world_size() == 1, "eval runs on one rank; drop mpirun -np");
+        FT_REQUIRE(mpi.world_size() == 1, "eval runs on one rank; drop mpirun -np");
         return ft::run_eval(eval_args);
       }
       if (app.got_subcommand(sample)) {
@@ -238,16 +238,16 @@ int main(int argc, char** argv) {
         return ft::run_sample(sample_args);
       }
       if (app.got_subcommand(plan)) {
-        FT_CHECK(mpi.world_size() == 1, "plan runs on one rank; drop mpirun -np");
+        FT_REQUIRE(mpi.world_size() == 1, "plan runs on one rank; drop mpirun -np");
         return ft::run_plan(plan_args);
       }
       if (app.got_subcommand(bench)) return ft::run_bench(bench_args, comm.get());
       if (app.got_subcommand(export_job)) {
-        FT_CHECK(mpi.world_size() == 1, "export runs on one rank; drop mpirun -np");
+        FT_REQUIRE(mpi.world_size() == 1, "export runs on one rank; drop mpirun -np");
         return ft::run_export(export_args);
       }
       if (app.got_subcommand(infer)) {
-        FT_CHECK(mpi.world_size() == 1, "infer runs on one rank; drop mpirun -np");
+        FT_REQUIRE(mpi.world_size() == 1, "infer runs on one rank; drop mpirun -np");
         return ft::run_infer(infer_args);
       }
       if (app.got_subcommand(simulate)) return ft::run_simulate(simulate_args, comm.get());

@@ -11,6 +11,7 @@
 #include "app/jobs.h"
 #include "app/plan.h"
 #include "app/task.h"
+#include "core/atomic_file.h"
 #include "core/check.h"
 
 namespace ft {
@@ -123,8 +124,8 @@ GraphMode parse_mode(const std::string& mode) {
 
 int run_plan(const PlanArgs& args) {
   const GraphMode mode = parse_mode(args.mode);
-  FT_CHECK(!args.batch_given || args.batch >= 1, "--batch ", args.batch,
-           " must be a positive integer (default: train.batch_size)");
+  FT_REQUIRE(!args.batch_given || args.batch >= 1, "--batch ", args.batch,
+             " must be a positive integer (default: train.batch_size)");
   const Config config = load_config(args.config_path, args.overrides);
   const int batch = args.batch_given ? args.batch : config.train.batch_size;
   omp_set_num_threads(resolve_threads(config.train.threads));
@@ -148,9 +149,7 @@ int run_plan(const PlanArgs& args) {
   print_passes(plan.fusion);
   print_totals(plan);
   if (!args.json_path.empty()) {
-    std::ofstream json(args.json_path);
-    FT_CHECK(json.good(), "cannot open --json file '", args.json_path, "' for writing");
-    json << plan_to_json(plan, args.config_path, batch) << "\n";
+    write_output_file(args.json_path, plan_to_json(plan, args.config_path, batch) + "\n");
   }
   return 0;
 }

@@ -208,16 +208,16 @@ std::vector<int> parse_rank_list(const std::string& text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    FT_CHECK(used == field.size() && used > 0 && value >= 1, "--ranks '", text,
-             "': expected comma-separated rank counts >= 1, such as 8,64,512,4096");
+    FT_REQUIRE(used == field.size() && used > 0 && value >= 1, "--ranks '", text,
+               "': expected comma-separated rank counts >= 1, such as 8,64,512,4096");
     ranks.push_back(value);
   }
-  FT_CHECK(!ranks.empty(), "--ranks is empty; expected rank counts such as 8,64,512,4096");
+  FT_REQUIRE(!ranks.empty(), "--ranks is empty; expected rank counts such as 8,64,512,4096");
   return ranks;
 }
 
 EmulatedEquivalent emulated_equivalent(const LinkModel& link, int ranks) {
-  FT_CHECK(ranks >= 2, "an emulated link needs at least 2 ranks, got ", ranks);
+  FT_REQUIRE(ranks >= 2, "an emulated link needs at least 2 ranks, got ", ranks);
   const double steps = 2.0 * (ranks - 1);
   EmulatedEquivalent emulated;
   emulated.latency_us = steps * link.alpha_us;

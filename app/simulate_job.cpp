@@ -18,6 +18,7 @@
 #include "app/simulate.h"
 #include "app/trainer.h"
 #include "comm/buckets.h"
+#include "core/atomic_file.h"
 #include "core/check.h"
 
 namespace ft {
@@ -146,9 +147,7 @@ int validate(const SimulateArgs& args, const Config& config, SimReport& report,
                           {"latency_us", emulated.latency_us},
                           {"bandwidth_gbps", emulated.bandwidth_gbps},
                           {"rows", rows}};
-    std::ofstream out(args.json_path);
-    FT_CHECK(out.good(), "cannot open --json file '", args.json_path, "' for writing");
-    out << json.dump(2) << "\n";
+    write_output_file(args.json_path, json.dump(2) + "\n");
   }
   return 0;
 }
@@ -156,13 +155,13 @@ int validate(const SimulateArgs& args, const Config& config, SimReport& report,
 }  // namespace
 
 int run_simulate(const SimulateArgs& args, Communicator* comm) {
-  FT_CHECK(args.steps >= 1 && args.warmup >= 0, "--steps must be >= 1 and --warmup >= 0, got ",
-           args.steps, " and ", args.warmup);
-  FT_CHECK(args.compute_scale > 0, "--compute-scale must be > 0, got ", args.compute_scale);
-  FT_CHECK(!args.validate || (comm != nullptr && comm->size() >= 2),
-           "--validate runs under mpirun with 2 or more ranks");
-  FT_CHECK(!args.validate || args.compute_scale == 1,
-           "--validate compares with this machine: drop --compute-scale");
+  FT_REQUIRE(args.steps >= 1 && args.warmup >= 0, "--steps must be >= 1 and --warmup >= 0, got ",
+             args.steps, " and ", args.warmup);
+  FT_REQUIRE(args.compute_scale > 0, "--compute-scale must be > 0, got ", args.compute_scale);
+  FT_REQUIRE(!args.validate || (comm != nullptr && comm->size() >= 2),
+             "--validate runs under mpirun with 2 or more ranks");
+  FT_REQUIRE(!args.validate || args.compute_scale == 1,
+             "--validate compares with this machine: drop --compute-scale");
   const LinkModel link = parse_link(args.link);
   const std::vector<int> ranks = parse_rank_list(args.ranks);  // --validate: the mpirun size
   const Config config = load_config(args.config_path, args.overrides);
@@ -187,9 +186,7 @@ int run_simulate(const SimulateArgs& args, Communicator* comm) {
     std::fflush(stdout);
   }
   if (is_root && !args.json_path.empty()) {
-    std::ofstream out(args.json_path);
-    FT_CHECK(out.good(), "cannot open --json file '", args.json_path, "' for writing");
-    out << sim_report_json(report).dump(2) << "\n";
+    write_output_file(args.json_path, sim_report_json(report).dump(2) + "\n");
   }
   return 0;
 }

@@ -3,8 +3,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -16,6 +18,7 @@
 #include "app/profiler.h"
 #include "app/trace.h"
 #include "app/trainer.h"
+#include "comm/startup.h"
 #include "core/check.h"
 #include "core/safetensors.h"
 #include "core/timer.h"
@@ -32,6 +35,84 @@ std::string human_rate(double per_second) {
   else
     std::snprintf(text, sizeof(text), "%.0f", per_second);
   return text;
+}
+
+// Rank 0's progress lines go to stdout and to <run_dir>/log.txt.
+std::FILE* progress_log = nullptr;
+
+__attribute__((format(printf, 1, 2))) void say(const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  std::vprintf(format, args);
+  va_end(args);
+  if (progress_log != nullptr) {
+    va_start(args, format);
+    std::vfprintf(progress_log, format, args);
+    va_end(args);
+    std::fflush(progress_log);
+  }
+  std::fflush(stdout);
+}
+
+// "1:05" or "1:02:05".
+std::string clock_text(double seconds) {
+  const long total = static_cast<long>(seconds + 0.5);
+  char text[32];
+  if (total >= 3600)
+    std::snprintf(text, sizeof(text), "%ld:%02ld:%02ld", total / 3600, total / 60 % 60, total % 60);
+  else
+    std::snprintf(text, sizeof(text), "%ld:%02ld", total / 60, total % 60);
+  return text;
+}
+
+// train.run_dir and train.checkpoint_dir when left empty: runs/<config stem>-<rank 0's local
+// time>, and <run_dir>/checkpoints. Every rank gets rank 0's time.
+Config resolve_run_layout(Config config, Communicator* comm) {
+  if (config.train.run_dir.empty()) {
+    float now[2] = {0, 0};  // seconds since the epoch, split so that floats hold it exactly
+    const long long seconds = static_cast<long long>(std::time(nullptr));
+    now[0] = static_cast<float>(seconds >> 16);
+    now[1] = static_cast<float>(seconds & 0xffff);
+    if (comm != nullptr) comm->broadcast(now, 2, 0);
+    const std::time_t start =
+        (static_cast<std::time_t>(now[0]) << 16) | static_cast<std::time_t>(now[1]);
+    char stamp[32];
+    std::tm local{};
+    localtime_r(&start, &local);
+    std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
+    const std::string stem = std::filesystem::path(config.source_path).stem().string();
+    config.train.run_dir = "runs/" + (stem.empty() ? std::string("run") : stem) + "-" + stamp;
+  }
+  if (config.train.checkpoint_dir.empty())
+    config.train.checkpoint_dir =
+        (std::filesystem::path(config.train.run_dir) / "checkpoints").string();
+  return config;
+}
+
+// runs/latest -> the run dir, when the run dir was named automatically. A real directory there
+// (an older layout) is left alone.
+void point_latest_at(const std::string& run_dir) {
+  const std::filesystem::path latest = std::filesystem::path(run_dir).parent_path() / "latest";
+  std::error_code error;
+  if (std::filesystem::exists(latest, error) && !std::filesystem::is_symlink(latest, error)) return;
+  std::filesystem::remove(latest, error);
+  std::filesystem::create_directory_symlink(std::filesystem::path(run_dir).filename(), latest,
+                                            error);
+}
+
+// The settings a reader needs at start: what differs from the defaults in fusion, comm and
+// inference (the full config is in <run_dir>/config.yaml).
+std::string non_default_settings(const Config& config) {
+  const auto defaults = flatten_config(Config{});
+  std::string changed;
+  for (const auto& [key, value] : flatten_config(config)) {
+    if (key.rfind("fusion.", 0) != 0 && key.rfind("comm.", 0) != 0 &&
+        key.rfind("inference.fold_bn", 0) != 0)
+      continue;
+    for (const auto& [default_key, default_value] : defaults)
+      if (default_key == key && default_value != value) changed += " " + key + "=" + value;
+  }
+  return changed.empty() ? " (fusion and comm at their defaults)" : changed;
 }
 
 nlohmann::json step_json(const StepStats& stats, int64_t items) {
@@ -65,11 +146,11 @@ nlohmann::json eval_json(const EvalResult& result, int step) {
 
 void print_eval(const EvalResult& result, int step) {
   if (result.accuracy >= 0)
-    std::printf("eval  step %d | test loss %.4f | test accuracy %.2f%% (%lld images)\n", step,
-                result.loss, 100.0 * result.accuracy, static_cast<long long>(result.examples));
+    say("eval  step %d | test loss %.4f | test accuracy %.2f%% (%lld images)\n", step, result.loss,
+        100.0 * result.accuracy, static_cast<long long>(result.examples));
   else
-    std::printf("eval  step %d | val loss %.4f | %.4f bits/byte (%lld windows)\n", step,
-                result.loss, result.bits_per_byte, static_cast<long long>(result.examples));
+    say("eval  step %d | val loss %.4f | %.4f bits/byte (%lld windows)\n", step, result.loss,
+        result.bits_per_byte, static_cast<long long>(result.examples));
   std::fflush(stdout);
 }
 
@@ -146,14 +227,14 @@ int resolve_threads(int configured_threads) {
 }
 
 int run_train(const TrainArgs& args, Communicator* comm) {
-  const Config config = load_config(args.config_path, args.overrides);
+  const Config loaded = load_config(args.config_path, args.overrides);
   const bool is_root = comm == nullptr || comm->rank() == 0;
   const int world_size = comm ? comm->size() : 1;
-  omp_set_num_threads(resolve_threads(config.train.threads));
+  omp_set_num_threads(resolve_threads(loaded.train.threads));
+  // A config that differs across ranks is the first thing to report (the Trainer checks again).
+  if (comm != nullptr) check_same_config(*comm, flatten_config(loaded), loaded.source_path);
+  const Config config = resolve_run_layout(loaded, comm);
   const std::string resolved = config_to_yaml(config);
-  if (is_root)
-    std::printf("# resolved config (%s), %d rank(s), %d thread(s) per rank\n%s\n",
-                config.source_path.c_str(), world_size, omp_get_max_threads(), resolved.c_str());
   refuse_to_overwrite(config, comm, is_root);
 
   // Before anything is written: loading train.resume checks the checkpoint.
@@ -164,11 +245,45 @@ int run_train(const TrainArgs& args, Communicator* comm) {
                   config.train.resume.c_str(), trainer.step());
     return 0;
   }
-  if (is_root)
-    write_file_atomic((std::filesystem::path(config.train.run_dir) / "config.yaml").string(),
-                      resolved);
-  JsonLinesFile json;
-  if (is_root && !args.json_path.empty()) json.open(args.json_path);
+  JsonLinesFile json, metrics;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> log_file(nullptr, &std::fclose);
+  struct DetachLog {  // destroyed before log_file: say() never writes to a closed file
+    ~DetachLog() { progress_log = nullptr; }
+  } detach_log;
+  if (is_root) {
+    const std::filesystem::path run_dir(config.train.run_dir);
+    write_file_atomic((run_dir / "config.yaml").string(), resolved);
+    if (loaded.train.run_dir.empty()) point_latest_at(config.train.run_dir);
+    metrics.open((run_dir / "metrics.jsonl").string());
+    if (!args.json_path.empty()) json.open(args.json_path);
+    log_file.reset(std::fopen((run_dir / "log.txt").string().c_str(), "a"));
+    FT_REQUIRE(log_file != nullptr, "cannot open '", (run_dir / "log.txt").string(),
+               "' for writing");
+    progress_log = log_file.get();
+    const int64_t parameters = trainer.params().num_trainable_floats();
+    say("%s: %s, %.2fM parameters, %lld %s per step (%lld per rank), %d rank%s x %d thread%s\n",
+        config.source_path.c_str(),
+        config.model.arch == "gpt"
+            ? ("gpt " + std::to_string(config.model.n_layer) + "x" +
+               std::to_string(config.model.d_model) + ", seq_len " +
+               std::to_string(config.model.seq_len))
+                  .c_str()
+            : ("resnet" + std::to_string(6 * config.model.resnet_blocks + 2) + " width " +
+               std::to_string(config.model.resnet_width))
+                  .c_str(),
+        parameters / 1e6, static_cast<long long>(trainer.items_per_step()),
+        trainer.task().item_unit(), static_cast<long long>(trainer.items_per_step() / world_size),
+        world_size, world_size == 1 ? "" : "s", omp_get_max_threads(),
+        omp_get_max_threads() == 1 ? "" : "s");
+    say("settings:%s\nrun dir %s (config.yaml, log.txt, metrics.jsonl), checkpoints in %s\n",
+        non_default_settings(config).c_str(), config.train.run_dir.c_str(),
+        config.train.checkpoint_dir.c_str());
+  }
+  // Every JSON row goes to metrics.jsonl and, with --json, to that file too.
+  const auto emit = [&](const nlohmann::json& row, bool flush) {
+    if (metrics.is_open()) metrics.write(row, flush);
+    if (json.is_open()) json.write(row, flush);
+  };
   // train.profile: rank 0 only; warm-up shortened so that a short run still measures a step.
   std::unique_ptr<Profiler> profiler;
   if (is_root && config.train.profile) {
@@ -193,9 +308,12 @@ int run_train(const TrainArgs& args, Communicator* comm) {
     last_eval = trainer.evaluate(config.train.eval_batches);
     evaluated = true;
     print_eval(last_eval, step);
-    if (json.is_open()) json.write(eval_json(last_eval, step), true);
+    emit(eval_json(last_eval, step), true);
   };
   std::string last_checkpoint;
+  double interval_ms = 0;  // steps since the last progress line
+  int interval_steps = 0;
+  const double start_ms = now_ms();
 
   while (trainer.step() < total_steps) {
     trace.before_step();
@@ -213,33 +331,32 @@ int run_train(const TrainArgs& args, Communicator* comm) {
     comm_totals.bucket_bytes = stats.comm.bucket_bytes;
     comm_totals.extra_memory_bytes = stats.comm.extra_memory_bytes;
     const int step = stats.step;
-    if (is_root && json.is_open()) json.write(step_json(stats, items_per_step));
-    if (is_root && stats.skipped) {
-      std::printf(
-          "step %d/%d | loss %g, gradient norm %g: update skipped (%d skipped so far, "
+    if (is_root) emit(step_json(stats, items_per_step), false);
+    if (is_root && stats.skipped)
+      say("step %d/%d | loss %g, gradient norm %g: update skipped (%d skipped so far, "
           "train.max_skipped_steps %d)\n",
           step, total_steps, stats.loss, stats.grad_norm, trainer.skipped_steps(),
           config.train.max_skipped_steps);
-      std::fflush(stdout);
-    }
+    interval_ms += stats.step_ms;
+    ++interval_steps;
     const bool log_now = step == first_step + 1 || step == total_steps ||
                          (config.train.log_every > 0 && step % config.train.log_every == 0);
     if (is_root && log_now) {
-      const double ms_per_step = train_ms / (step - first_step);
-      const double eta_s = ms_per_step * (total_steps - step) / 1e3;
-      std::printf("step %d/%d | loss %.4f | lr %.2e | %.1f ms/step | %s %s/s | ETA %.1fs", step,
-                  total_steps, stats.loss, stats.lr, stats.step_ms,
-                  human_rate(items_per_step / (stats.step_ms / 1e3)).c_str(),
-                  trainer.task().item_unit(), eta_s);
-      if (world_size > 1)
-        std::printf(
-            " | compute %.1f ms, comm %.1f ms, exposed %.1f ms, %lld allreduce, %.2f MB, "
-            "%zu buckets%s",
-            stats.compute_ms, stats.comm.comm_ms, stats.comm.exposed_ms,
+      // ms/step averages the steps since the last line; the ETA uses the whole run's average.
+      const double ms_per_step = interval_ms / interval_steps;
+      const double eta_s = train_ms / (step - first_step) * (total_steps - step) / 1e3;
+      say("step %d/%d | loss %.4f | %.1f ms/step | %s %s/s | %s elapsed | ETA %s\n", step,
+          total_steps, stats.loss, ms_per_step,
+          human_rate(items_per_step / (ms_per_step / 1e3)).c_str(), trainer.task().item_unit(),
+          clock_text((now_ms() - start_ms) / 1e3).c_str(), clock_text(eta_s).c_str());
+      if (config.train.verbose && world_size > 1)
+        say("  lr %.2e | compute %.1f ms, comm %.1f ms, exposed %.1f ms, %lld allreduce, %.2f MB, "
+            "%zu buckets%s\n",
+            stats.lr, stats.compute_ms, stats.comm.comm_ms, stats.comm.exposed_ms,
             static_cast<long long>(stats.comm.allreduce_calls), stats.comm.bytes_reduced / 1e6,
             stats.comm.bucket_bytes.size(), stats.comm.emulated ? " [emulated link]" : "");
-      std::printf("\n");
-      std::fflush(stdout);
+      interval_ms = 0;
+      interval_steps = 0;
     }
     if (config.train.eval_every > 0 && step % config.train.eval_every == 0 && step != total_steps)
       evaluate(step);
@@ -260,9 +377,11 @@ int run_train(const TrainArgs& args, Communicator* comm) {
         trainer.skipped_steps() > 0
             ? std::to_string(trainer.skipped_steps()) + " steps skipped (train.nan_policy) | "
             : "";
-    std::printf(
-        "done: %d steps in %.1fs | %.1f ms/step | %s %s/s | final loss %.4f | %scheckpoint %s%s\n",
-        steps_run, train_ms / 1e3, ms_per_step,
+    const std::string resumed_text =
+        first_step > 0 ? " (this process; resumed at step " + std::to_string(first_step) + ")" : "";
+    say("done: %d steps%s in %.1fs | %.1f ms/step | %s %s/s | final loss %.4f | %scheckpoint "
+        "%s%s\n",
+        steps_run, resumed_text.c_str(), train_ms / 1e3, ms_per_step,
         human_rate(steps_run > 0 ? items_per_step / (ms_per_step / 1e3) : 0).c_str(),
         trainer.task().item_unit(), last_loss, skipped_text.c_str(), last_checkpoint.c_str(),
         emulated_link ? " [emulated link]" : "");
@@ -271,16 +390,16 @@ int run_train(const TrainArgs& args, Communicator* comm) {
       advice_options.dispatch_ms = measure_dispatch_ms();
       const std::vector<FusionAdvice> advice = advise_fusion(
           trainer.executor().graph(), profiler->profile(), config.fusion, advice_options);
-      std::printf("%s%s", format_profile(profiler->profile()).c_str(),
-                  format_advice(advice, advice_options).c_str());
-      if (json.is_open()) {
+      say("%s%s", format_profile(profiler->profile()).c_str(),
+          format_advice(advice, advice_options).c_str());
+      {
         nlohmann::json row = profile_json(profiler->profile());
         row["type"] = "profile";
         row["advice"] = advice_json(advice, advice_options);
-        json.write(row);
+        emit(row, false);
       }
     }
-    if (json.is_open()) {
+    {
       nlohmann::json summary = {{"type", "summary"},
                                 {"steps", steps_run},
                                 {"ms_per_step", ms_per_step},
@@ -300,8 +419,10 @@ int run_train(const TrainArgs& args, Communicator* comm) {
             {"bucket_bytes", comm_totals.bucket_bytes},
             {"extra_memory_bytes", comm_totals.extra_memory_bytes}};
       if (evaluated) summary["eval"] = eval_json(last_eval, trainer.step());
-      json.write(summary);
-      json.close();
+      if (first_step > 0) summary["resumed_at_step"] = first_step;
+      emit(summary, false);
+      metrics.close();
+      if (json.is_open()) json.close();
     }
   }
   return 0;

@@ -32,6 +32,7 @@ GradSyncOptions grad_sync_options(const CommConfig& comm) {
   options.bucket_view = comm.bucket_view;
   options.overlap = comm.overlap;
   options.reorder_buckets = comm.reorder_buckets;
+  options.deterministic = comm.deterministic;
   options.emulate.latency_us = comm.emulate.latency_us;
   options.emulate.bandwidth_gbps = comm.emulate.bandwidth_gbps;
   return options;
@@ -124,13 +125,13 @@ StepStats Trainer::train_step() {
       what << "gradient norm is " << stats.grad_norm << " (loss " << stats.loss << ")";
     if (config_.train.nan_policy != "skip_step")
       FT_FAIL(what.str(),
-              "; stopping the run (train.nan_policy: stop; skip_step skips such steps). ",
+              "; stopping the run (train.nan_policy: stop; skip_step skips such steps); ",
               last_checkpoint_text());
     ++skipped_steps_;
     if (skipped_steps_ > config_.train.max_skipped_steps)
       FT_FAIL(what.str(), "; stopping the run: ", skipped_steps_,
               " steps skipped, more than train.max_skipped_steps = ",
-              config_.train.max_skipped_steps, ". ", last_checkpoint_text());
+              config_.train.max_skipped_steps, "; ", last_checkpoint_text());
   } else {
     optimizer_->step(params_, stats.lr);
   }

@@ -59,7 +59,7 @@ class Trainer {
 
   int step() const { return step_; }
   int skipped_steps() const { return skipped_steps_; }  // over the whole run, resumes included
-  // Where the last save went ("" before the first); "Last good checkpoint: ..." for messages.
+  // Where the last save went ("" before the first); "last good checkpoint: ..." for messages.
   const std::string& last_checkpoint() const { return last_checkpoint_; }
   std::string last_checkpoint_text() const;
   const Config& config() const { return config_; }

@@ -258,9 +258,7 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
                 format_tune_report(report).c_str());
     std::fflush(stdout);
     if (!args.json_path.empty()) {
-      std::ofstream json(args.json_path);
-      FT_CHECK(json.good(), "cannot open --json file '", args.json_path, "' for writing");
-      json << tune_json(report).dump(2) << "\n";
+      write_output_file(args.json_path, tune_json(report).dump(2) + "\n");
     }
   }
   return 0;

@@ -17,7 +17,8 @@ enum class Summation {
   // and the last bits of the result, by message size: bucketing changes rounding.
   kNative,
   // Every element becomes ((x_0 + x_1) + x_2) + ... in rank order, whatever the message size, so
-  // bucketing never changes a bit. MPI only (comm/mpi/fold_allreduce.h); slower from three ranks.
+  // bucketing never changes a bit. MPI only: from three ranks a point-to-point fold
+  // (comm/mpi/fold_allreduce.h) that knows nothing of the network's topology.
   kRankOrder,
 };
 

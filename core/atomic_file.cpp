@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <charconv>
 #include <climits>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
@@ -167,6 +169,22 @@ std::string read_file(const std::string& path) {
   ::close(fd);
   bytes.resize(filled);
   return bytes;
+}
+
+void write_output_file(const std::string& path, const std::string& text) {
+  errno = 0;
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  if (file == nullptr) FT_FAIL("cannot open '", path, "' for writing: ", std::strerror(errno));
+  const size_t written = std::fwrite(text.data(), 1, text.size(), file);
+  const int write_errno = errno;
+  const bool flushed = std::fflush(file) == 0;
+  const int flush_errno = errno;
+  const bool closed = std::fclose(file) == 0;
+  if (written != text.size() || !flushed || !closed)
+    FT_FAIL("cannot write '", path, "': ",
+            std::strerror(written != text.size() ? write_errno
+                          : !flushed             ? flush_errno
+                                                 : errno));
 }
 
 }  // namespace ft

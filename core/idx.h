@@ -1,6 +1,7 @@
 // Reader for IDX files (the MNIST / Fashion-MNIST container), gzip-compressed or raw.
 // Only the unsigned-byte element type (0x08) is accepted; every malformed input (bad magic, bad
-// dims, truncated or oversized payload, corrupt gzip stream) throws ft::Error naming the file.
+// dims, truncated or oversized payload, corrupt gzip stream, a gzip member cut before its CRC32 and
+// ISIZE trailer, trailing data) throws ft::Error naming the file.
 // Thread safety: read_idx is reentrant; each call opens its own file handle.
 #pragma once
 #include <cstdint>
@@ -14,8 +15,9 @@ struct IdxArray {
   std::vector<uint8_t> data;  // row-major, size == product(dims)
 };
 
-// Reads `path`; zlib decompresses transparently when the file is gzip, and passes raw files
-// through. Payload larger than 2^31 - 1 elements is rejected before any allocation.
+// Reads `path`; zlib decompresses transparently when the file starts with the gzip magic, and
+// raw files pass through. Payload larger than 2^31 - 1 elements is rejected before any
+// allocation, and the payload buffer grows only as bytes arrive.
 IdxArray read_idx(const std::string& path);
 
 }  // namespace ft

@@ -412,10 +412,8 @@ std::string read_safetensors_bytes(const std::string& path) {
       data_extent(parse_header(std::string_view(bytes.data() + 8, header_bytes), path));
   if (extent != data_bytes)
     FT_FAIL(path, ": file has ", data_bytes,
-            " data bytes after its header but the tensors it "
-            "lists end at byte ",
-            extent, " (", extent > data_bytes ? "truncated" : "trailing garbage",
-            " or corrupt file)");
+            " data bytes after its header, but its tensors end at byte ", extent, " (",
+            extent > data_bytes ? "truncated" : "trailing garbage", " or corrupt file)");
   bytes.resize(size);
   if (!read_fully(fd, bytes.data() + 8 + header_bytes, data_bytes, path))
     FT_FAIL(path, ": file shrank while reading its ", data_bytes, "-byte data section");

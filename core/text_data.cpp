@@ -41,7 +41,7 @@ std::vector<uint8_t> read_whole_file(const std::string& path) {
     FT_FAIL("text data file ", path, ": cannot stat (", std::strerror(errno), ")");
   if (!S_ISREG(info.st_mode))
     FT_FAIL("text data file ", path, ": is ", file_kind(info.st_mode),
-            ", not a regular file; data.path must name a text file");
+            ", not a regular file; text data must be a file of known size");
   if (static_cast<uint64_t>(info.st_size) > kMaxTextDataBytes)
     FT_FAIL("text data file ", path, ": ", info.st_size, " bytes, over the ", kMaxTextDataBytes,
             "-byte (2 GiB) limit for a corpus held in memory");

