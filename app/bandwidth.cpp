@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/timer.h"
 
@@ -243,10 +244,7 @@ int run_bandwidth(Communicator& comm, const BandwidthArgs& args) {
   report["fused"] = fused_rows;
 
   if (root && !args.json_path.empty()) {
-    std::ofstream json(args.json_path);
-    FT_CHECK(json.good(), "cannot open --json file '", args.json_path, "' for writing");
-    json << report.dump(2) << "\n";
-    FT_CHECK(json.good(), "writing --json file '", args.json_path, "' failed");
+    write_output_file(args.json_path, report.dump(2) + "\n");
   }
   return 0;
 }
