@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -116,9 +117,14 @@ class Reader {
   void fit_defaults() {
     OptimConfig& optim = config_.optim;
     if (set_at_.count("optim.warmup_steps") == 0 && optim.warmup_steps > config_.train.steps) {
-      std::printf("note: optim.warmup_steps defaults to %d, more than train.steps = %d; using %d\n",
-                  optim.warmup_steps, config_.train.steps, config_.train.steps);
-      std::fflush(stdout);
+      // Once per job: under mpirun only world rank 0 says it (every rank applies it).
+      const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+      if (rank == nullptr || std::string(rank) == "0") {
+        std::printf(
+            "note: optim.warmup_steps defaults to %d, more than train.steps = %d; using %d\n",
+            optim.warmup_steps, config_.train.steps, config_.train.steps);
+        std::fflush(stdout);
+      }
       optim.warmup_steps = config_.train.steps;
     }
   }
