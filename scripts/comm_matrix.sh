@@ -21,7 +21,7 @@ run() {  # config bucketing overlap emulate(none|slow) -> json path
     --set train.steps="$steps" --set train.eval_every=0 --set train.log_every=1000 \
     --set train.threads=1 --set data.test_limit=64 --set train.eval_batches=1 \
     --set comm.bucketing="$bucketing" --set comm.overlap="$overlap" \
-    --set train.run_dir="$out/$name" --set train.checkpoint_dir="$out/$name" \
+    --set train.run_dir="$out/$name" --set train.checkpoint_dir="$out/$name" --set train.overwrite=true \
     "${extra[@]}" --json "$out/$name.jsonl" > "$out/$name.log" 2>&1
   echo "$out/$name.jsonl"
 }
