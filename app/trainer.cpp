@@ -1,5 +1,6 @@
 #include "app/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -81,6 +82,15 @@ StepStats Trainer::train_step() {
   Executor& executor = *train_run_->executor;
   const int micro_batches = config_.train.grad_accum;
   sweep_->zero(params_);
+  // A skipped step must leave BatchNorm's running statistics as they were too: its forward
+  // already folded the (possibly non-finite) batch statistics into them.
+  const bool may_skip = config_.train.nan_policy == "skip_step";
+  Tensor& buffers = params_.flat_buffers();
+  if (may_skip && buffers.numel() > 0) {
+    if (buffers_before_step_.numel() != buffers.numel())
+      buffers_before_step_ = Tensor::empty(buffers.shape());
+    std::copy(buffers.data(), buffers.data() + buffers.numel(), buffers_before_step_.data());
+  }
   StepStats stats;
   double loss_sum = 0.0;
   for (int micro = 0; micro < micro_batches; ++micro) {
@@ -128,6 +138,11 @@ StepStats Trainer::train_step() {
               "; stopping the run (train.nan_policy: stop; skip_step skips such steps); ",
               last_checkpoint_text());
     ++skipped_steps_;
+    if (may_skip && buffers.numel() > 0) {
+      std::copy(buffers_before_step_.data(),
+                buffers_before_step_.data() + buffers_before_step_.numel(), buffers.data());
+      params_.mark_changed();
+    }
     if (skipped_steps_ > config_.train.max_skipped_steps)
       FT_FAIL(what.str(), "; stopping the run: ", skipped_steps_,
               " steps skipped, more than train.max_skipped_steps = ",

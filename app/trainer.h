@@ -85,6 +85,7 @@ class Trainer {
   LrSchedule schedule_;
   int step_ = 0;
   int skipped_steps_ = 0;
+  Tensor buffers_before_step_;  // train.nan_policy skip_step: restored when a step is skipped
   std::string last_checkpoint_;
   std::set<std::string> cleaned_dirs_;  // directories already rid of stale temp files
 

@@ -176,6 +176,43 @@ TEST(GuardDivergence, SkippedStepsLeaveParametersAndStateUnchanged) {
       << "a step taken changes the parameters";
 }
 
+// A ResNet's skipped step also keeps BatchNorm's running statistics, which its forward had
+// already updated from the batch. BatchNorm keeps a ResNet from diverging by itself, so the run
+// resumes from a checkpoint whose classifier weights are scaled by 1e30, after which the gradients
+// stop being finite within a step or two.
+TEST(GuardDivergence, SkippedResnetStepsKeepRunningStatistics) {
+  const std::string dir = fresh_dir("skip_resnet");
+  const std::string common =
+      "train --config configs/resnet8.yaml --set train.batch_size=4 --set train.threads=1 "
+      "--set train.eval_every=0 --set data.test_limit=8 --set optim.warmup_steps=0 "
+      "--set train.checkpoint_every=1 --set train.run_dir=" +
+      dir;
+  const RunResult first = run_fusiontrain(common + " --set train.steps=2", kTimeout);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string good = dir + "/checkpoints/step_000002.safetensors";
+  SafetensorsFile file = load_safetensors(good);
+  for (float& weight : file.tensors.at("fc.weight").data) weight *= 1e30f;
+  save_safetensors(good, file);
+  const RunResult resumed = run_fusiontrain(
+      common + " --set train.steps=5 --set train.nan_policy=skip_step --set train.resume=" + good,
+      kTimeout);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  std::vector<int> skipped;
+  for (const nlohmann::json& row : json_lines(dir + "/metrics.jsonl"))
+    if (row["type"] == "step" && row.value("skipped", false))
+      skipped.push_back(row["step"].get<int>());
+  ASSERT_FALSE(skipped.empty()) << resumed.output;
+  for (int step : skipped) {
+    char before[64], after[64];
+    std::snprintf(before, sizeof(before), "/checkpoints/step_%06d.safetensors", step - 1);
+    std::snprintf(after, sizeof(after), "/checkpoints/step_%06d.safetensors", step);
+    const SafetensorsFile was = load_safetensors(dir + before), is = load_safetensors(dir + after);
+    for (const char* tensor : {"bn1.running_mean", "bn1.running_var", "layer3.0.bn2.running_var"})
+      EXPECT_EQ(is.tensors.at(tensor).data, was.tensors.at(tensor).data)
+          << tensor << " changed at skipped step " << step;
+  }
+}
+
 TEST(GuardOverwrite, FreshRunRefusesADirectoryWithCheckpoints) {
   const std::string dir = fresh_dir("overwrite");
   const std::string first = trained_checkpoint(dir);
