@@ -130,7 +130,10 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
   std::vector<std::string> kept_keys;
   BenchRun run;
   const TuneMeasureSize profile_size = plan_tune_measure(args.budget_steps / 10, 1);
-  if (!tuner.measure("profile", {best}, profile_size, &run)) return 1;
+  if (!tuner.measure("profile", {best}, profile_size, &run))
+    FT_FAIL("--budget-steps ", args.budget_steps, " cannot pay for the first measurement (the ",
+            "unfused profile needs ", profile_size.steps_per_variant(),
+            " steps); give tune at least that many");
   tuner.record("profile", run, 0, 0);
   double best_ms = median_of(run, 0);
   if (tuner.is_root()) std::printf("%s", format_top_ops("unfused", run.profiles[0], 5).c_str());

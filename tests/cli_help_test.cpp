@@ -63,5 +63,14 @@ TEST(CliHelp, JsonOnAFullDiskFailsLoudly) {
       << plan.output;
 }
 
+// A budget too small for tune's first measurement says so instead of exiting 1 in silence.
+TEST(CliHelp, TuneBudgetTooSmallSaysSo) {
+  const test::RunResult result = run_fusiontrain("tune --budget-steps 1", 60);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("--budget-steps 1 cannot pay for the first measurement"),
+            std::string::npos)
+      << result.output;
+}
+
 }  // namespace
 }  // namespace ft
