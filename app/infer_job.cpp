@@ -128,6 +128,8 @@ void compare_logits(const float* folded, const float* unfolded, int rows, int cl
 int run_infer(const InferArgs& args) {
   FT_REQUIRE(!args.model_path.empty(), "infer needs --model FILE.safetensors");
   FT_REQUIRE(args.batch >= 1, "--batch must be a positive integer, got ", args.batch);
+  FT_REQUIRE(args.labels_path.empty() || args.data != "test", "--labels '", args.labels_path,
+             "' goes with --data PATH (an IDX images file); the test set brings its own labels");
   const int threads = args.threads > 0 ? args.threads : resolve_threads(0);
   omp_set_num_threads(threads);
   ExportedResnet model(args.model_path);
