@@ -39,6 +39,8 @@ struct Section {
 
 // Schema order is declaration order; every listing (flatten, YAML, docs) follows it.
 const std::vector<Field>& fields();
+// The table itself, built once by fields() (app/config_fields.cpp).
+std::vector<Field> build_fields();
 const std::vector<Section>& sections();  // parents come before their subsections
 
 const Field* find_field(const std::string& key);  // nullptr if unknown

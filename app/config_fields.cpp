@@ -1,0 +1,191 @@
+// The config schema's table: every key, its type, its allowed values and its one-line doc.
+// app/config_schema.cpp generates parsing, printing, flattening and the reference from it.
+#include <limits>
+
+#include "app/config_schema.h"
+
+namespace ft::config_schema {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+Allowed range(double lo, double hi, bool lo_open, bool hi_open) {
+  Allowed allowed;
+  allowed.lo = lo, allowed.hi = hi, allowed.lo_open = lo_open, allowed.hi_open = hi_open;
+  return allowed;
+}
+Allowed in(double lo, double hi) {
+  return range(lo, hi, false, false);
+}
+Allowed at_least(double lo) {
+  return range(lo, kInf, false, false);
+}
+Allowed above_up_to(double lo, double hi) {
+  return range(lo, hi, true, false);
+}
+Allowed from_below(double lo, double hi) {
+  return range(lo, hi, false, true);
+}
+Allowed one_of(std::vector<std::string> choices) {
+  Allowed allowed;
+  allowed.choices = std::move(choices);
+  return allowed;
+}
+Allowed any_text() {
+  return {};
+}
+Allowed nonempty_text() {
+  Allowed allowed;
+  allowed.nonempty = true;
+  return allowed;
+}
+Allowed true_or_false() {
+  return {};
+}
+
+// Expands to the key's dotted name and an accessor for it, so the two can never disagree.
+#define FT_KEY(path) #path, +[](Config & c) { return &c.path; }
+
+}  // namespace
+
+std::vector<Field> build_fields() {
+  return {
+      {FT_KEY(model.arch), one_of({"gpt", "resnet"}),
+       "network: byte-level GPT-2 or CIFAR-style ResNet-(6n+2)"},
+      {FT_KEY(model.n_layer), in(1, 64), "transformer blocks (gpt)"},
+      {FT_KEY(model.n_head), in(1, 128), "attention heads; must divide d_model (gpt)"},
+      {FT_KEY(model.d_model), in(8, 4096), "embedding width (gpt)"},
+      {FT_KEY(model.seq_len), in(1, 8192), "context length in bytes; at least 2 for gpt"},
+      {FT_KEY(model.vocab_size), in(2, 65536), "vocabulary size; must be 256 (bytes) for gpt"},
+      {FT_KEY(model.dropout), from_below(0, 1), "dropout probability (gpt)"},
+      {FT_KEY(model.qk_norm), true_or_false(), "normalise queries and keys before attention (gpt)"},
+      {FT_KEY(model.resnet_blocks), in(1, 64),
+       "n in ResNet-(6n+2): residual blocks per stage (resnet)"},
+      {FT_KEY(model.resnet_width), in(1, 1024),
+       "channels of the first stage, doubled per stage (resnet)"},
+      {FT_KEY(model.conv_algorithm), one_of({"auto", "onednn"}),
+       "auto: Winograd F(4x4,3x3) for 3x3 stride-1 convs with 16k channels, oneDNN elsewhere; "
+       "onednn: oneDNN everywhere (resnet)"},
+
+      {FT_KEY(train.steps), at_least(1), "optimizer steps"},
+      {FT_KEY(train.batch_size), in(1, 65536), "examples per rank per micro-batch"},
+      {FT_KEY(train.seed), at_least(0), "seed for initialisation, data order and dropout"},
+      {FT_KEY(train.threads), in(0, 256),
+       "CPU threads per rank; 0 = cores / local ranks, at least 1"},
+      {FT_KEY(train.eval_every), at_least(0),
+       "steps between evaluations; 0 = no periodic evaluation"},
+      {FT_KEY(train.eval_batches), in(1, 1000000), "batches per evaluation"},
+      {FT_KEY(train.log_every), at_least(1), "steps between log lines"},
+      {FT_KEY(train.run_dir), any_text(),
+       "directory of the run: config.yaml, log.txt, metrics.jsonl; empty = "
+       "runs/<config stem>-<timestamp>, with runs/latest a symlink to it"},
+      {FT_KEY(train.checkpoint_dir), any_text(),
+       "directory for checkpoints; empty = <run_dir>/checkpoints"},
+      {FT_KEY(train.verbose), true_or_false(),
+       "progress lines add the learning rate and, with several ranks, communication details"},
+      {FT_KEY(train.checkpoint_every), at_least(0),
+       "steps between checkpoints; 0 = only at the end"},
+      {FT_KEY(train.resume), any_text(), "checkpoint to resume from; empty = fresh start"},
+      {FT_KEY(train.grad_accum), in(1, 1024), "micro-batches accumulated per optimizer step"},
+      {FT_KEY(train.device), one_of({"cpu"}),
+       "where compute runs; only cpu for now (GPU training is not implemented yet)"},
+      {FT_KEY(train.profile), true_or_false(),
+       "print per-op time (forward and backward apart) and fusion advice at the end; rank 0"},
+      {FT_KEY(train.trace), any_text(),
+       "write a Chrome trace-event JSON (Perfetto, chrome://tracing) of a few steps after warm-up "
+       "here; empty = none"},
+      {FT_KEY(train.nan_policy), one_of({"stop", "skip_step"}),
+       "a non-finite loss or gradient norm: stop the run there (non-zero exit), or skip that "
+       "step's optimizer update"},
+      {FT_KEY(train.max_skipped_steps), in(0, 1000000),
+       "skip_step: stop once more steps than this have been skipped"},
+      {FT_KEY(train.overwrite), true_or_false(),
+       "let a fresh run (no train.resume) write into a checkpoint_dir that already holds "
+       "checkpoints"},
+
+      {FT_KEY(optim.name), one_of({"adamw", "sgd"}), "optimizer"},
+      {FT_KEY(optim.lr), above_up_to(0, 10), "peak learning rate, reached after warmup"},
+      {FT_KEY(optim.min_lr), in(0, 10), "learning rate at the end of the cosine decay; at most lr"},
+      {FT_KEY(optim.warmup_steps), at_least(0), "linear warmup steps; at most train.steps"},
+      {FT_KEY(optim.beta1), from_below(0, 1), "AdamW first-moment decay"},
+      {FT_KEY(optim.beta2), from_below(0, 1), "AdamW second-moment decay"},
+      {FT_KEY(optim.eps), above_up_to(0, 1), "AdamW denominator epsilon"},
+      {FT_KEY(optim.weight_decay), in(0, 10), "weight decay (decoupled for adamw, L2 for sgd)"},
+      {FT_KEY(optim.momentum), from_below(0, 1), "SGD momentum"},
+      {FT_KEY(optim.nesterov), true_or_false(), "SGD Nesterov momentum"},
+      {FT_KEY(optim.grad_clip), in(0, 1e6), "clip the global gradient norm to this; 0 = off"},
+
+      {FT_KEY(data.path), nonempty_text(), "text corpus (gpt)"},
+      {FT_KEY(data.val_fraction), above_up_to(0, 0.5),
+       "tail fraction of the corpus held out for validation (gpt)"},
+      {FT_KEY(data.shuffle), true_or_false(), "shuffle training examples"},
+      {FT_KEY(data.augment), one_of({"none", "flip"}),
+       "training augmentation; flip = random horizontal flips (resnet)"},
+      {FT_KEY(data.mnist_dir), nonempty_text(), "Fashion-MNIST directory (resnet)"},
+      {FT_KEY(data.test_limit), at_least(0), "test images used for evaluation; 0 = all (resnet)"},
+
+      {FT_KEY(fusion.enabled), true_or_false(),
+       "compute fusion at all; false runs the eager graph exactly as model/ builds it"},
+      {FT_KEY(fusion.vertical.gemm_epilogue), true_or_false(),
+       "Linear -> GELU as one op: the GELU runs on row tiles of the GEMM output (gpt)"},
+      {FT_KEY(fusion.vertical.residual_layernorm), true_or_false(),
+       "dropout -> residual add -> next LayerNorm as one op (gpt)"},
+      {FT_KEY(fusion.vertical.classifier), true_or_false(),
+       "LM head -> softmax -> cross-entropy row block by row block, no probability tensor (gpt)"},
+      {FT_KEY(fusion.vertical.attention), true_or_false(),
+       "scores -> causal softmax -> weighted sum as one tiled op with an online softmax (gpt)"},
+      {FT_KEY(fusion.vertical.bn_relu), true_or_false(),
+       "BatchNorm -> ReLU and residual add -> ReLU as one op each (resnet)"},
+      {FT_KEY(fusion.horizontal.qkv), true_or_false(),
+       "the q, k and v Linears as one GEMM into a [rows, 3C] buffer (gpt)"},
+      {FT_KEY(fusion.horizontal.batched_layernorm), true_or_false(),
+       "the per-head q/k LayerNorms of qk_norm as one batched op (gpt)"},
+      {FT_KEY(fusion.horizontal.multi_tensor), true_or_false(),
+       "optimizer step, gradient zeroing and gradient norm as chunked passes over the flat "
+       "buffers"},
+      {FT_KEY(fusion.horizontal.conv_shortcut), true_or_false(),
+       "a downsampling block's 3x3 conv and 1x1 shortcut as one conv, within max_padding_overhead "
+       "(resnet)"},
+      {FT_KEY(fusion.horizontal.max_padding_overhead), in(0, 100),
+       "horizontal fusion only when padding FLOPs / useful FLOPs is at most this"},
+      {FT_KEY(fusion.max_ops), in(1, 64),
+       "eager ops one fused op may absorb; 1 fuses nothing; longer chains are split greedily"},
+      {FT_KEY(fusion.tile_kb), in(4, 65536),
+       "KiB of live intermediates per row tile of a fused row-tiled op; chains that cannot fit are "
+       "split"},
+
+      {FT_KEY(comm.backend), one_of({"auto", "mpi", "nccl"}),
+       "gradient all-reduce backend; auto picks one for train.device"},
+      {FT_KEY(comm.bucketing), true_or_false(),
+       "fuse gradients into buckets; false = one allreduce per parameter tensor"},
+      {FT_KEY(comm.bucket_mb), above_up_to(0, 4096), "bucket size in MB"},
+      {FT_KEY(comm.first_bucket_mb), above_up_to(0, 4096),
+       "first bucket size in MB, small so communication starts early; at most bucket_mb"},
+      {FT_KEY(comm.bucket_view), true_or_false(),
+       "buckets are views into the gradient buffer, not copies"},
+      {FT_KEY(comm.overlap), true_or_false(), "overlap all-reduce with the backward pass"},
+      {FT_KEY(comm.reorder_buckets), true_or_false(),
+       "order buckets by when their gradients become ready"},
+      {FT_KEY(comm.deterministic), true_or_false(),
+       "sum gradients in rank order, so bucketing never changes a bit (from 3 ranks a "
+       "point-to-point fold instead of the MPI library's collective); false = MPI's own tuned, "
+       "topology-aware allreduce"},
+      {FT_KEY(comm.emulate.latency_us), in(0, 1e6),
+       "added latency per message in microseconds; needs bandwidth_gbps > 0"},
+      {FT_KEY(comm.emulate.bandwidth_gbps), in(0, 1e4),
+       "emulated link bandwidth in Gbit/s; 0 = emulation off"},
+
+      {FT_KEY(inference.checkpoint), any_text(), "checkpoint to load; empty = none"},
+      {FT_KEY(inference.max_new_tokens), in(0, 1000000), "bytes to generate (gpt)"},
+      {FT_KEY(inference.temperature), above_up_to(0, 100), "sampling temperature (gpt)"},
+      {FT_KEY(inference.top_k), in(0, 65536),
+       "sample among the k most likely tokens; 0 = all (gpt)"},
+      // Lives in FusionOptions, since the fold is a fusion pass over eval graphs.
+      {"inference.fold_bn", +[](Config& c) { return &c.fusion.fold_bn; }, true_or_false(),
+       "eval graphs fold BatchNorm into the convolution before it, with the ReLU and residual "
+       "add after it as the convolution's epilogue (resnet)"},
+  };
+}
+#undef FT_KEY
+
+}  // namespace ft::config_schema
