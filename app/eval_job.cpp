@@ -3,11 +3,11 @@
 #include <omp.h>
 
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "app/jobs.h"
 #include "app/trainer.h"
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/safetensors.h"
 
@@ -61,12 +61,7 @@ int run_eval(const EvalArgs& args) {
                 static_cast<long long>(result.examples));
   }
   if (!args.json_path.empty()) {
-    std::ofstream json(args.json_path);
-    FT_REQUIRE(json.good(), "cannot open --json file '", args.json_path, "' for writing");
-    json << row.dump() << "\n";
-    json.close();  // a full disk shows at the flush, so check after closing
-    FT_REQUIRE(!json.fail(), "writing --json file '", args.json_path,
-               "' failed (disk full or not writable?)");
+    write_output_file(args.json_path, row.dump() + "\n");
   }
   return 0;
 }

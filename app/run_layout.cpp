@@ -4,7 +4,6 @@
 #include <ctime>
 #include <filesystem>
 
-#include "comm/startup.h"
 #include "core/check.h"
 
 namespace ft {

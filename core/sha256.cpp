@@ -23,14 +23,6 @@ std::string hex(const unsigned char* digest, unsigned int length) {
 
 }  // namespace
 
-std::string sha256_hex(const std::string& bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  FT_CHECK(EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_sha256(), nullptr) == 1,
-           "sha256: OpenSSL EVP_Digest failed");
-  return hex(digest, length);
-}
-
 std::string sha256_hex_of_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   FT_REQUIRE(in.good(), "cannot read '", path, "'");

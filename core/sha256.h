@@ -5,9 +5,6 @@
 
 namespace ft {
 
-// Lower-case hex SHA-256 of `bytes`.
-std::string sha256_hex(const std::string& bytes);
-
 // Lower-case hex SHA-256 of the file at `path`, read in chunks. Throws ft::Error naming the path
 // when it cannot be read.
 std::string sha256_hex_of_file(const std::string& path);

@@ -182,18 +182,8 @@ TEST(Export, CheckpointWithoutRunningStatisticsIsRefused) {
   register_resnet_params(resnet_shape(config.model), params);
   params.allocate();
   params.initialize(3);
-  std::vector<SafetensorsView> views;
-  for (ParamId id = 0; id < params.size(); ++id)
-    if (params[id].trainable)
-      views.push_back({params[id].name, params[id].shape, params[id].value.data()});
   const std::string path = temp_path("no_stats.safetensors");
-  save_safetensors(path,
-                   {{"format", "fusiontrain-checkpoint-1"},
-                    {"step", "0"},
-                    {"optimizer_steps", "0"},
-                    {"arch", "resnet"},
-                    {"config", config_to_yaml(config)}},
-                   views);
+  fold_test::write_checkpoint(path, config, params, /*with_buffers=*/false);
   const test::RunResult result = run_fusiontrain(
       "export --checkpoint " + path + " --out " + temp_path("never.safetensors"), 60);
   EXPECT_EQ(result.exit_code, 1);

@@ -50,12 +50,14 @@ inline void randomize_batchnorms(ParamStore& params, uint64_t seed) {
 }
 
 // Saves `params` as a fusiontrain checkpoint of `config` (no optimizer state: enough for eval,
-// export and infer, which read parameters and the embedded config only).
+// export and infer, which read parameters and the embedded config only). Without
+// `with_buffers` the BatchNorm running statistics are left out, as in a broken checkpoint.
 inline void write_checkpoint(const std::string& path, const Config& config,
-                             const ParamStore& params) {
+                             const ParamStore& params, bool with_buffers = true) {
   std::vector<SafetensorsView> views;
   for (ParamId id = 0; id < params.size(); ++id)
-    views.push_back({params[id].name, params[id].shape, params[id].value.data()});
+    if (with_buffers || params[id].trainable)
+      views.push_back({params[id].name, params[id].shape, params[id].value.data()});
   save_safetensors(path,
                    {{"format", "fusiontrain-checkpoint-1"},
                     {"step", "0"},
