@@ -1,11 +1,12 @@
 # Optional CUDA path (FT_CUDA=AUTO|ON|OFF), included by the root CMakeLists after the CPU libraries.
 # AUTO builds it when nvcc, cuDNN and NCCL are all found; ON fails when one is missing; OFF skips.
-# When on, it defines the static library ft_cuda (core/cuda/* and comm/nccl/*) with the PUBLIC
-# definition FT_HAVE_CUDA=1; the binary and the tests link it when the target exists.
+# When on, every folder library compiles its own .cu kernels (and ft_core core/cuda/*, ft_comm
+# comm/nccl/*), ft_core carries the PUBLIC definition FT_HAVE_CUDA=1, and the interface target
+# ft_cuda names the lot for the binary and the tests.
 
 # The per-folder globs of ft_core and ft_comm also match core/cuda/*.cpp and comm/nccl/*.cpp.
-# Those need CUDA headers, so they belong to ft_cuda only: take them out of the CPU libraries,
-# whether or not CUDA is on.
+# Those need CUDA headers: take them out of the CPU libraries here, and put them back (with every
+# folder's .cu kernels) below when CUDA is on.
 foreach(cpu_library ft_core ft_comm)
   get_target_property(cpu_sources ${cpu_library} SOURCES)
   list(FILTER cpu_sources EXCLUDE REGEX "/core/cuda/|/comm/nccl/")
@@ -84,20 +85,34 @@ if(FT_CUDA_ENABLED)
   set_target_properties(ft_nccl PROPERTIES IMPORTED_LOCATION ${FT_NCCL_LIBRARY}
                                            INTERFACE_INCLUDE_DIRECTORIES ${FT_NCCL_INCLUDE_DIR})
 
-  file(GLOB ft_cuda_sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/core/cuda/*.cu
-       ${CMAKE_SOURCE_DIR}/core/cuda/*.cpp ${CMAKE_SOURCE_DIR}/comm/nccl/*.cu
-       ${CMAKE_SOURCE_DIR}/comm/nccl/*.cpp)
-  add_library(ft_cuda STATIC ${ft_cuda_sources})
-  target_include_directories(ft_cuda PUBLIC ${CMAKE_SOURCE_DIR})
-  target_compile_definitions(ft_cuda PUBLIC FT_HAVE_CUDA=1)
-  # One cudart for the whole process: the shared one, which cuDNN and NCCL also expect.
-  set_target_properties(ft_cuda PROPERTIES CUDA_RUNTIME_LIBRARY Shared
-                                           POSITION_INDEPENDENT_CODE ON)
-  target_compile_options(ft_cuda PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:${FT_WARNINGS}>
-    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Werror --Werror=all-warnings>)
-  target_link_libraries(ft_cuda PUBLIC ft_core ft_comm CUDA::cudart CUDA::cublasLt ft_cudnn
-                                       ft_nccl)
+  # Each op's CUDA kernels live beside its CPU kernels (model/ops/gelu.cpp and gelu.cu), so each
+  # folder library takes its own .cu files; FT_HAVE_CUDA=1 is public on ft_core, so every target
+  # above it compiles its CUDA dispatch. ft_cuda stays as the one name tests and tools link.
+  foreach(folder core model fusion comm)
+    file(GLOB folder_cuda_sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/${folder}/*.cu
+         ${CMAKE_SOURCE_DIR}/${folder}/*/*.cu)
+    if(folder STREQUAL "core")
+      file(GLOB cuda_host_sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/core/cuda/*.cpp)
+      list(APPEND folder_cuda_sources ${cuda_host_sources})
+    elseif(folder STREQUAL "comm")
+      file(GLOB cuda_host_sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/comm/nccl/*.cpp)
+      list(APPEND folder_cuda_sources ${cuda_host_sources})
+    endif()
+    target_sources(ft_${folder} PRIVATE ${folder_cuda_sources})
+    # One cudart for the whole process: the shared one, which cuDNN and NCCL also expect.
+    # The folder libraries exist before enable_language(CUDA), so they need the architectures
+    # set explicitly.
+    set_target_properties(ft_${folder} PROPERTIES CUDA_RUNTIME_LIBRARY Shared
+                                                  CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
+                                                  POSITION_INDEPENDENT_CODE ON)
+    target_compile_options(ft_${folder} PRIVATE
+      $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Werror --Werror=all-warnings>)
+  endforeach()
+  target_compile_definitions(ft_core PUBLIC FT_HAVE_CUDA=1)
+  # core/cuda/cuda_check.cpp names the errors of all four libraries, so ft_core links them all.
+  target_link_libraries(ft_core PUBLIC CUDA::cudart CUDA::cublasLt ft_cudnn ft_nccl)
+  add_library(ft_cuda INTERFACE)
+  target_link_libraries(ft_cuda INTERFACE ft_core ft_comm)
   message(STATUS "fusiontrain: CUDA path ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
                  "sm_${CMAKE_CUDA_ARCHITECTURES}, cuDNN ${FT_CUDNN_LIBRARY}, "
                  "NCCL ${FT_NCCL_LIBRARY})")

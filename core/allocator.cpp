@@ -5,6 +5,20 @@
 #include "core/check.h"
 
 namespace ft {
+namespace {
+
+void* aligned_host_allocate(size_t bytes) {
+  void* ptr = std::aligned_alloc(64, bytes);
+  FT_CHECK(ptr != nullptr, "out of host memory allocating ", bytes, " bytes");
+  return ptr;
+}
+
+}  // namespace
+
+CachingAllocator::CachingAllocator() : CachingAllocator(aligned_host_allocate, std::free) {}
+
+CachingAllocator::CachingAllocator(RawAllocate raw_allocate, RawRelease raw_release)
+    : raw_allocate_(raw_allocate), raw_release_(raw_release) {}
 
 CachingAllocator& CachingAllocator::host() {
   static CachingAllocator* allocator = new CachingAllocator();  // never destroyed: outlives statics
@@ -32,8 +46,7 @@ void* CachingAllocator::allocate(size_t bytes) {
     free_blocks_.erase(it);
     stats_.bytes_cached -= rounded;
   } else {
-    ptr = std::aligned_alloc(64, rounded);
-    FT_CHECK(ptr != nullptr, "out of host memory allocating ", rounded, " bytes");
+    ptr = raw_allocate_(rounded);
     ++stats_.os_allocations;
   }
   stats_.bytes_in_use += rounded;
@@ -52,7 +65,7 @@ void CachingAllocator::release(void* ptr, size_t bytes) {
 
 void CachingAllocator::trim() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& [size, ptr] : free_blocks_) std::free(ptr);
+  for (auto& [size, ptr] : free_blocks_) raw_release_(ptr);
   free_blocks_.clear();
   stats_.bytes_cached = 0;
 }

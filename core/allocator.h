@@ -1,5 +1,6 @@
-// CachingAllocator: hands out 64-byte aligned host blocks and keeps freed blocks for reuse by size,
-// so a training step after the first allocates nothing from the OS.
+// CachingAllocator: hands out blocks and keeps freed ones for reuse by size, so a training step
+// after the first allocates nothing from the OS or the CUDA driver. host() gives 64-byte aligned
+// host memory; device() (CUDA builds only, core/cuda/device_memory.cu) gives cudaMalloc memory.
 // Thread safety: all methods are safe to call from any thread (one mutex).
 #pragma once
 #include <cstddef>
@@ -18,6 +19,9 @@ struct AllocatorStats {
 class CachingAllocator {
  public:
   static CachingAllocator& host();
+#if defined(FT_HAVE_CUDA)
+  static CachingAllocator& device();
+#endif
 
   // Returns a block of at least `bytes` bytes. Never returns null; throws ft::Error on failure.
   void* allocate(size_t bytes);
@@ -27,13 +31,18 @@ class CachingAllocator {
   void trim();
   AllocatorStats stats() const;
 
-  CachingAllocator() = default;
+  using RawAllocate = void* (*)(size_t bytes);  // never returns null; throws on failure
+  using RawRelease = void (*)(void* ptr);
+  CachingAllocator();  // host memory
+  CachingAllocator(RawAllocate raw_allocate, RawRelease raw_release);
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
  private:
   static size_t round_up(size_t bytes);
+  RawAllocate raw_allocate_;
+  RawRelease raw_release_;
   mutable std::mutex mutex_;
   std::multimap<size_t, void*> free_blocks_;  // rounded size -> block
   AllocatorStats stats_;

@@ -7,7 +7,24 @@
 #include "core/allocator.h"
 #include "core/check.h"
 
+#if defined(FT_HAVE_CUDA)
+#include "core/cuda/cuda_context.h"
+#include "core/cuda/device_memory.h"
+#endif
+
 namespace ft {
+namespace {
+
+CachingAllocator& allocator_for(Device device) {
+#if defined(FT_HAVE_CUDA)
+  if (device == Device::kCuda) return CachingAllocator::device();
+#else
+  FT_CHECK(device == Device::kCpu, "a cuda tensor in a build without the CUDA path");
+#endif
+  return CachingAllocator::host();
+}
+
+}  // namespace
 
 int64_t shape_numel(const Shape& shape) {
   int64_t count = 1;
@@ -27,15 +44,15 @@ std::string shape_str(const Shape& shape) {
 }
 
 Tensor Tensor::empty(const Shape& shape, Device device) {
-  FT_CHECK(device == Device::kCpu, "Tensor::empty on cuda goes through core/cuda");
   Tensor tensor;
   tensor.shape_ = shape;
   tensor.numel_ = shape_numel(shape);
   tensor.device_ = device;
   const size_t bytes = tensor.bytes();
-  void* block = CachingAllocator::host().allocate(bytes);
+  CachingAllocator* allocator = &allocator_for(device);
+  void* block = allocator->allocate(bytes);
   tensor.storage_ = std::shared_ptr<void>(
-      block, [bytes](void* ptr) { CachingAllocator::host().release(ptr, bytes); });
+      block, [allocator, bytes](void* ptr) { allocator->release(ptr, bytes); });
   tensor.base_ = static_cast<float*>(block);
   return tensor;
 }
@@ -81,15 +98,34 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 }
 
 void Tensor::fill(float value) {
-  FT_CHECK(device_ == Device::kCpu, "fill on cpu only");
+#if defined(FT_HAVE_CUDA)
+  if (device_ == Device::kCuda)
+    return cuda_fill(data(), numel_, value, cuda_context().compute_stream());
+#endif
   std::fill(data(), data() + numel_, value);
 }
 
 void Tensor::copy_from(const Tensor& source) {
   FT_CHECK(source.numel() == numel_, "copy_from: ", shape_str(source.shape()), " into ",
            shape_str(shape_));
-  FT_CHECK(device_ == Device::kCpu && source.device() == Device::kCpu, "copy_from on cpu only");
-  if (numel_ > 0) std::memcpy(data(), source.data(), bytes());
+  if (numel_ == 0) return;
+#if defined(FT_HAVE_CUDA)
+  if (device_ == Device::kCuda || source.device() == Device::kCuda)
+    return cuda_copy(data(), source.data(), bytes(), cuda_context().compute_stream());
+#endif
+  std::memcpy(data(), source.data(), bytes());
+}
+
+Tensor Tensor::to(Device device) const {
+  Tensor result = Tensor::empty(shape_, device);
+  result.copy_from(*this);
+  return result;
+}
+
+std::vector<float> Tensor::to_host_vector() const {
+  std::vector<float> host(static_cast<size_t>(numel_));
+  if (numel_ > 0) Tensor::wrap(host.data(), shape_).copy_from(*this);
+  return host;
 }
 
 }  // namespace ft

@@ -41,8 +41,13 @@ class Tensor {
   // Rows [begin, end) along axis 0, sharing storage.
   Tensor rows(int64_t begin, int64_t end) const;
 
+  // On cuda both enqueue on the compute stream (core/cuda/cuda_context.h); a copy with a host side
+  // returns once the host buffer may be used.
   void fill(float value);
-  void copy_from(const Tensor& source);  // REQUIRES: same numel.
+  void copy_from(const Tensor& source);  // REQUIRES: same numel; any devices.
+  // A new tensor on `device` with this one's contents; a host vector of them.
+  Tensor to(Device device) const;
+  std::vector<float> to_host_vector() const;
 
  private:
   std::shared_ptr<void> storage_;  // keeps base_ alive; null for wrapped tensors

@@ -6,6 +6,10 @@
 #include "core/check.h"
 #include "core/denormals.h"
 
+#if defined(FT_HAVE_CUDA)
+#include "core/cuda/cuda_context.h"
+#endif
+
 namespace ft {
 
 Executor::Executor(const Graph& graph, ParamStore& params) : graph_(graph), params_(params) {
@@ -68,6 +72,11 @@ bool Executor::needs_grad(ValueId id) const {
 
 Workspace Executor::make_workspace() const {
   Workspace ws;
+  const Device device = params_.device();
+  ws.device = device;
+#if defined(FT_HAVE_CUDA)
+  if (device == Device::kCuda) ws.stream = cuda_context().compute_stream();
+#endif
   const ValueId count = static_cast<ValueId>(graph_.values.size());
   ws.values.resize(count);
   ws.grads.resize(count);
@@ -76,22 +85,47 @@ Workspace Executor::make_workspace() const {
     const Value& value = graph_.values[id];
     ws.row_strides[id] = graph_.row_stride(id);
     if (value.is_view()) continue;
-    ws.values[id] = Tensor::zeros(value.shape);
-    if (needs_grad(id)) ws.grads[id] = Tensor::zeros(value.shape);
+    ws.values[id] = Tensor::zeros(value.shape, device);
+    if (needs_grad(id)) ws.grads[id] = Tensor::zeros(value.shape, device);
   }
   for (ValueId id = 0; id < count; ++id) {
     const Value& value = graph_.values[id];
     if (!value.is_view()) continue;
     ws.values[id] =
-        Tensor::wrap(ws.values[value.view_of].data() + value.column_offset, value.shape);
+        Tensor::wrap(ws.values[value.view_of].data() + value.column_offset, value.shape, device);
     if (needs_grad(value.view_of))
       ws.grads[id] =
-          Tensor::wrap(ws.grads[value.view_of].data() + value.column_offset, value.shape);
+          Tensor::wrap(ws.grads[value.view_of].data() + value.column_offset, value.shape, device);
   }
   return ws;
 }
 
+namespace {
+
+// Copies an int32 host vector into `on_device` (reallocated when its length changed).
+void upload_ids(Tensor& on_device, std::vector<int32_t>& ids) {
+  static_assert(sizeof(int32_t) == sizeof(float), "ids travel in float storage");
+  const int64_t count = static_cast<int64_t>(ids.size());
+  if (!on_device.defined() || on_device.numel() != count)
+    on_device = Tensor::empty({count}, Device::kCuda);
+  if (count > 0) on_device.copy_from(Tensor::wrap(reinterpret_cast<float*>(ids.data()), {count}));
+}
+
+}  // namespace
+
+float Executor::loss(const Workspace& ws) const {
+  const Tensor& loss = ws.values[graph_.loss];
+  if (loss.device() == Device::kCpu) return loss.data()[0];
+  return loss.to_host_vector()[0];
+}
+
 void Executor::forward(Workspace& ws) {
+  FT_CHECK(ws.device == params_.device(), "workspace on ", device_name(ws.device),
+           ", parameters on ", device_name(params_.device()));
+  if (ws.device == Device::kCuda) {
+    upload_ids(ws.tokens_on_device, ws.tokens);
+    upload_ids(ws.targets_on_device, ws.targets);
+  }
   // A train forward updates BatchNorm running statistics.
   if (graph_.mode == GraphMode::kTrain) params_.mark_changed();
   const bool timed = profiling_ || observer_ != nullptr;

@@ -27,8 +27,8 @@ class Executor {
   // fusion pass has run): the tables below are derived from it once.
   Executor(const Graph& graph, ParamStore& params);
 
-  // Buffers for every root value and its gradient (views share their root's); eval graphs and
-  // values that need no gradient get no gradient buffer.
+  // Buffers for every root value and its gradient (views share their root's), on the parameters'
+  // device; eval graphs and values that need no gradient get no gradient buffer.
   Workspace make_workspace() const;
 
   void forward(Workspace& ws);
@@ -39,7 +39,8 @@ class Executor {
   // a train graph (eval graphs have no backward).
   void backward(Workspace& ws, const GradReadyFn& on_grad_ready = nullptr);
 
-  float loss(const Workspace& ws) const { return ws.values[graph_.loss].data()[0]; }
+  // The loss scalar, copied to the host when the workspace is on cuda (waits for the step).
+  float loss(const Workspace& ws) const;
 
   // Trainable params in the order their gradients become final in backward.
   const std::vector<ParamId>& grad_ready_order() const { return grad_ready_order_; }

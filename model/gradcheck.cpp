@@ -115,21 +115,28 @@ WeightedSumLossOp::WeightedSumLossOp(int64_t numel, uint64_t seed) {
   for (int64_t i = 0; i < numel; ++i) weights_.data()[i] = rng.normal();
 }
 
+// A test op, so on cuda it copies through the host instead of having kernels: the sum is then
+// the same double-precision loop on both devices, and device comparisons see only the op under
+// test.
 void WeightedSumLossOp::forward(Workspace& ws, ParamStore&) {
   const Tensor& x = ws.values[inputs.at(0)];
   FT_CHECK(x.numel() == weights_.numel(), "weighted_sum_loss '", name, "': input has ", x.numel(),
            " elements, expected ", weights_.numel());
+  const std::vector<float> x_host = x.to_host_vector();
   double sum = 0.0;
   for (int64_t i = 0; i < x.numel(); ++i)
-    sum += static_cast<double>(x.data()[i]) * weights_.data()[i];
-  ws.values[outputs.at(0)].data()[0] = static_cast<float>(sum);
+    sum += static_cast<double>(x_host[i]) * weights_.data()[i];
+  float loss = static_cast<float>(sum);
+  ws.values[outputs.at(0)].copy_from(Tensor::wrap(&loss, {1}));
 }
 
 // loss = sum_i x_i w_i  =>  dx_i += dloss * w_i.
 void WeightedSumLossOp::backward(Workspace& ws, ParamStore&) {
   Tensor& dx = ws.grads[inputs.at(0)];
-  const float dloss = ws.grads[outputs.at(0)].data()[0];
-  for (int64_t i = 0; i < dx.numel(); ++i) dx.data()[i] += dloss * weights_.data()[i];
+  const float dloss = ws.grads[outputs.at(0)].to_host_vector()[0];
+  std::vector<float> dx_host = dx.to_host_vector();
+  for (int64_t i = 0; i < dx.numel(); ++i) dx_host[i] += dloss * weights_.data()[i];
+  dx.copy_from(Tensor::wrap(dx_host.data(), dx.shape()));
 }
 
 ValueId add_weighted_sum_loss(Graph& graph, ValueId value, uint64_t seed) {

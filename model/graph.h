@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/device.h"
 #include "core/tensor.h"
 #include "model/params.h"
 
@@ -82,12 +83,19 @@ struct Value {
 
 // Per-run buffers for every value and its gradient, plus the integer inputs of a batch.
 struct Workspace {
+  // Where values and gradients live; each op runs the kernels of this device (core/device.h), on
+  // `stream` when it is cuda (the compute stream of core/cuda/cuda_context.h).
+  Device device = Device::kCpu;
+  CudaStream stream = nullptr;
   std::vector<Tensor> values;        // a view's tensor starts at its first element; see row_stride
   std::vector<Tensor> grads;         // undefined for values with !needs_grad
   std::vector<int64_t> row_strides;  // per value, floats between rows: shape.back() for roots
   std::vector<int32_t> tokens;       // GPT: input byte ids [B*T]
   std::vector<int32_t> targets;      // GPT: next-byte ids [B*T]; ResNet: class labels [B]
-  uint64_t dropout_seed = 0;         // changes every step; masks are a pure function of it
+  // cuda: tokens and targets copied to the device by Executor::forward, as int32 bit patterns in
+  // float storage (Tensor holds floats); read them through device_tokens()/device_targets().
+  Tensor tokens_on_device, targets_on_device;
+  uint64_t dropout_seed = 0;  // changes every step; masks are a pure function of it
   // Per value, set by the executor only for an op that overwrites_fresh_input_grads(): the
   // gradient buffer holds stale data, and that op's backward must write (=) all of it.
   std::vector<uint8_t> grad_fresh;
@@ -96,6 +104,12 @@ struct Workspace {
     return static_cast<size_t>(id) < grad_fresh.size() && grad_fresh[id] != 0;
   }
   int64_t row_stride(ValueId id) const { return row_strides.at(id); }
+  const int32_t* device_tokens() const {
+    return reinterpret_cast<const int32_t*>(tokens_on_device.data());
+  }
+  const int32_t* device_targets() const {
+    return reinterpret_cast<const int32_t*>(targets_on_device.data());
+  }
 };
 
 class Graph;

@@ -37,23 +37,24 @@ ParamId ParamStore::add_buffer(const std::string& name, const Shape& shape, Para
   return add_entry(std::move(param));
 }
 
-void ParamStore::allocate() {
+void ParamStore::allocate(Device device) {
   FT_CHECK(!allocated_, "allocate() called twice");
+  device_ = device;
   int64_t trainable_floats = 0, buffer_floats = 0;
   for (Param& param : params_) {
     int64_t& cursor = param.trainable ? trainable_floats : buffer_floats;
     param.offset = cursor;
     cursor += shape_numel(param.shape);
   }
-  flat_values_ = Tensor::zeros({trainable_floats});
-  flat_grads_ = Tensor::zeros({trainable_floats});
-  flat_buffers_ = Tensor::zeros({buffer_floats});
+  flat_values_ = Tensor::zeros({trainable_floats}, device);
+  flat_grads_ = Tensor::zeros({trainable_floats}, device);
+  flat_buffers_ = Tensor::zeros({buffer_floats}, device);
   for (Param& param : params_) {
     if (param.trainable) {
-      param.value = Tensor::wrap(flat_values_.data() + param.offset, param.shape);
-      param.grad = Tensor::wrap(flat_grads_.data() + param.offset, param.shape);
+      param.value = Tensor::wrap(flat_values_.data() + param.offset, param.shape, device);
+      param.grad = Tensor::wrap(flat_grads_.data() + param.offset, param.shape, device);
     } else {
-      param.value = Tensor::wrap(flat_buffers_.data() + param.offset, param.shape);
+      param.value = Tensor::wrap(flat_buffers_.data() + param.offset, param.shape, device);
     }
   }
   allocated_ = true;
@@ -64,12 +65,16 @@ void ParamStore::initialize(uint64_t seed) {
   mark_changed();
   Rng rng(seed);
   for (Param& param : params_) {
-    float* values = param.value.data();
     const int64_t count = param.value.numel();
     switch (param.init) {
-      case ParamInit::kNormal:
+      case ParamInit::kNormal: {
+        // Drawn on the host on every device, so cpu and cuda runs start from the same values.
+        Tensor host = device_ == Device::kCpu ? param.value : Tensor::empty(param.shape);
+        float* values = host.data();
         for (int64_t i = 0; i < count; ++i) values[i] = param.init_std * rng.normal();
+        if (device_ != Device::kCpu) param.value.copy_from(host);
         break;
+      }
       case ParamInit::kOnes:
         param.value.fill(1.0f);
         break;

@@ -39,9 +39,11 @@ class ParamStore {
               bool weight_decay);
   ParamId add_buffer(const std::string& name, const Shape& shape, ParamInit init);
 
-  // Lays out the flat buffers; views in Param::value/grad are valid afterwards.
-  void allocate();
-  // Deterministic initialisation from `seed`, in registration order.
+  // Lays out the flat buffers on `device`; views in Param::value/grad are valid afterwards.
+  void allocate(Device device = Device::kCpu);
+  Device device() const { return device_; }
+  // Deterministic initialisation from `seed`, in registration order. On cuda the values are drawn
+  // on the host and copied, so both devices start from the same bits.
   void initialize(uint64_t seed);
   // Zeroes every trainable gradient, tensor by tensor (the per-tensor ParamSweep's zero; see
   // model/optimizer.h).
@@ -74,6 +76,7 @@ class ParamStore {
   std::unordered_map<std::string, ParamId> index_;
   Tensor flat_values_, flat_grads_, flat_buffers_;
   bool allocated_ = false;
+  Device device_ = Device::kCpu;
   uint64_t version_ = 0;
 };
 

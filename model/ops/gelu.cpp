@@ -30,11 +30,15 @@ void GeluOp::check_wiring(const Workspace& ws) const {
 
 void GeluOp::forward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
+  FT_RUN_ON_CUDA(ws, gelu_forward_cuda(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
+                                       numel_, ws.stream));
   gelu_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(), numel_);
 }
 
 void GeluOp::backward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
+  FT_RUN_ON_CUDA(ws, gelu_backward_cuda(ws.grads[inputs[0]].data(), ws.grads[outputs[0]].data(),
+                                        ws.values[inputs[0]].data(), numel_, ws.stream));
   gelu_backward(ws.grads[inputs[0]].data(), ws.grads[outputs[0]].data(),
                 ws.values[inputs[0]].data(), numel_);
 }

@@ -27,8 +27,8 @@ TEST(Cuda, Skipped) {
 #include "core/cuda/cublaslt_gemm.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cudnn_handle.h"
-#include "core/cuda/gelu_kernel.h"
 #include "core/math/gelu.h"
+#include "model/ops/gelu.h"
 
 namespace ft {
 namespace {
@@ -147,7 +147,7 @@ TEST(GeluKernel, BackwardAccumulatesIntoInputGradient) {
   const std::vector<float> upstream = uniform(input.size(), -2.0f, 2.0f, 3);
   const std::vector<float> existing(input.size(), 0.25f);
   DeviceBuffer in(input), dout(upstream), din(existing);
-  gelu_backward_cuda(din.get(), in.get(), dout.get(), static_cast<int64_t>(input.size()), nullptr);
+  gelu_backward_cuda(din.get(), dout.get(), in.get(), static_cast<int64_t>(input.size()), nullptr);
   FT_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<double> want(input.size());
   for (size_t i = 0; i < input.size(); ++i) {

@@ -1,0 +1,50 @@
+// CudaContext: the process's CUDA state for training, made once on first use: the selected
+// device, a compute stream (every op kernel, fill and copy), a communication stream (NCCL bucket
+// reductions, so they overlap the backward kernels), the cuBLASLt GEMM and the cuDNN handle.
+// Ops reach it through cuda_context(); nothing else creates streams or handles.
+// Thread safety: the training thread owns it; the communication stream is only enqueued on from
+// the training thread too (GradSync), ordered against compute by events.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "core/cuda/cublaslt_gemm.h"
+#include "core/cuda/cudnn_handle.h"
+
+namespace ft {
+
+class CudaContext {
+ public:
+  // Selects `device_index` (local rank modulo device count, see select_cuda_device) and creates
+  // both streams and the library handles. Throws ft::Error when no device can be used.
+  explicit CudaContext(int device_index);
+  ~CudaContext();
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+
+  int device_index() const { return device_index_; }
+  cudaStream_t compute_stream() const { return compute_stream_; }
+  cudaStream_t comm_stream() const { return comm_stream_; }
+  CublasLtGemm& gemm() { return *gemm_; }
+  CudnnHandle& cudnn() { return *cudnn_; }
+  // Blocks until every kernel on the compute stream is done (checkpoints, tests, timing).
+  void synchronize_compute();
+
+ private:
+  int device_index_;
+  cudaStream_t compute_stream_ = nullptr;
+  cudaStream_t comm_stream_ = nullptr;
+  std::unique_ptr<CublasLtGemm> gemm_;
+  std::unique_ptr<CudnnHandle> cudnn_;
+};
+
+// Picks the device the process trains on: `local_rank` modulo the visible devices, so that
+// several ranks of one machine spread over its GPUs and share one when there is only one (the MPI
+// backend allows that; NCCL refuses it). Call before the first cuda_context(). Default 0.
+void select_cuda_device(int local_rank);
+
+// The process's context, created on first call on the selected device.
+CudaContext& cuda_context();
+
+}  // namespace ft
