@@ -57,11 +57,16 @@ void require_no_unknown_tensors(const SafetensorsFile& file, const ParamStore& p
           "; the config's model.* keys must describe the checkpoint's model");
 }
 
+// A view of a loaded entry's floats, for copy_from into a tensor on any device.
+Tensor host_tensor(const SafetensorsEntry& entry, const Shape& shape) {
+  return Tensor::wrap(const_cast<float*>(entry.data.data()), shape);
+}
+
 void copy_params(const SafetensorsFile& file, ParamStore& params, const std::string& path) {
   for (ParamId id = 0; id < params.size(); ++id) {
     Param& param = params[id];
     const SafetensorsEntry& entry = find_entry(file, param.name, param.shape, path);
-    std::memcpy(param.value.data(), entry.data.data(), param.value.bytes());
+    param.value.copy_from(host_tensor(entry, param.shape));
   }
   require_no_unknown_tensors(file, params, path);
   params.mark_changed();
@@ -115,20 +120,37 @@ SafetensorsFile load_checkpoint_file(const std::string& path) {
   return file;
 }
 
-void Trainer::require_finite_state(const std::string& path) const {
+Trainer::HostState Trainer::host_state() {
+  // On cuda, one copy per flat buffer (a few, not one per tensor); on cpu the buffers themselves.
+  auto on_host = [](const Tensor& tensor) {
+    return tensor.device() == Device::kCpu ? tensor : tensor.to(Device::kCpu);
+  };
+  HostState state;
+  state.values = on_host(params_.flat_values());
+  state.buffers = on_host(params_.flat_buffers());
+  for (auto& [slot, tensor] : optimizer_->state_slots())
+    state.optimizer.emplace_back(slot, on_host(*tensor));
+  return state;
+}
+
+const float* Trainer::HostState::param_data(const Param& param) const {
+  return (param.trainable ? values : buffers).data() + param.offset;
+}
+
+void Trainer::require_finite_state(const std::string& path, const HostState& host) const {
   std::string bad;
   for (ParamId id = 0; id < params_.size() && bad.empty(); ++id) {
     const Param& param = params_[id];
-    const int64_t at = first_non_finite(param.value.data(), param.value.numel());
-    if (at >= 0)
-      bad = "parameter '" + param.name + "' holds " + std::to_string(param.value.data()[at]);
+    const float* data = host.param_data(param);
+    const int64_t at = first_non_finite(data, param.value.numel());
+    if (at >= 0) bad = "parameter '" + param.name + "' holds " + std::to_string(data[at]);
   }
-  for (auto& [slot, state] : optimizer_->state_slots()) {
+  for (const auto& [slot, state] : host.optimizer) {
     if (!bad.empty()) break;
     for (ParamId id = 0; id < params_.size() && bad.empty(); ++id) {
       const Param& param = params_[id];
       if (!param.trainable) continue;
-      const float* data = state->data() + param.offset;
+      const float* data = state.data() + param.offset;
       const int64_t at = first_non_finite(data, param.value.numel());
       if (at >= 0)
         bad = "optimizer state '" + slot_name(slot, param.name) + "' holds " +
@@ -149,7 +171,8 @@ std::string Trainer::last_checkpoint_text() const {
 
 void Trainer::save_checkpoint(const std::string& path) {
   // Every rank checks (the parameters are the same on all), so all of them stop together.
-  require_finite_state(path);
+  const HostState host = host_state();
+  require_finite_state(path, host);
   if (comm_ != nullptr && comm_->rank() != 0) {
     last_checkpoint_ = path;
     return;
@@ -162,13 +185,13 @@ void Trainer::save_checkpoint(const std::string& path) {
   std::vector<SafetensorsView> views;
   for (ParamId id = 0; id < params_.size(); ++id) {
     const Param& param = params_[id];
-    views.push_back({param.name, param.shape, param.value.data()});
+    views.push_back({param.name, param.shape, host.param_data(param)});
   }
-  for (auto& [slot, state] : optimizer_->state_slots())
+  for (const auto& [slot, state] : host.optimizer)
     for (ParamId id = 0; id < params_.size(); ++id) {
       const Param& param = params_[id];
       if (param.trainable)
-        views.push_back({slot_name(slot, param.name), param.shape, state->data() + param.offset});
+        views.push_back({slot_name(slot, param.name), param.shape, state.data() + param.offset});
     }
   const std::map<std::string, std::string> metadata{
       {"format", kFormat},
@@ -200,7 +223,8 @@ void Trainer::load_checkpoint(const std::string& path) {
       if (!param.trainable) continue;
       const SafetensorsEntry& entry =
           find_entry(file, slot_name(slot, param.name), param.shape, path);
-      std::memcpy(state->data() + param.offset, entry.data.data(), param.value.bytes());
+      Tensor::wrap(state->data() + param.offset, param.shape, state->device())
+          .copy_from(host_tensor(entry, param.shape));
     }
   step_ = step;
   skipped_steps_ = skipped;

@@ -161,7 +161,10 @@ class Reader {
                 "set both to emulate a slow link, or both to 0");
     require(c.comm.backend != "nccl" || c.train.device == "cuda",
             show("comm.backend") + " requires train.device = cuda, got " + show("train.device") +
-                "; GPU training is not there yet, so use comm.backend auto or mpi");
+                "; NCCL reduces GPU memory only: use comm.backend auto or mpi on the cpu");
+    require(!c.train.tf32 || c.train.device == "cuda",
+            show("train.tf32") + " requires train.device = cuda, got " + show("train.device") +
+                "; the CPU GEMMs are fp32 only");
   }
 
   Config take() { return std::move(config_); }

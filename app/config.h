@@ -41,7 +41,8 @@ struct TrainConfig {
   int checkpoint_every = 0;         // steps; 0 = only at the end
   std::string resume = "";          // checkpoint path, empty = fresh start
   int grad_accum = 1;
-  std::string device = "cpu";  // cpu only for now (GPU training is not implemented yet)
+  std::string device = "cpu";  // cpu | cuda
+  bool tf32 = false;           // cuda GEMMs with TF32 inputs; false keeps fp32 (CPU-equal rounding)
   bool verbose = false;        // progress lines add lr and communication details (ranks > 1)
   bool profile = false;        // per-op time table (rank 0) and fusion advice at the end of the run
   std::string trace = "";      // Chrome trace-event JSON of a few steps after warm-up; empty = none

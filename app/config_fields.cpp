@@ -87,8 +87,12 @@ std::vector<Field> build_fields() {
        "steps between checkpoints; 0 = only at the end"},
       {FT_KEY(train.resume), any_text(), "checkpoint to resume from; empty = fresh start"},
       {FT_KEY(train.grad_accum), in(1, 1024), "micro-batches accumulated per optimizer step"},
-      {FT_KEY(train.device), one_of({"cpu"}),
-       "where compute runs; only cpu for now (GPU training is not implemented yet)"},
+      {FT_KEY(train.device), one_of({"cpu", "cuda"}),
+       "where parameters, activations and every kernel live; cuda needs a CUDA build and a GPU "
+       "(checked at start-up)"},
+      {FT_KEY(train.tf32), true_or_false(),
+       "cuda only: GEMMs round their inputs to TF32 (faster on tensor cores); false keeps fp32, "
+       "so cpu and cuda agree to fp32 rounding"},
       {FT_KEY(train.profile), true_or_false(),
        "print per-op time (forward and backward apart) and fusion advice at the end; rank 0"},
       {FT_KEY(train.trace), any_text(),

@@ -48,9 +48,9 @@ std::string float_rounding_problem(const Allowed& allowed, const std::string& te
 
 // Why a choice the schema once had or a user may expect is refused, appended to the error.
 std::string refusal_hint(const std::string& key, const std::string& text) {
-  if (key == "train.device" && text == "cuda")
-    return "; GPU training is not there yet: the trainer runs on the CPU only for now, so use "
-           "train.device: cpu";
+  if (key == "train.device" && (text == "gpu" || text.rfind("cuda:", 0) == 0))
+    return "; the GPU is spelled cuda (each rank takes its own GPU: its local rank modulo the "
+           "device count)";
   return "";
 }
 

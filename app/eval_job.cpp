@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "app/device_setup.h"
 #include "app/jobs.h"
 #include "app/trainer.h"
 #include "core/atomic_file.h"
@@ -30,9 +31,10 @@ int run_eval(const EvalArgs& args) {
                "one stored in it");
   omp_set_num_threads(resolve_threads(config.train.threads));
   std::unique_ptr<Task> task = make_task(config, 0, 1);
+  const Device device = setup_device(config, 0);
   ParamStore params;
   task->register_params(params);
-  params.allocate();
+  params.allocate(device);
   load_checkpoint_params(checkpoint, args.checkpoint_path, params);
   GraphCache graphs([&task](int batch, GraphMode mode) { return task->build_graph(batch, mode); },
                     params, config.fusion);

@@ -187,7 +187,9 @@ class ResnetTask : public Task {
       load_images(batch_, run.workspace, run.graph);
       run.executor->forward(run.workspace);
       loss_sum += static_cast<double>(run.executor->loss(run.workspace)) * batch_.batch;
-      const float* logits = run.workspace.values[run.graph.output].data();
+      const std::vector<float> logits_on_host =
+          run.workspace.values[run.graph.output].to_host_vector();
+      const float* logits = logits_on_host.data();
       const int classes = static_cast<int>(run.graph.shape(run.graph.output).back());
       for (int row = 0; row < batch_.batch; ++row) {
         const float* row_logits = logits + static_cast<int64_t>(row) * classes;
@@ -212,7 +214,7 @@ class ResnetTask : public Task {
     Tensor& input = ws.values[graph.input];
     FT_CHECK(static_cast<int64_t>(batch.images.size()) == input.numel(), "image batch of ",
              batch.images.size(), " floats for an input of ", shape_str(input.shape()));
-    std::memcpy(input.data(), batch.images.data(), input.bytes());
+    input.copy_from(Tensor::wrap(const_cast<float*>(batch.images.data()), input.shape()));
     ws.targets = batch.labels;
   }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "app/device_setup.h"
 #include "comm/startup.h"
 #include "core/check.h"
 #include "core/rng.h"
@@ -42,13 +43,12 @@ GradSyncOptions grad_sync_options(const CommConfig& comm) {
 }  // namespace
 
 Trainer::Trainer(const Config& config, Communicator* comm) : config_(config), comm_(comm) {
-  FT_CHECK(config.train.device == "cpu",
-           "train.device: cuda is not implemented for training yet; use cpu");
   const int rank = comm ? comm->rank() : 0;
   world_size_ = comm ? comm->size() : 1;
+  const Device device = setup_device(config, comm ? comm->local_rank() : 0);
   task_ = make_task(config, rank, world_size_);
   task_->register_params(params_);
-  params_.allocate();
+  params_.allocate(device);
   params_.initialize(config.train.seed);
   graphs_ = std::make_unique<GraphCache>(
       [this](int batch, GraphMode mode) { return task_->build_graph(batch, mode); }, params_,
@@ -64,7 +64,12 @@ Trainer::Trainer(const Config& config, Communicator* comm) : config_(config), co
   if (comm != nullptr) {
     check_same_config(*comm, flatten_config(config), config.source_path);
     broadcast_parameters(*comm, params_);
-    grad_sync_ = std::make_unique<GradSync>(*comm, params_, executor().grad_ready_order(),
+    Communicator* grad_comm = comm;
+    if (gradient_backend(config, *comm) == "nccl") {
+      device_comm_ = make_device_communicator();
+      grad_comm = device_comm_.get();
+    }
+    grad_sync_ = std::make_unique<GradSync>(*grad_comm, params_, executor().grad_ready_order(),
                                             grad_sync_options(config.comm));
   }
   if (!config.train.resume.empty()) load_checkpoint(config.train.resume);
@@ -88,8 +93,8 @@ StepStats Trainer::train_step() {
   Tensor& buffers = params_.flat_buffers();
   if (may_skip && buffers.numel() > 0) {
     if (buffers_before_step_.numel() != buffers.numel())
-      buffers_before_step_ = Tensor::empty(buffers.shape());
-    std::copy(buffers.data(), buffers.data() + buffers.numel(), buffers_before_step_.data());
+      buffers_before_step_ = Tensor::empty(buffers.shape(), buffers.device());
+    buffers_before_step_.copy_from(buffers);
   }
   StepStats stats;
   double loss_sum = 0.0;
@@ -112,9 +117,7 @@ StepStats Trainer::train_step() {
     grad_sync_->finish(grad_scale);
     stats.comm = grad_sync_->last_stats();
   } else if (micro_batches > 1) {
-    Tensor& grads = params_.flat_grads();
-    float* grad = grads.data();
-    for (int64_t i = 0; i < grads.numel(); ++i) grad[i] *= grad_scale;
+    sweep_->scale(params_, grad_scale);
   }
   // The global norm is computed whether or not optim.grad_clip clips.
   stats.grad_norm = clip_grad_norm(params_, config_.optim.grad_clip, *sweep_);
@@ -139,8 +142,7 @@ StepStats Trainer::train_step() {
               last_checkpoint_text());
     ++skipped_steps_;
     if (may_skip && buffers.numel() > 0) {
-      std::copy(buffers_before_step_.data(),
-                buffers_before_step_.data() + buffers_before_step_.numel(), buffers.data());
+      buffers.copy_from(buffers_before_step_);
       params_.mark_changed();
     }
     if (skipped_steps_ > config_.train.max_skipped_steps)

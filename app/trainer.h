@@ -81,6 +81,7 @@ class Trainer {
   // fusion.horizontal.multi_tensor is on, else per tensor. Shared with optimizer_.
   std::shared_ptr<ParamSweep> sweep_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Communicator> device_comm_;  // NCCL, when the gradients reduce on the GPU
   std::unique_ptr<GradSync> grad_sync_;
   LrSchedule schedule_;
   int step_ = 0;
@@ -91,7 +92,14 @@ class Trainer {
 
   // True when `locally_finite` is false on any rank (collective under a communicator).
   bool any_rank_diverged(bool locally_finite);
-  void require_finite_state(const std::string& path) const;
+  // What a checkpoint holds, on the host: the flat buffers themselves on cpu, copies on cuda.
+  struct HostState {
+    Tensor values, buffers;
+    std::vector<std::pair<std::string, Tensor>> optimizer;  // slot name, flat state
+    const float* param_data(const Param& param) const;
+  };
+  HostState host_state();
+  void require_finite_state(const std::string& path, const HostState& host) const;
 };
 
 // A checkpoint file, read and checked: fusiontrain format, every tensor finite. Throws ft::Error

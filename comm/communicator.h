@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <memory>
 
+#include "core/tensor.h"
+
 namespace ft {
 
 enum class ReduceOp { kSum, kAverage };
@@ -48,6 +50,9 @@ class Communicator {
   virtual int size() const = 0;
   virtual int local_rank() const = 0;
   virtual const char* backend_name() const = 0;
+  // Where the buffers of allreduce and broadcast must live: host memory for MPI, device memory for
+  // NCCL. GradSync stages device gradients through pinned host memory for a host backend.
+  virtual Device buffer_device() const { return Device::kCpu; }
 
   // In place over `count` floats at `buffer` (host memory for MPI, device memory for NCCL).
   // Every rank must pass the same options. Throws ft::Error for a Summation the backend lacks.

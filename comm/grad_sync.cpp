@@ -6,15 +6,22 @@
 #include "core/check.h"
 #include "core/timer.h"
 
+#if defined(FT_HAVE_CUDA)
+#include "core/cuda/cuda_context.h"
+#include "core/cuda/device_memory.h"
+#endif
+
 namespace ft {
 
 GradSync::GradSync(Communicator& comm, ParamStore& params, std::vector<ParamId> ready_order,
                    GradSyncOptions options)
     : comm_(comm), params_(params), options_(options) {
   FT_CHECK(params.allocated(), "GradSync needs an allocated ParamStore");
-  FT_CHECK(params.flat_grads().device() == Device::kCpu,
-           "GradSync reduces host gradients (copy-in and scale run on the CPU); flat_grads is "
-           "on cuda");
+  const Device grads_device = params.flat_grads().device();
+  device_grads_ = grads_device == Device::kCuda;
+  device_comm_ = comm.buffer_device() == Device::kCuda;
+  // A device backend with host gradients is only tests/grad_sync_stream_test.cpp's fake stream
+  // communicator, which checks the launch and wait order of the device path on the CPU.
   FT_CHECK(!options.bucketing || (options.bucket_mb > 0 && options.first_bucket_mb > 0),
            "bucket_mb and first_bucket_mb must be > 0, got ", options.bucket_mb, " and ",
            options.first_bucket_mb);
@@ -22,10 +29,15 @@ GradSync::GradSync(Communicator& comm, ParamStore& params, std::vector<ParamId> 
            "emulated link latency_us and bandwidth_gbps must be >= 0, got ",
            options.emulate.latency_us, " and ", options.emulate.bandwidth_gbps);
   build_buckets(ready_order);
-  if (comm.size() > 1 && !options.bucket_view) {
-    staging_ = Tensor::empty({params.num_trainable_floats()});
-  }
-  if (comm.size() > 1 && options.overlap) comm_thread_ = std::make_unique<CommThread>();
+  const bool host_staged = device_grads_ && !device_comm_;  // cuda gradients over MPI
+  if (comm.size() > 1 && host_staged)
+    staging_ = Tensor::empty_pinned({params.num_trainable_floats()});
+  else if (comm.size() > 1 && !options.bucket_view)
+    staging_ = Tensor::empty({params.num_trainable_floats()}, grads_device);
+  // NCCL collectives are asynchronous on their own stream already; MPI needs a thread to overlap.
+  if (comm.size() > 1 && options.overlap && !device_comm_)
+    comm_thread_ = std::make_unique<CommThread>();
+  handles_.resize(0);
   check_same_layout_on_all_ranks();
 }
 
@@ -41,6 +53,8 @@ void GradSync::build_buckets(const std::vector<ParamId>& order) {
   }
   pending_params_.assign(buckets_.size(), 0);
   tickets_.assign(buckets_.size(), 0);
+  handles_.clear();
+  handles_.resize(buckets_.size());
   bucket_comm_ms_.assign(buckets_.size(), 0.0);
   timings_.assign(buckets_.size(), BucketTiming());
   announced_.assign(static_cast<size_t>(params_.size()), false);
@@ -91,7 +105,9 @@ void GradSync::launch_ready_buckets() {
 
 void GradSync::launch(int bucket) {
   if (record_timings_) timings_[bucket].launch_ms = now_ms();
-  if (comm_thread_) {
+  if (device_comm_) {
+    launch_on_device(bucket);
+  } else if (comm_thread_) {
     tickets_[bucket] = comm_thread_->submit([this, bucket] { run_bucket(bucket); });
   } else {
     run_bucket(bucket);
@@ -110,25 +126,55 @@ void GradSync::run_bucket(int bucket) {
   timings_[bucket].done_ms = now_ms();
 }
 
-void GradSync::reduce_bucket(int bucket) {
+// The NCCL path: the communicator orders the reduction after the work already on the compute
+// stream (the kernels that made this bucket's gradients) with an event, and runs it on the
+// communication stream; finish() makes the compute stream wait for it. Nothing blocks the host.
+void GradSync::launch_on_device(int bucket) {
   if (comm_.size() == 1) return;
   const Bucket& range = buckets_[bucket];
   float* data = params_.flat_grads().data() + range.offset;
   if (staging_.defined() && staging_.numel() > 0) {
-    float* staged = staging_.data() + range.offset;
-    std::memcpy(staged, data, static_cast<size_t>(range.count) * sizeof(float));
-    data = staged;
+    Tensor staged = staging_.rows(range.offset, range.offset + range.count);
+    staged.copy_from(params_.flat_grads().rows(range.offset, range.offset + range.count));
+    data = staged.data();
+  }
+  handles_[bucket] = comm_.allreduce_async(data, static_cast<size_t>(range.count),
+                                           {ReduceOp::kSum, Summation::kNative});
+}
+
+void GradSync::reduce_bucket(int bucket) {
+  if (comm_.size() == 1) return;
+  const Bucket& range = buckets_[bucket];
+  Tensor grads = params_.flat_grads().rows(range.offset, range.offset + range.count);
+  float* data = grads.data();
+  const bool host_staged = device_grads_;  // device gradients over a host backend
+  if (staging_.defined() && staging_.numel() > 0) {
+    Tensor staged = staging_.rows(range.offset, range.offset + range.count);
+    staged.copy_from(grads);  // returns once a device-to-host copy is done
+    data = staged.data();
   }
   const double start_ms = now_ms();
   const Summation summation = options_.deterministic ? Summation::kRankOrder : Summation::kNative;
   comm_.allreduce(data, static_cast<size_t>(range.count), {ReduceOp::kSum, summation});
   emulate_link_delay(options_.emulate, range.count * static_cast<int64_t>(sizeof(float)), now_ms());
+  // Back onto the device unscaled; finish() scales there like every other path.
+  if (host_staged) grads.copy_from(staging_.rows(range.offset, range.offset + range.count));
   bucket_comm_ms_[bucket] = now_ms() - start_ms;
 }
 
 void GradSync::scale_bucket(int bucket, float scale) {
   const Bucket& range = buckets_[bucket];
   float* grads = params_.flat_grads().data() + range.offset;
+#if defined(FT_HAVE_CUDA)
+  if (device_grads_) {
+    const cudaStream_t stream = cuda_context().compute_stream();
+    if (device_comm_ && staging_.defined() && staging_.numel() > 0)
+      cuda_scaled_copy(grads, staging_.data() + range.offset, range.count, scale, stream);
+    else
+      cuda_scale(grads, range.count, scale, stream);
+    return;
+  }
+#endif
   if (comm_.size() > 1 && !options_.bucket_view) {
     const float* staged = staging_.data() + range.offset;
     for (int64_t i = 0; i < range.count; ++i) grads[i] = staged[i] * scale;
@@ -154,6 +200,8 @@ void GradSync::finish(float scale) {
   const bool reduced = comm_.size() > 1;
   for (int b = 0; b < count; ++b) {
     if (tickets_[b] != 0) comm_thread_->wait(tickets_[b]);
+    if (handles_[b]) handles_[b]->wait();  // NCCL: the compute stream waits; the host does not
+    handles_[b].reset();
     scale_bucket(b, scale);
     const int64_t bytes = buckets_[b].count * static_cast<int64_t>(sizeof(float));
     stats.bucket_bytes.push_back(bytes);

@@ -19,7 +19,14 @@
 //
 // Overlap runs the collectives on a CommThread (see comm/comm_thread.h for the MPI threading
 // contract). REQUIRES: nobody else uses `comm` between begin_backward(true) and finish().
-// Gradients must be host memory (the MPI path); see the check in the constructor.
+//
+// Gradients on cuda: with a device backend (NCCL) a bucket is launched on the training thread
+// when complete: its allreduce goes on the communication stream after an event recorded on the
+// compute stream, and finish() makes the compute stream wait for each bucket's done event and
+// scales on the compute stream, so the optimizer's kernels follow without a device-wide
+// synchronise and the host never blocks. With a host backend (MPI, e.g. several ranks sharing one
+// GPU, which NCCL refuses) each bucket is copied to pinned host memory, reduced there (on the comm
+// thread when overlapping) and copied back, then scaled on the device.
 // Thread safety: every public method is called by the training thread.
 #pragma once
 #include <cstdint>
@@ -102,8 +109,9 @@ class GradSync {
   void check_same_layout_on_all_ranks();
   void launch_ready_buckets();
   void launch(int bucket);
-  void run_bucket(int bucket);     // reduce_bucket, timed when recording
-  void reduce_bucket(int bucket);  // the communication part: copy-in, allreduce, link delay
+  void launch_on_device(int bucket);  // device backend: an async allreduce on the comm stream
+  void run_bucket(int bucket);        // reduce_bucket, timed when recording
+  void reduce_bucket(int bucket);     // the communication part: copy-in, allreduce, link delay
   void scale_bucket(int bucket, float scale);
   void rebuild_in_observed_order();
 
@@ -123,7 +131,12 @@ class GradSync {
   bool communicating_ = false;
   bool reordered_ = false;
   std::vector<ParamId> observed_order_;  // ready order of the first communicating backward
-  Tensor staging_;                       // bucket_view = false only; same layout as flat_grads
+  bool device_grads_ = false;            // flat_grads on cuda
+  bool device_comm_ = false;             // the backend reduces device memory (NCCL)
+  // Laid out like flat_grads: the fusion buffer of bucket_view = false (on the gradients'
+  // device), or pinned host memory for cuda gradients over a host backend.
+  Tensor staging_;
+  std::vector<std::unique_ptr<CommHandle>> handles_;  // by bucket: device backend in flight
   CommStepStats stats_;
   // Last, so it is destroyed first: no job outlives the buckets or fusion buffer it touches.
   std::unique_ptr<CommThread> comm_thread_;  // overlap with more than one rank only

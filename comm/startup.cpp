@@ -137,8 +137,16 @@ bool same_on_all_ranks(Communicator& comm, const std::string& text) {
 void broadcast_parameters(Communicator& comm, ParamStore& params) {
   FT_CHECK(params.allocated(), "broadcast_parameters before ParamStore::allocate()");
   if (comm.size() == 1) return;
-  comm.broadcast(params.flat_values().data(), params.flat_values().numel(), 0);
-  comm.broadcast(params.flat_buffers().data(), params.flat_buffers().numel(), 0);
+  for (Tensor* flat : {&params.flat_values(), &params.flat_buffers()}) {
+    if (flat->device() == comm.buffer_device()) {
+      comm.broadcast(flat->data(), flat->numel(), 0);
+      continue;
+    }
+    // Device parameters over a host backend: through a host copy (once, at start-up).
+    Tensor on_host = flat->to(Device::kCpu);
+    comm.broadcast(on_host.data(), on_host.numel(), 0);
+    flat->copy_from(on_host);
+  }
   params.mark_changed();
 }
 

@@ -13,7 +13,8 @@
 
 namespace ft {
 
-// Overwrites trainable values and buffers (BatchNorm statistics) with rank 0's.
+// Overwrites trainable values and buffers (BatchNorm statistics) with rank 0's, through a host
+// copy when they live on a device the backend cannot read.
 // REQUIRES: params allocated, same layout on every rank.
 void broadcast_parameters(Communicator& comm, ParamStore& params);
 

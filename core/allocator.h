@@ -21,6 +21,7 @@ class CachingAllocator {
   static CachingAllocator& host();
 #if defined(FT_HAVE_CUDA)
   static CachingAllocator& device();
+  static CachingAllocator& pinned();  // page-locked host memory (cudaHostAlloc)
 #endif
 
   // Returns a block of at least `bytes` bytes. Never returns null; throws ft::Error on failure.

@@ -43,18 +43,30 @@ std::string shape_str(const Shape& shape) {
   return out.str();
 }
 
-Tensor Tensor::empty(const Shape& shape, Device device) {
+Tensor Tensor::allocate(const Shape& shape, Device device, CachingAllocator& allocator) {
   Tensor tensor;
   tensor.shape_ = shape;
   tensor.numel_ = shape_numel(shape);
   tensor.device_ = device;
   const size_t bytes = tensor.bytes();
-  CachingAllocator* allocator = &allocator_for(device);
-  void* block = allocator->allocate(bytes);
-  tensor.storage_ = std::shared_ptr<void>(
-      block, [allocator, bytes](void* ptr) { allocator->release(ptr, bytes); });
+  CachingAllocator* source = &allocator;
+  void* block = source->allocate(bytes);
+  tensor.storage_ =
+      std::shared_ptr<void>(block, [source, bytes](void* ptr) { source->release(ptr, bytes); });
   tensor.base_ = static_cast<float*>(block);
   return tensor;
+}
+
+Tensor Tensor::empty(const Shape& shape, Device device) {
+  return allocate(shape, device, allocator_for(device));
+}
+
+Tensor Tensor::empty_pinned(const Shape& shape) {
+#if defined(FT_HAVE_CUDA)
+  return allocate(shape, Device::kCpu, CachingAllocator::pinned());
+#else
+  return empty(shape, Device::kCpu);
+#endif
 }
 
 Tensor Tensor::zeros(const Shape& shape, Device device) {

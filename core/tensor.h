@@ -9,6 +9,8 @@
 
 namespace ft {
 
+class CachingAllocator;
+
 enum class Device { kCpu, kCuda };
 
 using Shape = std::vector<int64_t>;
@@ -23,6 +25,9 @@ class Tensor {
   // A new tensor from the caching allocator; contents are uninitialised.
   static Tensor empty(const Shape& shape, Device device = Device::kCpu);
   static Tensor zeros(const Shape& shape, Device device = Device::kCpu);
+  // A host tensor in page-locked memory when the build has CUDA (fast, truly asynchronous copies
+  // to and from the GPU), in ordinary host memory otherwise.
+  static Tensor empty_pinned(const Shape& shape);
   // A non-owning view of `data`. REQUIRES: `data` outlives every copy of the result.
   static Tensor wrap(float* data, const Shape& shape, Device device = Device::kCpu);
 
@@ -50,6 +55,8 @@ class Tensor {
   std::vector<float> to_host_vector() const;
 
  private:
+  static Tensor allocate(const Shape& shape, Device device, CachingAllocator& allocator);
+
   std::shared_ptr<void> storage_;  // keeps base_ alive; null for wrapped tensors
   float* base_ = nullptr;
   int64_t offset_ = 0;

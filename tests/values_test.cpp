@@ -94,13 +94,15 @@ TEST(ValuesYaml, TagsAreRefusedLikeQuotedNumbers) {
   expect_has(parse_error("model:\n  n_layer: \"4\"\n"), "the quoted string '4'");
 }
 
-TEST(ValuesDevice, CudaIsRefusedWithAReason) {
-  const std::string file = parse_error("train:\n  device: cuda\n");
-  expect_has(file, "cfg.yaml:2:11: train.device: expected one of: cpu, got 'cuda'");
-  expect_has(file, "GPU training is not there yet");
-  expect_user_error(file);
-  expect_has(parse_error(kGpt, {"train.device=cuda"}), "--set 'train.device=cuda'");
+TEST(ValuesDevice, CudaParsesAndOtherSpellingsGetTheRightName) {
+  EXPECT_EQ(parse_config("train:\n  device: cuda\n", "cfg.yaml").train.device, "cuda");
   EXPECT_EQ(parse_config("train:\n  device: cpu\n", "cfg.yaml").train.device, "cpu");
+  const std::string gpu = parse_error("train:\n  device: gpu\n");
+  expect_has(gpu, "cfg.yaml:2:11: train.device: expected one of: cpu, cuda, got 'gpu'");
+  expect_has(gpu, "the GPU is spelled cuda");
+  expect_user_error(gpu);
+  expect_has(parse_error(kGpt, {"train.device=cuda:1"}), "--set 'train.device=cuda:1'");
+  expect_has(parse_error("train:\n  tf32: true\n"), "requires train.device = cuda, got train.device = cpu");
 }
 
 TEST(ValuesWarmup, DefaultedWarmupShrinksToAShortRunWithANote) {
@@ -184,8 +186,9 @@ TEST(ValuesCli, DevZeroAsConfigDataOrCheckpointEndsQuickly) {
 TEST(ValuesCli, FloatRoundingDeviceAndValFraction) {
   expect_cli_error(test::run_fusiontrain("train --set optim.beta2=0.99999999999" + run_dirs(), 20),
                    "optim.beta2: 0.99999999999 rounds to 1 as a float; must be below 1");
+  // Without a GPU (or a CUDA build), cuda is refused at start-up, before any step.
   expect_cli_error(test::run_fusiontrain("train --set train.device=cuda" + run_dirs(), 20),
-                   "GPU training is not there yet");
+                   "train.device: cuda needs ");
   // 1e-5 of Moby Dick is 12 bytes, less than one 65-byte window: refused before step 1.
   const test::RunResult fraction =
       test::run_fusiontrain("train --set data.val_fraction=1e-5" + run_dirs(), 30);

@@ -103,6 +103,7 @@ class NcclCommunicator : public Communicator {
   int size() const override { return size_; }
   int local_rank() const override { return local_rank_; }
   const char* backend_name() const override { return "nccl"; }
+  Device buffer_device() const override { return Device::kCuda; }
 
   void allreduce(float* buffer, size_t count, const AllreduceOptions& options) override {
     auto handle = start_allreduce(buffer, count, options, "NcclCommunicator::allreduce");

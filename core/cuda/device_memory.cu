@@ -7,6 +7,7 @@
 #include "core/allocator.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/device_memory.h"
+#include "core/cuda/launch.h"
 
 namespace ft {
 
@@ -30,8 +31,9 @@ void cuda_free(void* ptr) {
 }
 
 __global__ void fill_kernel(float* data, int64_t count, float value) {
-  const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (index < count) data[index] = value;
+  FT_GRID_STRIDE_LOOP(i, count) {
+    data[i] = value;
+  }
 }
 
 void cuda_fill(float* data, int64_t count, float value, CudaStream stream) {
@@ -40,10 +42,47 @@ void cuda_fill(float* data, int64_t count, float value, CudaStream stream) {
     FT_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<size_t>(count) * sizeof(float), stream));
     return;
   }
-  const int threads = 256;
-  const int64_t blocks = (count + threads - 1) / threads;
-  fill_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(data, count, value);
+  fill_kernel<<<cuda_grid_stride_blocks(count), kCudaThreadsPerBlock, 0, stream>>>(data, count,
+                                                                                   value);
   FT_CUDA_CHECK_LAUNCH();
+}
+
+__global__ void scale_kernel(float* data, int64_t count, float scale) {
+  FT_GRID_STRIDE_LOOP(i, count) {
+    data[i] *= scale;
+  }
+}
+
+__global__ void scaled_copy_kernel(float* destination, const float* source, int64_t count,
+                                   float scale) {
+  FT_GRID_STRIDE_LOOP(i, count) {
+    destination[i] = source[i] * scale;
+  }
+}
+
+void cuda_scale(float* data, int64_t count, float scale, CudaStream stream) {
+  if (count <= 0 || scale == 1.0f) return;
+  scale_kernel<<<cuda_grid_stride_blocks(count), kCudaThreadsPerBlock, 0, stream>>>(data, count,
+                                                                                    scale);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+void cuda_scaled_copy(float* destination, const float* source, int64_t count, float scale,
+                      CudaStream stream) {
+  if (count <= 0) return;
+  scaled_copy_kernel<<<cuda_grid_stride_blocks(count), kCudaThreadsPerBlock, 0, stream>>>(
+      destination, source, count, scale);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+void* cuda_pinned_malloc(size_t bytes) {
+  void* ptr = nullptr;
+  FT_CUDA_CHECK(cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault));
+  return ptr;
+}
+
+void cuda_pinned_free(void* ptr) {
+  if (ptr != nullptr) cudaFreeHost(ptr);
 }
 
 void cuda_copy(void* destination, const void* source, size_t bytes, CudaStream stream) {
@@ -65,6 +104,11 @@ namespace ft {
 // only touched by kernels on the same stream, so no event is needed between them.
 CachingAllocator& CachingAllocator::device() {
   static CachingAllocator* allocator = new CachingAllocator(cuda_malloc, cuda_free);
+  return *allocator;
+}
+
+CachingAllocator& CachingAllocator::pinned() {
+  static CachingAllocator* allocator = new CachingAllocator(cuda_pinned_malloc, cuda_pinned_free);
   return *allocator;
 }
 

@@ -17,6 +17,14 @@ void cuda_free(void* ptr);  // never throws
 
 // data[i] = value for i < count, on `stream` (cudaMemsetAsync for 0, a kernel otherwise).
 void cuda_fill(float* data, int64_t count, float value, CudaStream stream);
+// data[i] *= scale; destination[i] = source[i] * scale (for i < count), on `stream`.
+void cuda_scale(float* data, int64_t count, float scale, CudaStream stream);
+void cuda_scaled_copy(float* destination, const float* source, int64_t count, float scale,
+                      CudaStream stream);
+// cudaHostAlloc / cudaFreeHost: page-locked host memory, which copies to and from the device at
+// full bus speed and without an extra staging copy inside the driver.
+void* cuda_pinned_malloc(size_t bytes);
+void cuda_pinned_free(void* ptr);  // never throws
 // Copies `bytes` between any two of host and device memory (unified addressing tells which), on
 // `stream`; returns once the copy is done when either side is host memory, so the caller may
 // reuse or read a host buffer at once.

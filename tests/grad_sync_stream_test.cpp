@@ -1,0 +1,143 @@
+// The ordering logic of GradSync's device (NCCL) path, on the CPU, through a fake stream
+// communicator: allreduce_async only records the launch (as NCCL enqueues on its stream after an
+// event on the compute stream), and the sum lands in the buffer only when the handle's wait()
+// runs (as the compute stream's wait on the done event). So the test sees that every bucket is
+// launched during backward, the moment its last gradient is announced and in bucket order, that
+// nothing is launched for an accumulation micro-batch, and that finish() waits for each bucket
+// before scaling it: a scale before the wait would be overwritten by the late sum.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/grad_sync.h"
+
+namespace ft {
+namespace {
+
+// `ranks` identical ranks: a sum is the local value times `ranks`.
+class FakeStreamCommunicator : public Communicator {
+ public:
+  explicit FakeStreamCommunicator(int ranks) : ranks_(ranks) {}
+  int rank() const override { return 0; }
+  int size() const override { return ranks_; }
+  int local_rank() const override { return 0; }
+  const char* backend_name() const override { return "fake-stream"; }
+  Device buffer_device() const override { return Device::kCuda; }
+
+  void allreduce(float* buffer, size_t count, const AllreduceOptions&) override {
+    for (size_t i = 0; i < count; ++i) buffer[i] *= static_cast<float>(ranks_);
+  }
+  std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count,
+                                              const AllreduceOptions& options) override {
+    events.push_back("launch " + std::to_string(count));
+    return std::make_unique<Handle>(this, buffer, count, options);
+  }
+  void broadcast(float*, size_t, int) override {}
+  void barrier() override {}
+
+  std::vector<std::string> events;
+
+ private:
+  class Handle : public CommHandle {
+   public:
+    Handle(FakeStreamCommunicator* comm, float* buffer, size_t count, AllreduceOptions options)
+        : comm_(comm), buffer_(buffer), count_(count), options_(options) {}
+    void wait() override {
+      if (done_) return;
+      comm_->events.push_back("wait " + std::to_string(count_));
+      comm_->allreduce(buffer_, count_, options_);
+      done_ = true;
+    }
+    bool test() override { return done_; }
+
+   private:
+    FakeStreamCommunicator* comm_;
+    float* buffer_;
+    size_t count_;
+    AllreduceOptions options_;
+    bool done_ = false;
+  };
+  int ranks_;
+};
+
+// Four parameters of 256 KiB each; buckets of 512 KiB (first 256 KiB) hold {p3}, {p2, p1}, {p0}
+// in the default (reverse registration) ready order.
+struct Model {
+  Model() {
+    for (int i = 0; i < 4; ++i)
+      params.add("p" + std::to_string(i), {65536}, ParamInit::kZeros, 0.0f, true);
+    params.allocate();
+    for (ParamId id = 0; id < 4; ++id) params[id].grad.fill(static_cast<float>(id + 1));
+  }
+  ParamStore params;
+  std::vector<ParamId> ready_order{3, 2, 1, 0};
+};
+
+GradSyncOptions bucket_options(bool bucket_view) {
+  GradSyncOptions options;
+  options.bucket_mb = 0.5;
+  options.first_bucket_mb = 0.25;
+  options.bucket_view = bucket_view;
+  return options;
+}
+
+TEST(GradSyncStream, BucketsLaunchWhenCompleteAndFinishWaitsBeforeScaling) {
+  for (bool bucket_view : {true, false}) {
+    SCOPED_TRACE(bucket_view ? "bucket_view" : "fusion buffer");
+    Model model;
+    FakeStreamCommunicator comm(4);
+    GradSync sync(comm, model.params, model.ready_order, bucket_options(bucket_view));
+    ASSERT_EQ(sync.buckets().size(), 3u);
+    sync.begin_backward(true);
+    sync.on_grad_ready(3);
+    EXPECT_EQ(comm.events, (std::vector<std::string>{"launch 65536"}));
+    sync.on_grad_ready(2);
+    EXPECT_EQ(comm.events.size(), 1u) << "bucket {p2, p1} launched before p1 was final";
+    sync.on_grad_ready(1);
+    EXPECT_EQ(comm.events.back(), "launch 131072");
+    sync.on_grad_ready(0);
+    EXPECT_EQ(comm.events.size(), 3u);
+    sync.finish(0.25f);  // 4 ranks: the mean
+    EXPECT_EQ(comm.events,
+              (std::vector<std::string>{"launch 65536", "launch 131072", "launch 65536",
+                                        "wait 65536", "wait 131072", "wait 65536"}));
+    // sum over 4 identical ranks, then * 1/4: the local gradient again, exactly.
+    for (ParamId id = 0; id < 4; ++id) {
+      const float* grad = model.params[id].grad.data();
+      EXPECT_EQ(grad[0], static_cast<float>(id + 1)) << model.params[id].name;
+      EXPECT_EQ(grad[65535], static_cast<float>(id + 1)) << model.params[id].name;
+    }
+    EXPECT_EQ(sync.last_stats().allreduce_calls, 3);
+  }
+}
+
+TEST(GradSyncStream, AccumulationMicroBatchesLaunchNothing) {
+  Model model;
+  FakeStreamCommunicator comm(2);
+  GradSync sync(comm, model.params, model.ready_order, bucket_options(true));
+  sync.begin_backward(false);
+  for (ParamId id : model.ready_order) sync.on_grad_ready(id);
+  sync.finish(1.0f);
+  EXPECT_TRUE(comm.events.empty());
+  sync.begin_backward(true);
+  for (ParamId id : model.ready_order) sync.on_grad_ready(id);
+  sync.finish(0.5f);
+  EXPECT_EQ(comm.events.size(), 6u);  // three launches, three waits
+  EXPECT_EQ(model.params[2].grad.data()[7], 3.0f);
+}
+
+TEST(GradSyncStream, UnannouncedParamsLaunchInFinishInBucketOrder) {
+  Model model;
+  FakeStreamCommunicator comm(2);
+  GradSync sync(comm, model.params, model.ready_order, bucket_options(true));
+  sync.begin_backward(true);
+  sync.on_grad_ready(3);
+  sync.finish(0.5f);  // p2, p1, p0 never announced: final now
+  EXPECT_EQ(comm.events, (std::vector<std::string>{"launch 65536", "launch 131072", "launch 65536",
+                                                   "wait 65536", "wait 131072", "wait 65536"}));
+}
+
+}  // namespace
+}  // namespace ft
