@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "app/device_setup.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/timer.h"
@@ -40,8 +41,10 @@ double mean_over_ranks(Communicator& comm, double value) {
   return mean;
 }
 
+// nccl-tests' definition. One rank moves nothing between ranks (NCCL's allreduce is then a local
+// copy), so its busbw would be 0: utilization uses algbw there, and the header says so.
 double bus_factor(int ranks) {
-  return 2.0 * (ranks - 1) / ranks;
+  return ranks == 1 ? 1.0 : 2.0 * (ranks - 1) / ranks;
 }
 
 // 64 MiB is past any last-level cache, so this is DRAM bandwidth whatever the sweep's sizes.
@@ -60,16 +63,43 @@ double measure_peak_gbps(Communicator& comm) {
   return mean_over_ranks(comm, bytes / (best_ms * 1e-3) / 1e9);
 }
 
-// Fills with rank + 1, reduces once and checks a few elements: each is n(n+1)/2.
-void check_allreduce(Communicator& comm, float* buffer, int64_t count, Summation summation) {
-  std::fill(buffer, buffer + count, static_cast<float>(comm.rank() + 1));
-  comm.allreduce(buffer, static_cast<size_t>(count), {ReduceOp::kSum, summation});
-  const float expected = comm.size() * (comm.size() + 1) / 2.0f;
-  for (int64_t i : {int64_t{0}, count / 2, count - 1}) {
-    FT_CHECK(buffer[i] == expected, "allreduce of ", count, " floats gave ", buffer[i],
-             " at index ", i, ", expected ", expected);
+// The floats the timed collectives reduce, where the backend reads them: host memory (mpi),
+// device memory (nccl), or device memory staged through pinned host memory around each MPI
+// allreduce (mpi with --device cuda), which is what GradSync does for ranks sharing a GPU.
+class SweepBuffer {
+ public:
+  SweepBuffer(Communicator& comm, Device device, int64_t floats) : comm_(comm) {
+    data_ = Tensor::zeros({floats}, device);
+    if (device == Device::kCuda && comm.buffer_device() == Device::kCpu)
+      staging_ = Tensor::empty_pinned({floats});
   }
-}
+  void allreduce(int64_t offset, int64_t count, Summation summation) {
+    Tensor slice = data_.rows(offset, offset + count);
+    if (!staging_.defined() || staging_.numel() == 0) {
+      comm_.allreduce(slice.data(), static_cast<size_t>(count), {ReduceOp::kSum, summation});
+      return;
+    }
+    Tensor staged = staging_.rows(offset, offset + count);
+    staged.copy_from(slice);
+    comm_.allreduce(staged.data(), static_cast<size_t>(count), {ReduceOp::kSum, summation});
+    slice.copy_from(staged);
+  }
+  // Fills with rank + 1, reduces once and checks a few elements: each is n(n+1)/2.
+  void check(int rank, int ranks, int64_t count, Summation summation) {
+    data_.rows(0, count).fill(static_cast<float>(rank + 1));
+    allreduce(0, count, summation);
+    const std::vector<float> host = data_.rows(0, count).to_host_vector();
+    const float expected = ranks * (ranks + 1) / 2.0f;
+    for (int64_t i : {int64_t{0}, count / 2, count - 1}) {
+      FT_CHECK(host[i] == expected, "allreduce of ", count, " floats gave ", host[i], " at index ",
+               i, ", expected ", expected);
+    }
+  }
+
+ private:
+  Communicator& comm_;
+  Tensor data_, staging_;
+};
 
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -113,23 +143,61 @@ void check_args(const BandwidthArgs& args) {
   if (args.peak_gbps < 0) {
     FT_FAIL("--peak-gbps must be >= 0 (0 = measure), got ", args.peak_gbps);
   }
+  if (args.backend != "mpi" && args.backend != "nccl")
+    FT_FAIL("--backend must be one of: mpi, nccl; got '", args.backend, "'");
+  if (args.device != "cpu" && args.device != "cuda")
+    FT_FAIL("--device must be one of: cpu, cuda; got '", args.device, "'");
+}
+
+// Device memory bandwidth: one device-to-device copy of 256 MiB, best of 3.
+double measure_device_peak_gbps(Communicator& comm) {
+  const int64_t floats = 64 * kMiB;
+  Tensor source = Tensor::zeros({floats}, Device::kCuda),
+         target = Tensor::zeros({floats}, Device::kCuda);
+  double best_ms = 1e30;
+  for (int repeat = 0; repeat < 4; ++repeat) {
+    target.to_host_vector();  // waits for everything before, so the copy is timed alone
+    comm.barrier();
+    const double start = now_ms();
+    target.copy_from(source);
+    target.rows(0, 1).to_host_vector();  // waits for the copy
+    if (repeat > 0) best_ms = std::min(best_ms, now_ms() - start);
+  }
+  return mean_over_ranks(comm, 2.0 * floats * 4 / (best_ms * 1e-3) / 1e9);  // read + write
 }
 
 }  // namespace
 
-int run_bandwidth(Communicator& comm, const BandwidthArgs& args) {
+int run_bandwidth(Communicator& host_comm, const BandwidthArgs& args_in) {
+  BandwidthArgs args = args_in;
+  if (args.backend == "nccl") args.device = "cuda";
   check_args(args);
-  const bool root = comm.rank() == 0;
-  const int ranks = comm.size();
-  // One rank moves nothing: busbw would be 0 and algbw a memory-speed figure.
-  if (ranks < 2) {
+  const bool root = host_comm.rank() == 0;
+  const int ranks = host_comm.size();
+  const bool nccl = args.backend == "nccl";
+  // One MPI rank moves nothing: busbw would be 0 and algbw a memory-speed figure. NCCL with one
+  // rank is allowed: on a one-GPU machine it is the only NCCL run there is.
+  if (ranks < 2 && !nccl) {
     FT_FAIL("bandwidth needs at least 2 ranks for allreduce numbers, got ", ranks,
-            "; run it under mpirun -np N with N >= 2");
+            "; run it under mpirun -np N with N >= 2 (or --backend nccl on a GPU)");
   }
+  const Device device = args.device == "cuda" ? Device::kCuda : Device::kCpu;
+  if (device == Device::kCuda) {
+    const std::string reason = cuda_unusable_reason("bandwidth --device cuda");
+    FT_REQUIRE(reason.empty(), reason, "; use --device cpu (and --backend mpi) here");
+  }
+  std::unique_ptr<Communicator> device_comm = nccl ? make_device_communicator() : nullptr;
+  Communicator& comm = nccl ? *device_comm : host_comm;
+  // NCCL has no rank-order sum: its rows leave the det columns empty.
+  const bool has_rank_order = !nccl;
   const bool measured = args.peak_gbps == 0;
-  const double peak = measured ? measure_peak_gbps(comm) : args.peak_gbps;
-  const std::string peak_source =
-      measured ? "measured: per-rank memcpy with all ranks copying" : "given (--peak-gbps)";
+  const double peak = !measured                 ? args.peak_gbps
+                      : device == Device::kCuda ? measure_device_peak_gbps(host_comm)
+                                                : measure_peak_gbps(host_comm);
+  const std::string peak_source = !measured ? "given (--peak-gbps)"
+                                  : device == Device::kCuda
+                                      ? "measured: device-to-device copy, read + write"
+                                      : "measured: per-rank memcpy with all ranks copying";
 
   std::vector<int64_t> fused_sizes;
   for (int64_t size : kFusedSizes) {
@@ -139,10 +207,12 @@ int run_bandwidth(Communicator& comm, const BandwidthArgs& args) {
 
   const int64_t max_floats =
       std::max(args.max_bytes, kFusedMessages * fused_sizes.back()) / static_cast<int64_t>(4);
-  std::vector<float> buffer(static_cast<size_t>(max_floats), 0.0f);
+  SweepBuffer buffer(comm, device, max_floats);
 
   nlohmann::json report = {{"job", "bandwidth"},
                            {"backend", comm.backend_name()},
+                           {"device", args.device},
+                           {"staged_through_host", device == Device::kCuda && !nccl},
                            {"ranks", ranks},
                            {"op", "allreduce sum float32"},
                            {"deterministic_same_call_as_native", ranks == 2},
@@ -150,14 +220,23 @@ int run_bandwidth(Communicator& comm, const BandwidthArgs& args) {
                            {"peak_source", peak_source},
                            {"bus_factor", bus_factor(ranks)}};
   if (root) {
-    std::printf("# fusiontrain bandwidth: allreduce (sum, float32), %d ranks, backend %s\n", ranks,
-                comm.backend_name());
+    std::printf("# fusiontrain bandwidth: allreduce (sum, float32), %d ranks, backend %s, %s%s\n",
+                ranks, comm.backend_name(), args.device.c_str(),
+                device == Device::kCuda && !nccl ? " buffers staged through pinned host memory"
+                                                 : " buffers");
+    if (ranks == 1)
+      std::printf("# 1 rank: busbw is defined as algbw here (nothing crosses ranks)\n");
     std::printf("# peak %.2f GB/s (%s); busbw = algbw * 2(n-1)/n; util = busbw / peak\n", peak,
                 peak_source.c_str());
-    std::printf(
-        "# native = the MPI library's allreduce (comm.deterministic: false); det = rank-order sums "
-        "(comm.deterministic: true)%s; det/nat = time ratio\n",
-        ranks == 2 ? ", which with 2 ranks is the same MPI_Allreduce call" : "");
+    if (has_rank_order)
+      std::printf(
+          "# native = the MPI library's allreduce (comm.deterministic: false); det = rank-order "
+          "sums (comm.deterministic: true)%s; det/nat = time ratio\n",
+          ranks == 2 ? ", which with 2 ranks is the same MPI_Allreduce call" : "");
+    else
+      std::printf(
+          "# native = ncclAllReduce; NCCL has no rank-order sum, so the det columns time "
+          "native a second time (interleaved): their ratio is the run's noise\n");
     std::printf("%14s %12s %6s %12s %11s %11s %7s %12s %11s %8s\n", "size(B)", "count", "iters",
                 "time(us)", "algbw(GB/s)", "busbw(GB/s)", "util(%)", "det(us)", "det busbw",
                 "det/nat");
@@ -166,27 +245,27 @@ int run_bandwidth(Communicator& comm, const BandwidthArgs& args) {
   for (int64_t bytes = args.min_bytes; bytes <= args.max_bytes; bytes *= 2) {
     const int64_t count = bytes / 4;
     const Repeats repeats = repeats_for(args, bytes);
-    check_allreduce(comm, buffer.data(), count, Summation::kNative);
-    check_allreduce(comm, buffer.data(), count, Summation::kRankOrder);
-    auto reduce = [&](Summation summation) {
-      comm.allreduce(buffer.data(), static_cast<size_t>(count), {ReduceOp::kSum, summation});
-    };
+    buffer.check(host_comm.rank(), ranks, count, Summation::kNative);
+    if (has_rank_order) buffer.check(host_comm.rank(), ranks, count, Summation::kRankOrder);
+    const Summation second = has_rank_order ? Summation::kRankOrder : Summation::kNative;
     const PairUs times = time_pair_us(
-        comm, repeats, [&] { reduce(Summation::kNative); }, [&] { reduce(Summation::kRankOrder); });
+        host_comm, repeats, [&] { buffer.allreduce(0, count, Summation::kNative); },
+        [&] { buffer.allreduce(0, count, second); });
     const double us = times.first, det_us = times.second;
     const double algbw = count * 4 / (us * 1e-6) / 1e9;
     const double busbw = algbw * bus_factor(ranks);
     const double det_busbw = count * 4 / (det_us * 1e-6) / 1e9 * bus_factor(ranks);
-    sweep.push_back({{"bytes", count * 4},
-                     {"count", count},
-                     {"iters", repeats.iters},
-                     {"time_us", us},
-                     {"algbw_gbps", algbw},
-                     {"busbw_gbps", busbw},
-                     {"utilization", busbw / peak},
-                     {"deterministic_time_us", det_us},
-                     {"deterministic_busbw_gbps", det_busbw},
-                     {"deterministic_over_native", det_us / us}});
+    sweep.push_back(
+        {{"bytes", count * 4},
+         {"count", count},
+         {"iters", repeats.iters},
+         {"time_us", us},
+         {"algbw_gbps", algbw},
+         {"busbw_gbps", busbw},
+         {"utilization", busbw / peak},
+         {"deterministic_time_us", has_rank_order ? nlohmann::json(det_us) : nullptr},
+         {"deterministic_busbw_gbps", has_rank_order ? nlohmann::json(det_busbw) : nullptr},
+         {"deterministic_over_native", has_rank_order ? nlohmann::json(det_us / us) : nullptr}});
     if (root) {
       std::printf("%14" PRId64 " %12" PRId64
                   " %6d %12.1f %11.3f %11.3f %7.1f %12.1f %11.3f %8.2f\n",
@@ -208,19 +287,15 @@ int run_bandwidth(Communicator& comm, const BandwidthArgs& args) {
   for (int64_t size : fused_sizes) {
     const int64_t count = size / 4;
     const int64_t total_bytes = kFusedMessages * count * 4;
-    check_allreduce(comm, buffer.data(), kFusedMessages * count, Summation::kNative);
+    buffer.check(host_comm.rank(), ranks, kFusedMessages * count, Summation::kNative);
     const Repeats repeats = repeats_for(args, total_bytes);
     const PairUs times = time_pair_us(
-        comm, repeats,
+        host_comm, repeats,
         [&] {
-          for (int m = 0; m < kFusedMessages; ++m) {
-            comm.allreduce(buffer.data() + m * count, static_cast<size_t>(count), ReduceOp::kSum);
-          }
+          for (int m = 0; m < kFusedMessages; ++m)
+            buffer.allreduce(m * count, count, Summation::kNative);
         },
-        [&] {
-          comm.allreduce(buffer.data(), static_cast<size_t>(kFusedMessages * count),
-                         ReduceOp::kSum);
-        });
+        [&] { buffer.allreduce(0, kFusedMessages * count, Summation::kNative); });
     const double separate_us = times.first, fused_us = times.second;
     auto utilization = [&](double us) {
       return total_bytes / (us * 1e-6) / 1e9 * bus_factor(ranks) / peak;

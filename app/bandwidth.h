@@ -27,10 +27,15 @@ struct BandwidthArgs {
   // second one rank's memcpy moves while every rank copies at once (the shared-memory transport
   // is made of such copies).
   double peak_gbps = 0;
+  // mpi: host buffers (or, with device cuda, device buffers staged through pinned host memory, as
+  // GradSync does when ranks share a GPU); nccl: device buffers, one GPU per rank, 1 rank allowed.
+  std::string backend = "mpi";
+  std::string device = "cpu";  // cpu | cuda; nccl implies cuda
 };
 
-// Returns 0. Throws ft::Error on bad arguments (naming the flag), on fewer than 2 ranks, or on a
-// wrong allreduce result.
+// Returns 0. Throws ft::Error on bad arguments (naming the flag), on fewer than 2 ranks (mpi), on
+// no usable GPU (cuda, nccl), or on a wrong allreduce result. `comm` is the MPI communicator: it
+// carries the bookkeeping (barriers, averaging times), and the timed collectives for mpi.
 int run_bandwidth(Communicator& comm, const BandwidthArgs& args);
 
 }  // namespace ft

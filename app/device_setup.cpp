@@ -17,7 +17,7 @@ namespace ft {
 Device setup_device(const Config& config, int local_rank) {
   if (config.train.device != "cuda") return Device::kCpu;
   const std::string reason = cuda_unusable_reason("train.device: cuda");
-  FT_REQUIRE(reason.empty(), reason);
+  FT_REQUIRE(reason.empty(), reason, "; use train.device: cpu on this machine");
 #if defined(FT_HAVE_CUDA)
   select_cuda_device(local_rank);
   cuda_context();  // creates the streams and handles on this rank's GPU now, not mid-step

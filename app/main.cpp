@@ -84,6 +84,11 @@ int main(int argc, char** argv) {
                    "peak bandwidth for utilization, GB/s (0 = measure memory bandwidth)")
       ->check(number_check(true));
   bandwidth->add_option("--json", bandwidth_args.json_path, "write the sweep as JSON");
+  bandwidth->add_option("--backend", bandwidth_args.backend,
+                        "mpi (host buffers, or device buffers staged through pinned memory) or "
+                        "nccl (GPU buffers; 1 rank allowed)");
+  bandwidth->add_option("--device", bandwidth_args.device,
+                        "cpu or cuda: where the reduced buffers live (nccl implies cuda)");
 
   ft::BenchArgs bench_args;
   bench_args.config_path = kDefaultConfig;

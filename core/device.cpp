@@ -21,12 +21,11 @@ bool cuda_built() {
 std::string cuda_unusable_reason(const std::string& setting) {
 #if defined(FT_HAVE_CUDA)
   if (cuda_device_available()) return "";
-  return setting + " needs a CUDA GPU, but none can be used: " + cuda_unavailable_reason() +
-         ". Use train.device: cpu on this machine.";
+  return setting + " needs a CUDA GPU, but none can be used: " + cuda_unavailable_reason();
 #else
   return setting +
          " needs the CUDA path, and this binary was built without it (configure with "
-         "-DFT_CUDA=ON on a machine with nvcc, cuDNN and NCCL). Use train.device: cpu.";
+         "-DFT_CUDA=ON on a machine with nvcc, cuDNN and NCCL)";
 #endif
 }
 

@@ -22,7 +22,8 @@ const char* device_name(Device device);
 bool cuda_built();
 
 // Empty when a CUDA device can be used; otherwise a sentence a user can act on, naming `setting`
-// (e.g. "train.device: cuda"): the build has no CUDA path, or the runtime found no device.
+// (e.g. "train.device: cuda"): the build has no CUDA path, or the runtime found no device. The
+// caller appends what to do instead.
 std::string cuda_unusable_reason(const std::string& setting);
 
 }  // namespace ft

@@ -18,6 +18,7 @@
 #include "comm/mpi/mpi_test_main.h"
 #include "comm/startup.h"
 #include "core/check.h"
+#include "core/device.h"
 
 namespace ft {
 namespace {
@@ -312,6 +313,8 @@ TEST(MpiBandwidth, SweepAndFusedTableReachTheJson) {
         row["busbw_gbps"].get<double>() * row["time_us"].get<double>(), 1e-6);
   }
   EXPECT_EQ(report["deterministic_same_call_as_native"], comm.size() == 2);
+  EXPECT_EQ(report["device"], "cpu");
+  EXPECT_EQ(report["staged_through_host"], false);
   // No listed size fits 4 * s <= 64 KiB, so one row of s = max_bytes / 4.
   ASSERT_EQ(report["fused"].size(), 1u);
   const auto& fused = report["fused"][0];
@@ -330,6 +333,33 @@ TEST(MpiBandwidth, BadArgumentsNameTheFlag) {
     ADD_FAILURE() << "no error";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("--max-bytes"), std::string::npos) << error.what();
+  }
+  BandwidthArgs backend;
+  backend.backend = "gloo";
+  try {
+    run_bandwidth(comm, backend);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("--backend must be one of: mpi, nccl; got 'gloo'"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(MpiBandwidth, CudaWithoutAGpuSaysWhy) {
+  if (cuda_unusable_reason("x").empty()) GTEST_SKIP() << "a GPU is usable here";
+  MpiCommunicator comm;
+  for (const char* backend : {"mpi", "nccl"}) {
+    BandwidthArgs args;
+    args.backend = backend;
+    args.device = "cuda";
+    try {
+      run_bandwidth(comm, args);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("bandwidth --device cuda needs "), std::string::npos)
+          << error.what();
+    }
   }
 }
 
