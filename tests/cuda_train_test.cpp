@@ -1,0 +1,93 @@
+// Both models train on cuda with the losses of the cpu run, fused and unfused; a cuda-trained
+// checkpoint loads on the cpu (checkpoints do not depend on the device) and exports. Skips
+// without a usable device. Tolerances: the GPU sums in other orders (cuBLASLt, cuDNN, tree
+// reductions), so fp32 losses drift apart by ~1e-5 relative per step; 20 steps stay within 2e-3.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "app/trainer.h"
+#include "cuda_test_util.h"
+#include "run_command.h"
+
+namespace ft {
+namespace {
+
+std::string source_path(const std::string& relative) {
+  return std::string(FT_SOURCE_DIR) + "/" + relative;
+}
+
+Config config_for(const std::string& name, const std::string& device, bool fused) {
+  std::vector<std::string> overrides = {"train.device=" + device, "train.steps=20",
+                                        "fusion.enabled=" + std::string(fused ? "true" : "false")};
+  if (name == "gpt_tiny") overrides.push_back("data.path=" + source_path("data/moby_dick.txt"));
+  if (name == "resnet8") overrides.push_back("data.test_limit=512");
+  return load_config(source_path("configs/" + name + ".yaml"), overrides);
+}
+
+std::vector<float> losses_of(Trainer& trainer, int steps) {
+  std::vector<float> losses;
+  for (int i = 0; i < steps; ++i) losses.push_back(trainer.train_step().loss);
+  return losses;
+}
+
+void expect_losses_match(const std::vector<float>& cuda, const std::vector<float>& cpu) {
+  ASSERT_EQ(cuda.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i)
+    EXPECT_NEAR(cuda[i], cpu[i], 2e-3 * std::fabs(cpu[i])) << "step " << i + 1;
+}
+
+class CudaTrain : public testing::TestWithParam<const char*> {};
+
+TEST_P(CudaTrain, TwentyStepsMatchTheCpuFusedAndUnfused) {
+  FT_SKIP_WITHOUT_GPU();
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused" : "unfused");
+    Trainer on_cpu(config_for(GetParam(), "cpu", fused), nullptr);
+    Trainer on_cuda(config_for(GetParam(), "cuda", fused), nullptr);
+    expect_losses_match(losses_of(on_cuda, 20), losses_of(on_cpu, 20));
+    const double cpu_eval = on_cpu.evaluate(4).loss, cuda_eval = on_cuda.evaluate(4).loss;
+    EXPECT_NEAR(cuda_eval, cpu_eval, 2e-3 * std::fabs(cpu_eval));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaTrain, testing::Values("gpt_tiny", "resnet8"));
+
+TEST(CudaTrainCheckpoint, ACudaCheckpointResumesOnTheCpu) {
+  FT_SKIP_WITHOUT_GPU();
+  const std::string path = testing::TempDir() + "/ft_cuda_ckpt.safetensors";
+  Trainer on_cuda(config_for("gpt_tiny", "cuda", true), nullptr);
+  losses_of(on_cuda, 3);
+  on_cuda.save_checkpoint(path);
+  const std::vector<float> cuda_next = losses_of(on_cuda, 2);
+  Config resumed = config_for("gpt_tiny", "cpu", true);
+  resumed.train.resume = path;
+  Trainer on_cpu(resumed, nullptr);
+  expect_losses_match(cuda_next, losses_of(on_cpu, 2));
+  std::filesystem::remove(path);
+}
+
+TEST(CudaTrainCheckpoint, ACudaTrainedResnetExportsAndInfers) {
+  FT_SKIP_WITHOUT_GPU();
+  const std::string checkpoint = testing::TempDir() + "/ft_cuda_resnet.safetensors";
+  const std::string exported = testing::TempDir() + "/ft_cuda_resnet_export.safetensors";
+  Trainer on_cuda(config_for("resnet8", "cuda", true), nullptr);
+  losses_of(on_cuda, 3);
+  on_cuda.save_checkpoint(checkpoint);
+  const test::RunResult export_run =
+      test::run_fusiontrain("export --checkpoint " + checkpoint + " --out " + exported, 120);
+  ASSERT_EQ(export_run.exit_code, 0) << export_run.output;
+  const test::RunResult infer_run = test::run_fusiontrain(
+      "infer --model " + exported + " --limit 256 --compare-unfolded " + checkpoint, 120);
+  ASSERT_EQ(infer_run.exit_code, 0) << infer_run.output;
+  EXPECT_NE(infer_run.output.find("predictions agree 256/256"), std::string::npos)
+      << infer_run.output;
+  std::filesystem::remove(checkpoint);
+  std::filesystem::remove(exported);
+}
+
+}  // namespace
+}  // namespace ft
