@@ -214,7 +214,7 @@ class ResnetTask : public Task {
     Tensor& input = ws.values[graph.input];
     FT_CHECK(static_cast<int64_t>(batch.images.size()) == input.numel(), "image batch of ",
              batch.images.size(), " floats for an input of ", shape_str(input.shape()));
-    input.copy_from(Tensor::wrap(const_cast<float*>(batch.images.data()), input.shape()));
+    upload_to_workspace(ws, input, batch.images.data(), static_cast<int64_t>(batch.images.size()));
     ws.targets = batch.labels;
   }
 

@@ -103,15 +103,29 @@ Workspace Executor::make_workspace() const {
 namespace {
 
 // Copies an int32 host vector into `on_device` (reallocated when its length changed).
-void upload_ids(Tensor& on_device, std::vector<int32_t>& ids) {
+void upload_ids(Workspace& ws, Tensor& on_device, const std::vector<int32_t>& ids) {
   static_assert(sizeof(int32_t) == sizeof(float), "ids travel in float storage");
   const int64_t count = static_cast<int64_t>(ids.size());
   if (!on_device.defined() || on_device.numel() != count)
     on_device = Tensor::empty({count}, Device::kCuda);
-  if (count > 0) on_device.copy_from(Tensor::wrap(reinterpret_cast<float*>(ids.data()), {count}));
+  upload_to_workspace(ws, on_device, reinterpret_cast<const float*>(ids.data()), count);
 }
 
 }  // namespace
+
+void upload_to_workspace(Workspace& ws, Tensor& destination, const float* host, int64_t count) {
+  FT_CHECK(destination.numel() == count, "upload of ", count, " floats into ",
+           shape_str(destination.shape()));
+  if (count == 0) return;
+  if (destination.device() == Device::kCpu) {
+    std::copy(host, host + count, destination.data());
+    return;
+  }
+  if (ws.pinned_staging.numel() < count) ws.pinned_staging = Tensor::empty_pinned({count});
+  Tensor staged = ws.pinned_staging.rows(0, count);
+  std::copy(host, host + count, staged.data());
+  destination.copy_from(staged);
+}
 
 float Executor::loss(const Workspace& ws) const {
   const Tensor& loss = ws.values[graph_.loss];
@@ -123,8 +137,8 @@ void Executor::forward(Workspace& ws) {
   FT_CHECK(ws.device == params_.device(), "workspace on ", device_name(ws.device),
            ", parameters on ", device_name(params_.device()));
   if (ws.device == Device::kCuda) {
-    upload_ids(ws.tokens_on_device, ws.tokens);
-    upload_ids(ws.targets_on_device, ws.targets);
+    upload_ids(ws, ws.tokens_on_device, ws.tokens);
+    upload_ids(ws, ws.targets_on_device, ws.targets);
   }
   // A train forward updates BatchNorm running statistics.
   if (graph_.mode == GraphMode::kTrain) params_.mark_changed();

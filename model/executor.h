@@ -21,6 +21,10 @@ class OpObserver {
   virtual void on_op(const Op& op, int op_index, bool backward, double start_ms, double end_ms) = 0;
 };
 
+// Copies `count` host floats into `destination` (a workspace tensor on any device). On cuda they
+// go through ws.pinned_staging, so the copy runs at full bus speed.
+void upload_to_workspace(Workspace& ws, Tensor& destination, const float* host, int64_t count);
+
 class Executor {
  public:
   // REQUIRES: params allocated; graph and params outlive the executor; the graph is final (every

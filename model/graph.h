@@ -95,6 +95,9 @@ struct Workspace {
   // cuda: tokens and targets copied to the device by Executor::forward, as int32 bit patterns in
   // float storage (Tensor holds floats); read them through device_tokens()/device_targets().
   Tensor tokens_on_device, targets_on_device;
+  // cuda: page-locked host memory that batches pass through on their way to the device
+  // (upload_to_workspace in model/executor.h), grown as needed.
+  Tensor pinned_staging;
   uint64_t dropout_seed = 0;  // changes every step; masks are a pure function of it
   // Per value, set by the executor only for an op that overwrites_fresh_input_grads(): the
   // gradient buffer holds stale data, and that op's backward must write (=) all of it.
