@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/gemm.h"
 
 #if defined(FT_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -21,6 +22,7 @@ Device setup_device(const Config& config, int local_rank) {
 #if defined(FT_HAVE_CUDA)
   select_cuda_device(local_rank);
   cuda_context();  // creates the streams and handles on this rank's GPU now, not mid-step
+  set_gemm_tf32(config.train.tf32);
 #else
   static_cast<void>(local_rank);
 #endif

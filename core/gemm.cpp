@@ -7,9 +7,75 @@
 
 #include "core/check.h"
 #include "core/dnnl_context.h"
+#include "core/math/gelu.h"
 #include "core/timer.h"
 
 namespace ft {
+
+const char* epilogue_name(Epilogue epilogue) {
+  switch (epilogue) {
+    case Epilogue::kNone:
+      return "none";
+    case Epilogue::kRelu:
+      return "relu";
+    case Epilogue::kGeluTanh:
+      return "gelu_tanh";
+    case Epilogue::kGeluTanhAux:
+      return "gelu_tanh_aux";
+    case Epilogue::kDGeluTanh:
+      return "dgelu_tanh";
+    case Epilogue::kDGeluTanhBiasGrad:
+      return "dgelu_tanh_bias_grad";
+    case Epilogue::kBiasGradA:
+      return "bias_grad_a";
+  }
+  return "?";
+}
+
+GemmArgs resolve_gemm_strides(const GemmArgs& args) {
+  GemmArgs resolved = args;
+  if (resolved.lda == 0) resolved.lda = args.transpose_a ? args.m : args.k;
+  if (resolved.ldb == 0) resolved.ldb = args.transpose_b ? args.k : args.n;
+  if (resolved.ldc == 0) resolved.ldc = args.n;
+  if (resolved.ld_aux == 0) resolved.ld_aux = args.n;
+  if (resolved.batch_stride_a == 0) resolved.batch_stride_a = args.m * args.k;
+  if (resolved.batch_stride_b == 0) resolved.batch_stride_b = args.k * args.n;
+  if (resolved.batch_stride_c == 0) resolved.batch_stride_c = args.m * args.n;
+  return resolved;
+}
+
+void check_gemm_args(const GemmArgs& args, const char* who) {
+  const Epilogue epilogue = args.epilogue;
+  FT_CHECK(args.m > 0 && args.n > 0 && args.k > 0 && args.batch > 0, who,
+           ": empty shape m=", args.m, " n=", args.n, " k=", args.k, " batch=", args.batch);
+  const GemmArgs r = resolve_gemm_strides(args);
+  FT_CHECK(r.lda >= (args.transpose_a ? args.m : args.k) &&
+               r.ldb >= (args.transpose_b ? args.k : args.n) && r.ldc >= args.n,
+           who, ": leading dimension too small (lda=", r.lda, " ldb=", r.ldb, " ldc=", r.ldc,
+           " for m=", args.m, " n=", args.n, " k=", args.k, ")");
+  const bool forward = epilogue == Epilogue::kNone || epilogue == Epilogue::kRelu ||
+                       epilogue == Epilogue::kGeluTanh || epilogue == Epilogue::kGeluTanhAux;
+  const bool uses_aux = epilogue == Epilogue::kGeluTanhAux || epilogue == Epilogue::kDGeluTanh ||
+                        epilogue == Epilogue::kDGeluTanhBiasGrad;
+  const bool writes_bias_grad =
+      epilogue == Epilogue::kDGeluTanhBiasGrad || epilogue == Epilogue::kBiasGradA;
+  FT_CHECK(!args.accumulate || epilogue == Epilogue::kNone || epilogue == Epilogue::kBiasGradA, who,
+           ": accumulate with the ", epilogue_name(epilogue), " epilogue is not supported");
+  FT_CHECK(args.bias == nullptr || args.alpha == 1.0f, who, ": alpha with bias is not supported");
+  // cuBLASLt's BGRADB reduces the A operand itself, so it would not see alpha; keep it 1.
+  FT_CHECK(epilogue != Epilogue::kBiasGradA || args.alpha == 1.0f, who,
+           ": alpha with the bias_grad_a epilogue is not supported");
+  FT_CHECK(args.bias == nullptr || forward, who, ": the ", epilogue_name(epilogue),
+           " epilogue takes no bias");
+  FT_CHECK((args.aux != nullptr) == uses_aux, who, ": the ", epilogue_name(epilogue), " epilogue ",
+           uses_aux ? "needs" : "takes no", " aux buffer");
+  FT_CHECK(!uses_aux || r.ld_aux >= args.n, who, ": ld_aux ", r.ld_aux, " < n ", args.n);
+  FT_CHECK((args.bias_grad != nullptr) == writes_bias_grad, who, ": the ", epilogue_name(epilogue),
+           " epilogue ", writes_bias_grad ? "needs" : "takes no", " bias_grad buffer");
+  FT_CHECK(args.batch == 1 || !(uses_aux || writes_bias_grad), who, ": the ",
+           epilogue_name(epilogue), " epilogue needs batch 1, got ", args.batch);
+}
+
 namespace {
 
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t,
@@ -34,27 +100,27 @@ dnnl::memory::desc matrix_desc(int64_t batch, int64_t rows, int64_t cols, int64_
                             {batch_stride, row_col_strides[0], row_col_strides[1]});
 }
 
-CachedGemm make_gemm(const GemmArgs& args, int64_t lda, int64_t ldb, int64_t ldc, int64_t sa,
-                     int64_t sb, int64_t sc) {
+// `r` has resolved strides and an epilogue oneDNN runs itself (kNone, kRelu, kGeluTanh).
+CachedGemm make_gemm(const GemmArgs& r) {
   dnnl::engine& engine = cpu_engine();
-  const auto src_md = matrix_desc(args.batch, args.m, args.k, lda, sa, args.transpose_a);
-  const auto weights_md = matrix_desc(args.batch, args.k, args.n, ldb, sb, args.transpose_b);
-  const auto dst_md = matrix_desc(args.batch, args.m, args.n, ldc, sc, false);
+  const auto src_md = matrix_desc(r.batch, r.m, r.k, r.lda, r.batch_stride_a, r.transpose_a);
+  const auto weights_md = matrix_desc(r.batch, r.k, r.n, r.ldb, r.batch_stride_b, r.transpose_b);
+  const auto dst_md = matrix_desc(r.batch, r.m, r.n, r.ldc, r.batch_stride_c, false);
   dnnl::memory::desc bias_md;
-  if (args.bias != nullptr)
-    bias_md = dnnl::memory::desc({1, 1, args.n}, dnnl::memory::data_type::f32, {args.n, args.n, 1});
+  if (r.bias != nullptr)
+    bias_md = dnnl::memory::desc({1, 1, r.n}, dnnl::memory::data_type::f32, {r.n, r.n, 1});
 
   dnnl::primitive_attr attr;
   dnnl::post_ops post_ops;
-  if (args.accumulate) post_ops.append_sum(1.0f);
-  if (args.epilogue == Epilogue::kRelu)
+  if (r.accumulate) post_ops.append_sum(1.0f);
+  if (r.epilogue == Epilogue::kRelu)
     post_ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-  if (args.epilogue == Epilogue::kGeluTanh)
+  if (r.epilogue == Epilogue::kGeluTanh)
     post_ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_gelu_tanh, 0.0f, 0.0f);
   attr.set_post_ops(post_ops);
-  if (args.alpha != 1.0f) attr.set_output_scales(0, {args.alpha});
+  if (r.alpha != 1.0f) attr.set_output_scales(0, {r.alpha});
 
-  dnnl::matmul::desc desc = args.bias != nullptr
+  dnnl::matmul::desc desc = r.bias != nullptr
                                 ? dnnl::matmul::desc(src_md, weights_md, bias_md, dst_md)
                                 : dnnl::matmul::desc(src_md, weights_md, dst_md);
   dnnl::matmul::primitive_desc pd(desc, attr, engine);
@@ -63,15 +129,92 @@ CachedGemm make_gemm(const GemmArgs& args, int64_t lda, int64_t ldb, int64_t ldc
   gemm.src = dnnl::memory(src_md, engine, DNNL_MEMORY_NONE);
   gemm.weights = dnnl::memory(weights_md, engine, DNNL_MEMORY_NONE);
   gemm.dst = dnnl::memory(dst_md, engine, DNNL_MEMORY_NONE);
-  if (args.bias != nullptr) gemm.bias = dnnl::memory(bias_md, engine, DNNL_MEMORY_NONE);
+  if (r.bias != nullptr) gemm.bias = dnnl::memory(bias_md, engine, DNNL_MEMORY_NONE);
   return gemm;
 }
 
-}  // namespace
+void run_onednn(float* c, const float* a, const float* b, const GemmArgs& r) {
+  const Key key{r.m,
+                r.n,
+                r.k,
+                r.batch,
+                r.transpose_a,
+                r.transpose_b,
+                r.lda,
+                r.ldb,
+                r.ldc,
+                r.batch_stride_a,
+                r.batch_stride_b,
+                r.batch_stride_c,
+                r.alpha,
+                r.accumulate,
+                r.bias != nullptr,
+                static_cast<int>(r.epilogue)};
+  auto it = cache().find(key);
+  if (it == cache().end()) it = cache().emplace(key, make_gemm(r)).first;
+  CachedGemm& cached = it->second;
+  cached.src.set_data_handle(const_cast<float*>(a));
+  cached.weights.set_data_handle(const_cast<float*>(b));
+  cached.dst.set_data_handle(c);
+  std::unordered_map<int, dnnl::memory> exec_args{
+      {DNNL_ARG_SRC, cached.src}, {DNNL_ARG_WEIGHTS, cached.weights}, {DNNL_ARG_DST, cached.dst}};
+  if (r.bias != nullptr) {
+    cached.bias.set_data_handle(const_cast<float*>(r.bias));
+    exec_args.emplace(DNNL_ARG_BIAS, cached.bias);
+  }
+  cached.primitive.execute(cpu_stream(), exec_args);
+  cpu_stream().wait();
+}
 
-namespace {
+// The epilogues oneDNN has no post-op for: a plain oneDNN GEMM, then one host pass over C (the
+// same split as cuBLASLt's unfused fallback). `r` has resolved strides and batch == 1.
+void run_with_host_epilogue(float* c, const float* a, const float* b, const GemmArgs& r) {
+  GemmArgs plain = r;
+  plain.epilogue = Epilogue::kNone;
+  const int64_t M = r.m, N = r.n;
+  switch (r.epilogue) {
+    case Epilogue::kGeluTanhAux: {
+      plain.ldc = r.ld_aux;
+      run_onednn(r.aux, a, b, plain);  // aux = pre = P + bias
+#pragma omp parallel for if (M * N > 262144)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) c[i * r.ldc + j] = gelu_tanh(r.aux[i * r.ld_aux + j]);
+      return;
+    }
+    case Epilogue::kDGeluTanh:
+    case Epilogue::kDGeluTanhBiasGrad: {
+      run_onednn(c, a, b, plain);
+#pragma omp parallel for if (M * N > 262144)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) c[i * r.ldc + j] *= gelu_tanh_grad(r.aux[i * r.ld_aux + j]);
+      if (r.epilogue == Epilogue::kDGeluTanhBiasGrad) {
+        for (int64_t j = 0; j < N; ++j) r.bias_grad[j] = 0.0f;
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) r.bias_grad[j] += c[i * r.ldc + j];
+      }
+      return;
+    }
+    case Epilogue::kBiasGradA: {
+      run_onednn(c, a, b, plain);
+      // op(A)[m, k] is a[m * lda + k], or a[k * lda + m] when A is stored transposed.
+      for (int64_t i = 0; i < M; ++i) r.bias_grad[i] = 0.0f;
+      for (int64_t p = 0; p < r.k; ++p)
+        for (int64_t i = 0; i < M; ++i)
+          r.bias_grad[i] += r.transpose_a ? a[p * r.lda + i] : a[i * r.lda + p];
+      return;
+    }
+    case Epilogue::kNone:
+    case Epilogue::kRelu:
+    case Epilogue::kGeluTanh:
+      break;
+  }
+  FT_CHECK(false, "gemm: epilogue ", epilogue_name(r.epilogue), " has no host pass");
+}
+
 bool timing_enabled = false;
 double timed_ms = 0.0;
+bool tf32_enabled = false;
+
 }  // namespace
 
 void set_gemm_timing(bool on) {
@@ -80,51 +223,22 @@ void set_gemm_timing(bool on) {
 double gemm_timed_ms() {
   return timed_ms;
 }
+void set_gemm_tf32(bool on) {
+  tf32_enabled = on;
+}
+bool gemm_tf32() {
+  return tf32_enabled;
+}
 
 void gemm(float* c, const float* a, const float* b, const GemmArgs& args) {
   const double start_ms = timing_enabled ? now_ms() : 0.0;
-  FT_CHECK(args.m > 0 && args.n > 0 && args.k > 0 && args.batch > 0, "gemm: empty shape m=", args.m,
-           " n=", args.n, " k=", args.k, " batch=", args.batch);
-  FT_CHECK(!(args.accumulate && args.epilogue != Epilogue::kNone),
-           "gemm: accumulate with an epilogue is not supported");
-  FT_CHECK(args.bias == nullptr || args.alpha == 1.0f, "gemm: alpha with bias is not supported");
-  const int64_t lda = args.lda ? args.lda : (args.transpose_a ? args.m : args.k);
-  const int64_t ldb = args.ldb ? args.ldb : (args.transpose_b ? args.k : args.n);
-  const int64_t ldc = args.ldc ? args.ldc : args.n;
-  const int64_t sa = args.batch_stride_a ? args.batch_stride_a : args.m * args.k;
-  const int64_t sb = args.batch_stride_b ? args.batch_stride_b : args.k * args.n;
-  const int64_t sc = args.batch_stride_c ? args.batch_stride_c : args.m * args.n;
-  const Key key{args.m,
-                args.n,
-                args.k,
-                args.batch,
-                args.transpose_a,
-                args.transpose_b,
-                lda,
-                ldb,
-                ldc,
-                sa,
-                sb,
-                sc,
-                args.alpha,
-                args.accumulate,
-                args.bias != nullptr,
-                static_cast<int>(args.epilogue)};
-  auto it = cache().find(key);
-  if (it == cache().end())
-    it = cache().emplace(key, make_gemm(args, lda, ldb, ldc, sa, sb, sc)).first;
-  CachedGemm& cached = it->second;
-  cached.src.set_data_handle(const_cast<float*>(a));
-  cached.weights.set_data_handle(const_cast<float*>(b));
-  cached.dst.set_data_handle(c);
-  std::unordered_map<int, dnnl::memory> exec_args{
-      {DNNL_ARG_SRC, cached.src}, {DNNL_ARG_WEIGHTS, cached.weights}, {DNNL_ARG_DST, cached.dst}};
-  if (args.bias != nullptr) {
-    cached.bias.set_data_handle(const_cast<float*>(args.bias));
-    exec_args.emplace(DNNL_ARG_BIAS, cached.bias);
-  }
-  cached.primitive.execute(cpu_stream(), exec_args);
-  cpu_stream().wait();
+  check_gemm_args(args, "gemm");
+  const GemmArgs resolved = resolve_gemm_strides(args);
+  if (args.epilogue == Epilogue::kNone || args.epilogue == Epilogue::kRelu ||
+      args.epilogue == Epilogue::kGeluTanh)
+    run_onednn(c, a, b, resolved);
+  else
+    run_with_host_epilogue(c, a, b, resolved);
   if (timing_enabled) timed_ms += now_ms() - start_ms;
 }
 

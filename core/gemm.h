@@ -1,17 +1,42 @@
-// CPU GEMM through oneDNN matmul, with primitives cached by shape so a training step creates none.
+// The GEMM front-end of both devices, one vocabulary (GemmArgs, Epilogue) for
 //   C[b] (=|+=) alpha * op(A[b]) · op(B[b]) (+ bias) (epilogue)   for b in [0, batch)
+// gemm() runs it on the CPU through oneDNN matmul, with primitives cached by shape so a training
+// step creates none; gemm_cuda() runs it on CUDA device pointers through cuBLASLt
+// (core/cuda/cublaslt_gemm.h), with plans cached the same way.
 // All matrices are row-major with explicit leading dimensions, so views (heads inside a [B,T,3C]
 // activation, weight row blocks) need no copies.
 // Thread safety: call from one thread (the training thread); oneDNN parallelises inside.
 #pragma once
 #include <cstdint>
 
+#include "core/device.h"
+
 namespace ft {
 
-// Elementwise map applied to C inside the GEMM (a oneDNN eltwise post-op, after the bias).
-// kGeluTanh is the inference form of fusion/ops/linear_gelu.h: it cannot hand back the
-// pre-activation that training's backward needs.
-enum class Epilogue { kNone, kRelu, kGeluTanh };
+// What happens to the product P = alpha op(A) op(B) (+ C when accumulate) before it lands in C.
+// A non-null `bias` adds bias[N] to every row of P first in the forward epilogues (kNone, kRelu,
+// kGeluTanh, kGeluTanhAux): that is cuBLASLt's BIAS / RELU_BIAS / GELU_BIAS / GELU_AUX_BIAS.
+// The gradient epilogues take no bias. GELU is the tanh form of core/math/gelu.h.
+enum class Epilogue {
+  kNone,      // C = P (+ bias)
+  kRelu,      // C = max(P (+ bias), 0)
+  kGeluTanh,  // C = gelu(P (+ bias)); inference: the pre-activation is lost
+  // Training forward of Linear -> GELU: aux = pre = P (+ bias), C = gelu(pre). aux is an output
+  // [M, N] with row stride ld_aux; backward reads it (cuBLASLt GELU_AUX(_BIAS)).
+  kGeluTanhAux,
+  // Backward through that GELU when this GEMM produces its output gradient:
+  // C = P ⊙ gelu'(aux), aux being the pre-activation saved by kGeluTanhAux (cuBLASLt DGELU).
+  kDGeluTanh,
+  // kDGeluTanh, and bias_grad[N] = sum over rows of C (=, the gradient of the bias that fed aux)
+  // (cuBLASLt DGELU_BGRAD).
+  kDGeluTanhBiasGrad,
+  // C = P (+= with accumulate), and bias_grad[M] = sum over k of op(A)[m, k] (=). With
+  // A = dy^T this is the weight-gradient GEMM dW = dy^T x that also yields db = colsum(dy).
+  // (cuBLASLt's BGRADB: cuBLASLt sees C^T = op(B)^T op(A)^T, so its B is our A.)
+  kBiasGradA,
+};
+
+const char* epilogue_name(Epilogue epilogue);
 
 struct GemmArgs {
   int64_t m = 0, n = 0, k = 0;
@@ -20,13 +45,36 @@ struct GemmArgs {
   bool transpose_b = false;           // B stored [N, K] instead of [K, N] (nn.Linear weights)
   int64_t lda = 0, ldb = 0, ldc = 0;  // row strides in floats; 0 = packed
   int64_t batch_stride_a = 0, batch_stride_b = 0, batch_stride_c = 0;  // 0 = packed
-  float alpha = 1.0f;           // REQUIRES: 1 when bias is set
-  bool accumulate = false;      // C += result. REQUIRES: epilogue kNone
-  const float* bias = nullptr;  // [N], broadcast over rows
+  float alpha = 1.0f;           // REQUIRES: 1 when bias is set or the epilogue is kBiasGradA
+  bool accumulate = false;      // C += result. REQUIRES: epilogue kNone or kBiasGradA
+  const float* bias = nullptr;  // [N], broadcast over rows; forward epilogues only
   Epilogue epilogue = Epilogue::kNone;
+  // kGeluTanhAux writes, kDGeluTanh(BiasGrad) reads the pre-activation [M, N] here; row stride
+  // ld_aux floats (0 = packed N). Null for every other epilogue.
+  float* aux = nullptr;
+  int64_t ld_aux = 0;
+  // kDGeluTanhBiasGrad ([N]) and kBiasGradA ([M]) write (=, not +=) the bias gradient here.
+  float* bias_grad = nullptr;
 };
 
+// Throws ft::Error naming `who` when the arguments are inconsistent (empty shape, strides too
+// small for the matrix, an epilogue without its buffers or with buffers it does not use, ...).
+// Epilogues other than kNone / kRelu / kGeluTanh need batch == 1.
+void check_gemm_args(const GemmArgs& args, const char* who);
+// `args` with every 0 (= packed) leading dimension and batch stride replaced by its value.
+GemmArgs resolve_gemm_strides(const GemmArgs& args);
+
+// CPU: every epilogue (the gradient and aux ones as a oneDNN GEMM plus a host loop).
 void gemm(float* c, const float* a, const float* b, const GemmArgs& args);
+// CUDA (core/cuda/gemm_cuda.cpp, CUDA builds only): the same on device pointers, enqueued on
+// `stream`, through the process's CublasLtGemm (core/cuda/cuda_context.h).
+void gemm_cuda(float* c, const float* a, const float* b, const GemmArgs& args, CudaStream stream);
+
+// train.tf32: when true, gemm_cuda computes with CUBLAS_COMPUTE_32F_FAST_TF32 (10-bit mantissa
+// products, FP32 accumulation) instead of CUBLAS_COMPUTE_32F. Part of the plan key, so toggling
+// it never reuses a plan of the other mode. The CPU gemm() is FP32 either way. Default false.
+void set_gemm_tf32(bool on);
+bool gemm_tf32();
 
 // Wall time spent inside gemm() while timing is on, so benchmarks can report a step's GEMM share.
 // Off by default (two clock reads per call); not synchronised: the training thread only.

@@ -6,6 +6,9 @@
 #include <algorithm>
 
 #include "core/check.h"
+#if defined(FT_HAVE_CUDA)
+#include "core/cuda/cuda_context.h"
+#endif
 
 namespace ft {
 namespace {
@@ -115,31 +118,109 @@ void MultiTensorSweep::check_store(const ParamStore& params) const {
            plan_.numel, " trainable floats, given a store with ", params.num_trainable_floats());
 }
 
+namespace {
+
+void check_state(const ParamStore& params, const Tensor& state, const char* what) {
+  FT_CHECK(state.device() == params.device() && state.numel() == params.num_trainable_floats(),
+           "MultiTensorSweep: ", what, " must hold ", params.num_trainable_floats(), " floats on ",
+           device_name(params.device()), "; it holds ", state.numel(), " on ",
+           device_name(state.device()));
+}
+
+#if defined(FT_HAVE_CUDA)
+CudaStream compute_stream() {
+  return cuda_context().compute_stream();
+}
+#endif
+
+}  // namespace
+
+// One table entry per trainable parameter, in id order: a parameter's arrays start at its offset.
+template <int Depth>
+const std::vector<MultiTensorLaunch<Depth>>& MultiTensorSweep::packed(
+    PackedPass<Depth>& pass, const ParamStore& params, const std::array<float*, Depth>& bases) {
+  if (pass.bases == bases && !pass.launches.empty()) return pass.launches;
+  std::vector<MultiTensorInput<Depth>> tensors;
+  for (ParamId id = 0; id < params.size(); ++id) {
+    const Param& param = params[id];
+    if (!param.trainable) continue;
+    MultiTensorInput<Depth> tensor;
+    for (int d = 0; d < Depth; ++d) tensor.addresses[d] = bases[d] + param.offset;
+    tensor.numel = param.value.numel();
+    tensor.weight_decay = param.weight_decay;
+    tensors.push_back(tensor);
+  }
+  pass.bases = bases;
+  pass.launches = pack_multi_tensor_launches(tensors);
+  return pass.launches;
+}
+
 void MultiTensorSweep::adamw(ParamStore& params, Tensor& exp_avg, Tensor& exp_avg_sq,
                              const AdamWStep& step) {
   check_store(params);
+  check_state(params, exp_avg, "exp_avg");
+  check_state(params, exp_avg_sq, "exp_avg_sq");
+#if defined(FT_HAVE_CUDA)
+  if (params.device() == Device::kCuda)
+    return multi_tensor_adamw_cuda(packed(adamw_pass_, params,
+                                          {params.flat_values().data(), params.flat_grads().data(),
+                                           exp_avg.data(), exp_avg_sq.data()}),
+                                   step, compute_stream());
+#endif
   multi_tensor_adamw(plan_, params.flat_values().data(), exp_avg.data(), exp_avg_sq.data(),
                      params.flat_grads().data(), step);
 }
 
 void MultiTensorSweep::sgd(ParamStore& params, Tensor& momentum_buffer, const SgdStep& step) {
   check_store(params);
+  check_state(params, momentum_buffer, "momentum_buffer");
+#if defined(FT_HAVE_CUDA)
+  if (params.device() == Device::kCuda)
+    return multi_tensor_sgd_cuda(
+        packed(sgd_pass_, params,
+               {params.flat_values().data(), params.flat_grads().data(), momentum_buffer.data()}),
+        step, compute_stream());
+#endif
   multi_tensor_sgd(plan_, params.flat_values().data(), momentum_buffer.data(),
                    params.flat_grads().data(), step);
 }
 
 double MultiTensorSweep::square_sum(ParamStore& params) {
   check_store(params);
+#if defined(FT_HAVE_CUDA)
+  if (params.device() == Device::kCuda) {
+    const auto& launches = packed(grad_pass_, params, {params.flat_grads().data()});
+    const int64_t partial_count = multi_tensor_block_count(launches);
+    if (partial_count == 0) return 0.0;
+    // Doubles in a float tensor (cudaMalloc'd blocks are 256-byte aligned): partials, then total.
+    if (norm_scratch_.numel() < 2 * (partial_count + 1))
+      norm_scratch_ = Tensor::empty({2 * (partial_count + 1)}, Device::kCuda);
+    double* partials = reinterpret_cast<double*>(norm_scratch_.data());
+    multi_tensor_square_sum_partials_cuda(partials, launches, compute_stream());
+    return square_sum_total_cuda(partials + partial_count, partials, partial_count,
+                                 compute_stream());
+  }
+#endif
   return multi_tensor_square_sum(params.flat_grads().data(), plan_.numel);
 }
 
 void MultiTensorSweep::scale(ParamStore& params, float scale) {
   check_store(params);
+#if defined(FT_HAVE_CUDA)
+  if (params.device() == Device::kCuda)
+    return multi_tensor_scale_cuda(packed(grad_pass_, params, {params.flat_grads().data()}), scale,
+                                   compute_stream());
+#endif
   multi_tensor_scale(params.flat_grads().data(), plan_.numel, scale);
 }
 
 void MultiTensorSweep::zero(ParamStore& params) {
   check_store(params);
+#if defined(FT_HAVE_CUDA)
+  if (params.device() == Device::kCuda)
+    return multi_tensor_zero_cuda(packed(grad_pass_, params, {params.flat_grads().data()}),
+                                  compute_stream());
+#endif
   multi_tensor_zero(params.flat_grads().data(), plan_.numel);
 }
 

@@ -6,13 +6,20 @@
 // handful of vectorised range updates. app/trainer.cpp picks it; the per-tensor sweep of
 // model/optimizer.cpp is the twin: both call the same range kernels (adamw_update, sgd_update,
 // accumulate_squares), so the two agree bit for bit; tests/fusion_multi_tensor_test.cpp checks it.
+// On cuda (params.device()) the sweep runs the Apex-style kernels of fusion/multi_tensor.cu over
+// per-parameter tensor lists packed into kernel-argument tables (fusion/multi_tensor_launch.h):
+// a few launches per pass instead of one per tensor; square_sum is the only pass that waits for
+// the GPU (it copies one double to the host). The cuda norm's order is not the CPU lane order, so
+// cuda and cpu agree to rounding; the cuda per-tensor and multi-tensor norms agree bitwise.
 // Thread safety: the free functions are pure functions of the buffers given; a sweep is not
 // synchronised, and the training thread owns it.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "fusion/multi_tensor_launch.h"
 #include "model/optimizer.h"
 #include "model/params.h"
 
@@ -64,9 +71,25 @@ class MultiTensorSweep : public ParamSweep {
   const MultiTensorPlan& plan() const { return plan_; }
 
  private:
+  // Tables packed for a pass over arrays laid out like flat_values() that start at `bases`,
+  // repacked when the bases change (the trainer's buffers do not move, so normally once).
+  template <int Depth>
+  struct PackedPass {
+    std::array<float*, Depth> bases{};
+    std::vector<MultiTensorLaunch<Depth>> launches;
+  };
+
   void check_store(const ParamStore& params) const;
+  template <int Depth>
+  const std::vector<MultiTensorLaunch<Depth>>& packed(PackedPass<Depth>& pass,
+                                                      const ParamStore& params,
+                                                      const std::array<float*, Depth>& bases);
 
   MultiTensorPlan plan_;
+  PackedPass<4> adamw_pass_;
+  PackedPass<3> sgd_pass_;
+  PackedPass<1> grad_pass_;
+  Tensor norm_scratch_;  // on cuda: the norm's partials and total, as doubles
 };
 
 std::unique_ptr<ParamSweep> make_multi_tensor_sweep(const ParamStore& params);

@@ -5,42 +5,30 @@
 #include <utility>
 
 #include "core/check.h"
+#if defined(FT_HAVE_CUDA)
+#include "core/cuda/cuda_context.h"
+#endif
 
 namespace ft {
 
-// AdamW (Loshchilov & Hutter): m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2,
-// p -= lr (m_hat / (sqrt(v_hat) + eps) + wd p), with m_hat = m / (1-b1^t), v_hat = v / (1-b2^t).
-// The decay is decoupled: it is not folded into g, so it does not pass through the moments.
+// The math of both updates is in model/optimizer_math.h (shared with the CUDA kernels). The
+// loops hoist the decay choice, so each stays a branch-free vectorisable loop.
 void adamw_update(float* value, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t count,
                   const AdamWStep& step, bool weight_decay) {
-  const float b1 = step.beta1, b2 = step.beta2, eps = step.eps;
-  const float step_size = step.step_size, inv_sqrt_bias2 = step.inv_sqrt_bias2;
+  const AdamWStep constants = step;
   const float decay = weight_decay ? step.decay : 0.0f;
 #pragma omp simd
-  for (int64_t i = 0; i < count; ++i) {
-    const float m = b1 * exp_avg[i] + (1.0f - b1) * grad[i];
-    const float v = b2 * exp_avg_sq[i] + (1.0f - b2) * grad[i] * grad[i];
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    const float denom = std::sqrt(v) * inv_sqrt_bias2 + eps;
-    value[i] -= step_size * m / denom + decay * value[i];
-  }
+  for (int64_t i = 0; i < count; ++i)
+    adamw_element(value[i], exp_avg[i], exp_avg_sq[i], grad[i], constants, decay);
 }
 
-// SGD with momentum, PyTorch semantics: g' = g + wd p; buf = mu buf + g' (buf = g' on the first
-// step); p -= lr (nesterov ? g' + mu buf : buf).
 void sgd_update(float* value, float* momentum_buffer, const float* grad, int64_t count,
                 const SgdStep& step, bool weight_decay) {
+  const SgdStep constants = step;
   const float decay = weight_decay ? step.weight_decay : 0.0f;
-  const float mu = step.momentum, lr = step.lr;
-  const bool first_step = step.first_step, nesterov = step.nesterov;
 #pragma omp simd
-  for (int64_t i = 0; i < count; ++i) {
-    const float g = grad[i] + decay * value[i];
-    const float buf = first_step ? g : mu * momentum_buffer[i] + g;
-    momentum_buffer[i] = buf;
-    value[i] -= lr * (nesterov ? g + mu * buf : buf);
-  }
+  for (int64_t i = 0; i < count; ++i)
+    sgd_element(value[i], momentum_buffer[i], grad[i], constants, decay);
 }
 
 void accumulate_squares(NormLanes& lanes, const float* grad, int64_t flat_index, int64_t count) {
@@ -104,11 +92,83 @@ AdamWStep adamw_step_constants(const OptimizerOptions& options, int64_t step, fl
   return constants;
 }
 
-// The twin of fusion/multi_tensor.h's chunked sweep.
+void check_state_device(const ParamStore& params, const Tensor& state, const char* what) {
+  FT_CHECK(state.device() == params.device() && state.numel() == params.num_trainable_floats(),
+           "optimizer sweep: ", what, " must hold ", params.num_trainable_floats(), " floats on ",
+           device_name(params.device()), "; it holds ", state.numel(), " on ",
+           device_name(state.device()));
+}
+
+#if defined(FT_HAVE_CUDA)
+// The per-tensor sweep on cuda: the CPU sweep's loops, one kernel launch per tensor.
+class PerTensorCudaSweep {
+ public:
+  static void adamw(ParamStore& params, Tensor& exp_avg, Tensor& exp_avg_sq,
+                    const AdamWStep& step) {
+    const CudaStream stream = cuda_context().compute_stream();
+    for (ParamId id = 0; id < params.size(); ++id) {
+      Param& param = params[id];
+      if (!param.trainable) continue;
+      adamw_update_cuda(param.value.data(), exp_avg.data() + param.offset,
+                        exp_avg_sq.data() + param.offset, param.grad.data(), param.value.numel(),
+                        step, param.weight_decay, stream);
+    }
+  }
+
+  static void sgd(ParamStore& params, Tensor& momentum_buffer, const SgdStep& step) {
+    const CudaStream stream = cuda_context().compute_stream();
+    for (ParamId id = 0; id < params.size(); ++id) {
+      Param& param = params[id];
+      if (!param.trainable) continue;
+      sgd_update_cuda(param.value.data(), momentum_buffer.data() + param.offset, param.grad.data(),
+                      param.value.numel(), step, param.weight_decay, stream);
+    }
+  }
+
+  // A partial per (tensor, chunk of the tensor) in offset order, then one reduction: the blocks
+  // and their order are those of fusion/multi_tensor.cu, so the two cuda norms agree bitwise.
+  static double square_sum(ParamStore& params) {
+    const CudaStream stream = cuda_context().compute_stream();
+    int64_t partial_count = 0;
+    for (ParamId id = 0; id < params.size(); ++id)
+      if (params[id].trainable)
+        partial_count += (params[id].grad.numel() + kSweepChunk - 1) / kSweepChunk;
+    if (partial_count == 0) return 0.0;
+    // Doubles in a float tensor (the allocator aligns to 256 bytes): the partials, then the total.
+    Tensor scratch = Tensor::empty({2 * (partial_count + 1)}, Device::kCuda);
+    double* partials = reinterpret_cast<double*>(scratch.data());
+    int64_t at = 0;
+    for (ParamId id = 0; id < params.size(); ++id) {
+      const Param& param = params[id];
+      if (!param.trainable) continue;
+      square_sum_partials_cuda(partials + at, param.grad.data(), param.grad.numel(), stream);
+      at += (param.grad.numel() + kSweepChunk - 1) / kSweepChunk;
+    }
+    return square_sum_total_cuda(partials + partial_count, partials, partial_count, stream);
+  }
+
+  static void scale(ParamStore& params, float scale) {
+    const CudaStream stream = cuda_context().compute_stream();
+    for (ParamId id = 0; id < params.size(); ++id) {
+      Param& param = params[id];
+      if (param.trainable) scale_cuda(param.grad.data(), param.grad.numel(), scale, stream);
+    }
+  }
+};
+#endif
+
+// The twin of fusion/multi_tensor.h's chunked sweep. On cuda it runs PerTensorCudaSweep; zeroing
+// is ParamStore::zero_grads on both devices (a fill per tensor).
 class PerTensorSweep : public ParamSweep {
  public:
   void adamw(ParamStore& params, Tensor& exp_avg, Tensor& exp_avg_sq,
              const AdamWStep& step) override {
+    check_state_device(params, exp_avg, "exp_avg");
+    check_state_device(params, exp_avg_sq, "exp_avg_sq");
+#if defined(FT_HAVE_CUDA)
+    if (params.device() == Device::kCuda)
+      return PerTensorCudaSweep::adamw(params, exp_avg, exp_avg_sq, step);
+#endif
     for_each_tensor(params, [&](Param& param, int64_t begin, int64_t count) {
       const int64_t at = param.offset + begin;
       adamw_update(param.value.data() + begin, exp_avg.data() + at, exp_avg_sq.data() + at,
@@ -117,6 +177,11 @@ class PerTensorSweep : public ParamSweep {
   }
 
   void sgd(ParamStore& params, Tensor& momentum_buffer, const SgdStep& step) override {
+    check_state_device(params, momentum_buffer, "momentum_buffer");
+#if defined(FT_HAVE_CUDA)
+    if (params.device() == Device::kCuda)
+      return PerTensorCudaSweep::sgd(params, momentum_buffer, step);
+#endif
     for_each_tensor(params, [&](Param& param, int64_t begin, int64_t count) {
       sgd_update(param.value.data() + begin, momentum_buffer.data() + param.offset + begin,
                  param.grad.data() + begin, count, step, param.weight_decay);
@@ -126,6 +191,9 @@ class PerTensorSweep : public ParamSweep {
   // Tensors are visited in offset order, so each chunk's lanes see their floats in index order,
   // exactly as the chunked pass does (see kNormLanes in optimizer.h).
   double square_sum(ParamStore& params) override {
+#if defined(FT_HAVE_CUDA)
+    if (params.device() == Device::kCuda) return PerTensorCudaSweep::square_sum(params);
+#endif
     const float* grads = params.flat_grads().data();
     const int64_t count = params.flat_grads().numel();
     std::vector<NormLanes> chunk_lanes((count + kSweepChunk - 1) / kSweepChunk, NormLanes{});
@@ -144,13 +212,18 @@ class PerTensorSweep : public ParamSweep {
   }
 
   void scale(ParamStore& params, float scale) override {
+#if defined(FT_HAVE_CUDA)
+    if (params.device() == Device::kCuda) return PerTensorCudaSweep::scale(params, scale);
+#endif
     for_each_tensor(params, [&](Param& param, int64_t begin, int64_t count) {
       float* grad = param.grad.data() + begin;
       for (int64_t i = 0; i < count; ++i) grad[i] *= scale;
     });
   }
 
-  void zero(ParamStore& params) override { params.zero_grads(); }
+  void zero(ParamStore& params) override {
+    params.zero_grads();
+  }
 };
 
 class AdamW : public Optimizer {
@@ -158,8 +231,8 @@ class AdamW : public Optimizer {
   AdamW(const OptimizerOptions& options, ParamStore& params, std::shared_ptr<ParamSweep> sweep)
       : options_(options),
         sweep_(std::move(sweep)),
-        exp_avg_(Tensor::zeros({params.num_trainable_floats()})),
-        exp_avg_sq_(Tensor::zeros({params.num_trainable_floats()})) {}
+        exp_avg_(Tensor::zeros({params.num_trainable_floats()}, params.device())),
+        exp_avg_sq_(Tensor::zeros({params.num_trainable_floats()}, params.device())) {}
 
   void step(ParamStore& params, float lr) override {
     ++steps_taken_;
@@ -182,7 +255,7 @@ class Sgd : public Optimizer {
   Sgd(const OptimizerOptions& options, ParamStore& params, std::shared_ptr<ParamSweep> sweep)
       : options_(options),
         sweep_(std::move(sweep)),
-        momentum_buffer_(Tensor::zeros({params.num_trainable_floats()})) {}
+        momentum_buffer_(Tensor::zeros({params.num_trainable_floats()}, params.device())) {}
 
   void step(ParamStore& params, float lr) override {
     SgdStep constants;

@@ -2,7 +2,9 @@
 // clipping and gradient zeroing. Every pass over the parameters goes through a ParamSweep, a
 // narrow interface saying how a sweep over the flat buffers is carried out: this file implements
 // the per-tensor one (the twin); fusion/multi_tensor.h implements the chunked one, and app/
-// chooses between them. Both call the range kernels below, so they agree bitwise.
+// chooses between them. Both call the range kernels below, so they agree bitwise. On cuda
+// (params.device()) both run kernels over the same per-element helpers (model/optimizer_math.h),
+// the per-tensor one launch per tensor, the multi-tensor one a few launches per pass.
 // State tensors mirror the flat parameter buffer, so a parameter's state is a view at the same
 // offset, and checkpoints store it per parameter under "optim.<slot>.<name>" either way.
 // Thread safety: not synchronised; the training thread owns it.
@@ -13,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
+#include "model/optimizer_math.h"
 #include "model/params.h"
 
 namespace ft {
@@ -25,22 +29,12 @@ struct OptimizerOptions {
   bool nesterov = false;
 };
 
-// Per-step AdamW constants, computed once by the optimizer for every range it updates.
-struct AdamWStep {
-  float beta1 = 0, beta2 = 0, eps = 0;
-  float step_size = 0;       // lr / (1 - beta1^t)
-  float inv_sqrt_bias2 = 0;  // 1 / sqrt(1 - beta2^t)
-  float decay = 0;           // lr * weight_decay, for ranges with Param::weight_decay
-};
+// AdamWStep, SgdStep and the per-element math (adamw_element, sgd_element) live in
+// model/optimizer_math.h, shared with the CUDA kernels.
 // Updates `count` consecutive floats of value, exp_avg and exp_avg_sq from grad.
 void adamw_update(float* value, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t count,
                   const AdamWStep& step, bool weight_decay);
 
-struct SgdStep {
-  float lr = 0, momentum = 0, weight_decay = 0;
-  bool nesterov = false;
-  bool first_step = false;  // the momentum buffer starts as the first gradient
-};
 void sgd_update(float* value, float* momentum_buffer, const float* grad, int64_t count,
                 const SgdStep& step, bool weight_decay);
 
@@ -56,9 +50,32 @@ using NormLanes = std::array<double, kNormLanes>;
 void accumulate_squares(NormLanes& lanes, const float* grad, int64_t flat_index, int64_t count);
 double sum_chunk_lanes(const std::vector<NormLanes>& chunk_lanes);
 
+// The same on device pointers, one launch per call, enqueued on `stream` (optimizer.cu; CUDA
+// builds only). They are the per-tensor sweep's kernels on cuda.
+void adamw_update_cuda(float* value, float* exp_avg, float* exp_avg_sq, const float* grad,
+                       int64_t count, const AdamWStep& step, bool weight_decay, CudaStream stream);
+void sgd_update_cuda(float* value, float* momentum_buffer, const float* grad, int64_t count,
+                     const SgdStep& step, bool weight_decay, CudaStream stream);
+void scale_cuda(float* data, int64_t count, float scale, CudaStream stream);
+// The norm on cuda sums in double too, but in its own deterministic order (not the CPU lane order
+// above, so cuda and cpu norms agree to rounding, not bitwise): each (tensor, chunk of
+// kSweepChunk floats of that tensor) gives one partial sum, written to partials[c] for the
+// tensor's c-th chunk; square_sum_total_cuda then adds `count` partials in a fixed tree and
+// copies the total to the host, the only host synchronisation of a sweep.
+// REQUIRES: partials holds ceil(count / kSweepChunk) doubles (device memory).
+void square_sum_partials_cuda(double* partials, const float* data, int64_t count,
+                              CudaStream stream);
+// REQUIRES: total is one device double, distinct from partials[0, count).
+double square_sum_total_cuda(double* total, const double* partials, int64_t count,
+                             CudaStream stream);
+
 // How a sweep over the flat parameter buffers is carried out: what the optimizers, clipping and
-// zeroing need. State tensors are laid out like ParamStore::flat_values(). Implementations
-// must give the same bits as the per-tensor sweep (make_per_tensor_sweep).
+// zeroing need. State tensors are laid out like ParamStore::flat_values(), on params.device().
+// On cpu, implementations must give the same bits as the per-tensor sweep (make_per_tensor_sweep).
+// They dispatch on params.device(): on cuda every pass is kernels on the compute stream, and only
+// square_sum waits for them (it returns its double to the host). On cuda the two sweeps' norms
+// agree bitwise and their updates run the same helpers (nvcc's FMA contraction makes them agree
+// with the cpu to a few ulp, not bitwise).
 // REQUIRES: params allocated, and the store the sweep was made for where an implementation
 // precomputes a layout.
 class ParamSweep {
@@ -76,7 +93,8 @@ class ParamSweep {
   virtual void zero(ParamStore& params) = 0;
 };
 
-// Tensor by tensor, in offset order; holds no state, so one serves any store.
+// Tensor by tensor, in offset order (on cuda: one launch per tensor); holds no state, so one
+// serves any store.
 std::unique_ptr<ParamSweep> make_per_tensor_sweep();
 
 class Optimizer {
@@ -84,7 +102,8 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update of every trainable parameter from its gradient, at learning rate `lr`.
   virtual void step(ParamStore& params, float lr) = 0;
-  // Named state slots ("exp_avg", ...), each laid out like ParamStore::flat_values().
+  // Named state slots ("exp_avg", ...), each laid out like ParamStore::flat_values() and on its
+  // device (params.device() at construction).
   virtual std::vector<std::pair<std::string, Tensor*>> state_slots() = 0;
   int64_t steps_taken() const { return steps_taken_; }
   void set_steps_taken(int64_t steps) { steps_taken_ = steps; }

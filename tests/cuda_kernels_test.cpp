@@ -23,10 +23,11 @@ TEST(Cuda, Skipped) {
 #include <vector>
 
 #include "core/check.h"
-#include "core/cuda/bias_activation_kernel.h"
 #include "core/cuda/cublaslt_gemm.h"
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_context.h"
 #include "core/cuda/cudnn_handle.h"
+#include "core/gemm.h"
 #include "core/math/gelu.h"
 #include "model/ops/gelu.h"
 
@@ -89,7 +90,7 @@ TEST(CudaCheck, MacrosThrowWithFileLineAndLibraryMessage) {
     FAIL() << "FT_CUDA_CHECK did not throw";
   } catch (const Error& error) {
     const std::string message = error.what();
-    EXPECT_NE(message.find("cuda_test.cpp:"), std::string::npos) << message;
+    EXPECT_NE(message.find("cuda_kernels_test.cpp:"), std::string::npos) << message;
     EXPECT_NE(message.find("cudaErrorInvalidValue"), std::string::npos) << message;
   }
   try {
@@ -156,134 +157,269 @@ TEST(GeluKernel, BackwardAccumulatesIntoInputGradient) {
   EXPECT_LT(max_scaled_error(din.to_host(), want), 1e-6);
 }
 
+// One gemm_cuda case: `args` without pointers; the runner supplies bias when with_bias, aux when
+// the epilogue reads or writes it, bias_grad when it writes one.
 struct GemmCase {
-  int64_t m, n, k;
-  GemmOptions options;
-  bool with_bias;
+  std::string name;
+  GemmArgs args;
+  bool with_bias = false;
 };
 
-// C = act(op(A) op(B) (+ C) (+ bias)) in double, from the row-major storage the GPU sees.
-std::vector<double> reference_gemm(const GemmCase& gemm, const std::vector<float>& a,
-                                   const std::vector<float>& b, const std::vector<float>& bias,
-                                   const std::vector<float>& c_before) {
-  const int64_t M = gemm.m, N = gemm.n, K = gemm.k;
-  std::vector<double> c(static_cast<size_t>(M * N));
-  for (int64_t i = 0; i < M; ++i) {
-    for (int64_t j = 0; j < N; ++j) {
-      double sum = gemm.options.accumulate ? c_before[i * N + j] : 0.0;
-      for (int64_t p = 0; p < K; ++p) {
-        const double a_ip = gemm.options.transpose_a ? a[p * M + i] : a[i * K + p];
-        const double b_pj = gemm.options.transpose_b ? b[j * K + p] : b[p * N + j];
-        sum += a_ip * b_pj;
-      }
-      if (gemm.with_bias) sum += bias[j];
-      if (gemm.options.activation == Activation::kRelu) sum = std::max(sum, 0.0);
-      if (gemm.options.activation == Activation::kGelu) sum = gelu_tanh(static_cast<float>(sum));
-      c[i * N + j] = sum;
-    }
-  }
-  return c;
+bool epilogue_uses_aux(Epilogue epilogue) {
+  return epilogue == Epilogue::kGeluTanhAux || epilogue == Epilogue::kDGeluTanh ||
+         epilogue == Epilogue::kDGeluTanhBiasGrad;
+}
+bool epilogue_writes_bias_grad(Epilogue epilogue) {
+  return epilogue == Epilogue::kDGeluTanhBiasGrad || epilogue == Epilogue::kBiasGradA;
 }
 
-// Runs one case on the GPU; `bias_offset` floats shift the bias pointer off 16-byte alignment.
-std::vector<float> run_gemm(CublasLtGemm& gemm, const GemmCase& test_case,
-                            const std::vector<float>& a, const std::vector<float>& b,
-                            const std::vector<float>& bias, const std::vector<float>& c_before,
-                            size_t bias_offset = 0) {
-  DeviceBuffer a_device(a), b_device(b), c_device(c_before);
-  std::vector<float> padded_bias(bias_offset, 0.0f);
-  padded_bias.insert(padded_bias.end(), bias.begin(), bias.end());
-  DeviceBuffer bias_device(padded_bias);
-  gemm.matmul(c_device.get(), a_device.get(), b_device.get(),
-              test_case.with_bias ? bias_device.get() + bias_offset : nullptr, test_case.m,
-              test_case.n, test_case.k, test_case.options, nullptr);
+// Host inputs of a case, sized from its resolved strides (padding included), and its outputs.
+struct GemmData {
+  std::vector<float> a, b, c, bias, aux, bias_grad;
+};
+
+GemmData make_gemm_data(const GemmCase& test_case, uint32_t seed) {
+  const GemmArgs r = resolve_gemm_strides(test_case.args);
+  const auto extent = [&](int64_t rows, int64_t ld, int64_t stride) {
+    return static_cast<size_t>((r.batch - 1) * stride + rows * ld);
+  };
+  GemmData data;
+  data.a = uniform(extent(r.transpose_a ? r.k : r.m, r.lda, r.batch_stride_a), -1, 1, seed);
+  data.b = uniform(extent(r.transpose_b ? r.n : r.k, r.ldb, r.batch_stride_b), -1, 1, seed + 1);
+  data.c = uniform(extent(r.m, r.ldc, r.batch_stride_c), -1, 1, seed + 2);
+  data.bias = uniform(static_cast<size_t>(r.n), -1, 1, seed + 3);
+  data.aux = uniform(static_cast<size_t>(r.m * r.ld_aux), -3, 3, seed + 4);
+  data.bias_grad.assign(static_cast<size_t>(std::max(r.m, r.n)), 7.0f);
+  return data;
+}
+
+GemmArgs with_pointers(const GemmCase& test_case, float* bias, float* aux, float* bias_grad) {
+  GemmArgs args = test_case.args;
+  args.bias = test_case.with_bias ? bias : nullptr;
+  args.aux = epilogue_uses_aux(args.epilogue) ? aux : nullptr;
+  args.bias_grad = epilogue_writes_bias_grad(args.epilogue) ? bias_grad : nullptr;
+  return args;
+}
+
+GemmData run_cpu_gemm(const GemmCase& test_case, GemmData data) {
+  gemm(data.c.data(), data.a.data(), data.b.data(),
+       with_pointers(test_case, data.bias.data(), data.aux.data(), data.bias_grad.data()));
+  return data;
+}
+
+// `bias_offset` floats shift the bias (and bias-gradient) pointers off 16-byte alignment.
+GemmData run_cuda_gemm(CublasLtGemm& engine, const GemmCase& test_case, GemmData data,
+                       size_t bias_offset = 0) {
+  std::vector<float> padded_bias(bias_offset, 0.0f), padded_grad(bias_offset, 0.0f);
+  padded_bias.insert(padded_bias.end(), data.bias.begin(), data.bias.end());
+  padded_grad.insert(padded_grad.end(), data.bias_grad.begin(), data.bias_grad.end());
+  DeviceBuffer a(data.a), b(data.b), c(data.c), bias(padded_bias), aux(data.aux),
+      bias_grad(padded_grad);
+  engine.run(
+      c.get(), a.get(), b.get(),
+      with_pointers(test_case, bias.get() + bias_offset, aux.get(), bias_grad.get() + bias_offset),
+      nullptr);
   FT_CUDA_CHECK(cudaDeviceSynchronize());
-  return c_device.to_host();
+  data.c = c.to_host();
+  data.aux = aux.to_host();
+  data.bias_grad = bias_grad.to_host();
+  data.bias_grad.erase(data.bias_grad.begin(),
+                       data.bias_grad.begin() + static_cast<std::ptrdiff_t>(bias_offset));
+  return data;
+}
+
+std::vector<double> as_double(const std::vector<float>& values) {
+  return std::vector<double>(values.begin(), values.end());
+}
+
+// Tolerance 1e-4 (scaled by max(1, |C|)) holds for true FP32 accumulation over K <= 256; TF32
+// (10-bit mantissa, ~1e-3 relative per product) would fail it, which is the point: the default
+// must be CUBLAS_COMPUTE_32F, not CUBLAS_COMPUTE_32F_FAST_TF32. cuBLASLt's fused GELU and dGELU
+// use tanhf where core/math/gelu.h uses an exp form; they agree far below 1e-4.
+constexpr double kGemmTolerance = 1e-4;
+
+void expect_matches_cpu(const GemmData& got, const GemmData& want, double tolerance) {
+  EXPECT_LT(max_scaled_error(got.c, as_double(want.c)), tolerance) << "C";
+  EXPECT_LT(max_scaled_error(got.aux, as_double(want.aux)), tolerance) << "aux";
+  EXPECT_LT(max_scaled_error(got.bias_grad, as_double(want.bias_grad)), tolerance) << "bias_grad";
+}
+
+GemmCase gemm_case(std::string name, int64_t m, int64_t n, int64_t k) {
+  GemmCase test_case;
+  test_case.name = std::move(name);
+  test_case.args.m = m;
+  test_case.args.n = n;
+  test_case.args.k = k;
+  return test_case;
 }
 
 std::vector<GemmCase> gemm_cases() {
   std::vector<GemmCase> cases;
-  cases.push_back({1, 1, 1, {}, false});
-  cases.push_back({17, 33, 65, {}, false});
-  cases.push_back({17, 33, 65, {true, false, false, Activation::kNone}, false});
-  cases.push_back({17, 33, 65, {false, true, false, Activation::kNone}, true});
-  cases.push_back({64, 96, 48, {true, true, true, Activation::kNone}, false});
-  cases.push_back({128, 256, 64, {false, false, false, Activation::kGelu}, true});
-  cases.push_back({128, 256, 64, {false, false, false, Activation::kRelu}, true});
-  cases.push_back({96, 128, 256, {false, true, true, Activation::kGelu}, true});
-  cases.push_back({32, 64, 16, {false, false, false, Activation::kGelu}, false});
+  cases.push_back(gemm_case("1x1x1", 1, 1, 1));
+  cases.push_back(gemm_case("odd shape", 17, 33, 65));
+  auto add = [&](GemmCase test_case, auto&& edit) {
+    edit(test_case);
+    cases.push_back(test_case);
+  };
+  add(gemm_case("transpose a", 17, 33, 65), [](GemmCase& t) { t.args.transpose_a = true; });
+  add(gemm_case("transpose b + bias", 17, 33, 65), [](GemmCase& t) {
+    t.args.transpose_b = true;
+    t.with_bias = true;
+  });
+  add(gemm_case("both transposed, accumulate", 64, 96, 48), [](GemmCase& t) {
+    t.args.transpose_a = t.args.transpose_b = true;
+    t.args.accumulate = true;
+  });
+  add(gemm_case("leading dims", 40, 24, 56), [](GemmCase& t) {
+    t.args.transpose_b = true;
+    t.args.lda = 56 + 3;
+    t.args.ldb = 56 + 5;
+    t.args.ldc = 24 + 7;
+    t.with_bias = true;
+  });
+  add(gemm_case("packed batch of 3, alpha", 20, 12, 28), [](GemmCase& t) {
+    t.args.batch = 3;
+    t.args.alpha = 0.375f;
+  });
+  // Heads inside a [T, 4 * hd] activation: batch stride hd, row stride 4 hd (attention scores).
+  add(gemm_case("head batch strides", 32, 32, 16), [](GemmCase& t) {
+    t.args.batch = 4;
+    t.args.transpose_b = true;
+    t.args.lda = t.args.ldb = 64;
+    t.args.batch_stride_a = t.args.batch_stride_b = 16;
+    t.args.alpha = 0.25f;
+  });
+  add(gemm_case("head batch strides, accumulate into columns", 32, 16, 32), [](GemmCase& t) {
+    t.args.batch = 4;
+    t.args.transpose_a = true;
+    t.args.ldb = t.args.ldc = 64;
+    t.args.batch_stride_b = t.args.batch_stride_c = 16;
+    t.args.accumulate = true;
+  });
+  add(gemm_case("alpha, accumulate", 33, 17, 9), [](GemmCase& t) {
+    t.args.alpha = -1.5f;
+    t.args.accumulate = true;
+  });
+  add(gemm_case("relu + bias", 128, 256, 64), [](GemmCase& t) {
+    t.args.epilogue = Epilogue::kRelu;
+    t.with_bias = true;
+  });
+  add(gemm_case("gelu + bias", 128, 256, 64), [](GemmCase& t) {
+    t.args.epilogue = Epilogue::kGeluTanh;
+    t.with_bias = true;
+  });
+  add(gemm_case("gelu", 32, 64, 16), [](GemmCase& t) { t.args.epilogue = Epilogue::kGeluTanh; });
+  add(gemm_case("gelu aux + bias", 64, 128, 96), [](GemmCase& t) {
+    t.args.transpose_b = true;
+    t.args.epilogue = Epilogue::kGeluTanhAux;
+    t.with_bias = true;
+  });
+  add(gemm_case("gelu aux, odd ld_aux and ldc", 30, 20, 12), [](GemmCase& t) {
+    t.args.epilogue = Epilogue::kGeluTanhAux;
+    t.args.ld_aux = 21;
+    t.args.ldc = 23;
+  });
+  add(gemm_case("dgelu", 64, 128, 96), [](GemmCase& t) { t.args.epilogue = Epilogue::kDGeluTanh; });
+  add(gemm_case("dgelu + bias grad", 64, 128, 96),
+      [](GemmCase& t) { t.args.epilogue = Epilogue::kDGeluTanhBiasGrad; });
+  // dW += dy^T x with db = colsum(dy): A = dy stored [rows, out] = [K, M].
+  add(gemm_case("bias grad of A, transposed, accumulate", 96, 64, 128), [](GemmCase& t) {
+    t.args.transpose_a = true;
+    t.args.accumulate = true;
+    t.args.epilogue = Epilogue::kBiasGradA;
+  });
+  add(gemm_case("bias grad of A", 48, 40, 72),
+      [](GemmCase& t) { t.args.epilogue = Epilogue::kBiasGradA; });
   return cases;
 }
 
-// Tolerance 1e-4 (scaled by max(1, |C|)) holds for true FP32 accumulation over K <= 256; TF32
-// (10-bit mantissa, ~1e-3 relative per product) would fail it, which is the point: the helper
-// must use CUBLAS_COMPUTE_32F, not CUBLAS_COMPUTE_32F_FAST_TF32.
-constexpr double kGemmTolerance = 1e-4;
-
-std::string describe(const GemmCase& c) {
-  return detail::concat("M=", c.m, " N=", c.n, " K=", c.k, " ta=", c.options.transpose_a,
-                        " tb=", c.options.transpose_b, " acc=", c.options.accumulate,
-                        " act=", static_cast<int>(c.options.activation), " bias=", c.with_bias);
-}
-
-TEST(CublasLtGemm, MatchesCpuGemmForShapesTransposesAndEpilogues) {
+TEST(CublasLtGemm, MatchesCpuGemmForShapesStridesBatchesAndEpilogues) {
   FT_SKIP_WITHOUT_GPU();
-  CublasLtGemm gemm;
+  CublasLtGemm fused, unfused;
+  unfused.set_fused_epilogue_enabled(false);
   uint32_t seed = 10;
   for (const GemmCase& test_case : gemm_cases()) {
-    SCOPED_TRACE(describe(test_case));
-    const auto a = uniform(static_cast<size_t>(test_case.m * test_case.k), -1.0f, 1.0f, ++seed);
-    const auto b = uniform(static_cast<size_t>(test_case.k * test_case.n), -1.0f, 1.0f, ++seed);
-    const auto bias = uniform(static_cast<size_t>(test_case.n), -1.0f, 1.0f, ++seed);
-    const auto c_before =
-        uniform(static_cast<size_t>(test_case.m * test_case.n), -1.0f, 1.0f, ++seed);
-    const auto want = reference_gemm(test_case, a, b, bias, c_before);
-    EXPECT_LT(max_scaled_error(run_gemm(gemm, test_case, a, b, bias, c_before), want),
-              kGemmTolerance);
+    SCOPED_TRACE(test_case.name);
+    const GemmData data = make_gemm_data(test_case, seed += 10);
+    const GemmData want = run_cpu_gemm(test_case, data);
+    expect_matches_cpu(run_cuda_gemm(fused, test_case, data), want, kGemmTolerance);
+    expect_matches_cpu(run_cuda_gemm(unfused, test_case, data), want, kGemmTolerance);
   }
 }
 
-TEST(CublasLtGemm, UnfusedEpilogueAgreesWithFusedAndCpu) {
+TEST(CublasLtGemm, UnfusedEpiloguesAreCounted) {
   FT_SKIP_WITHOUT_GPU();
-  const GemmCase test_case{64, 128, 96, {false, false, true, Activation::kGelu}, true};
-  const auto a = uniform(64 * 96, -1.0f, 1.0f, 40), b = uniform(96 * 128, -1.0f, 1.0f, 41);
-  const auto bias = uniform(128, -1.0f, 1.0f, 42), c_before = uniform(64 * 128, -1.0f, 1.0f, 43);
-  const auto want = reference_gemm(test_case, a, b, bias, c_before);
+  GemmCase test_case = gemm_case("gelu + bias, accumulate-free", 64, 128, 96);
+  test_case.args.epilogue = Epilogue::kGeluTanh;
+  test_case.with_bias = true;
+  const GemmData data = make_gemm_data(test_case, 40);
+  const GemmData want = run_cpu_gemm(test_case, data);
 
-  CublasLtGemm fused;
-  const auto fused_result = run_gemm(fused, test_case, a, b, bias, c_before);
   CublasLtGemm unfused;
   unfused.set_fused_epilogue_enabled(false);
-  const auto unfused_result = run_gemm(unfused, test_case, a, b, bias, c_before);
+  expect_matches_cpu(run_cuda_gemm(unfused, test_case, data), want, kGemmTolerance);
   EXPECT_EQ(unfused.unfused_epilogue_calls(), 1);
-  EXPECT_LT(max_scaled_error(fused_result, want), kGemmTolerance);
-  EXPECT_LT(max_scaled_error(unfused_result, want), kGemmTolerance);
 
   // A bias one float past a 16-byte boundary cannot use the fused epilogue, yet must be correct.
   CublasLtGemm misaligned;
-  const auto misaligned_result = run_gemm(misaligned, test_case, a, b, bias, c_before, 1);
+  expect_matches_cpu(run_cuda_gemm(misaligned, test_case, data, 1), want, kGemmTolerance);
   EXPECT_EQ(misaligned.unfused_epilogue_calls(), 1);
-  EXPECT_LT(max_scaled_error(misaligned_result, want), kGemmTolerance);
+
+  // An ld_aux that is not a multiple of 8 is outside cuBLASLt's GELU_AUX contract.
+  GemmCase odd_aux = gemm_case("gelu aux, ld_aux 129", 16, 128, 32);
+  odd_aux.args.epilogue = Epilogue::kGeluTanhAux;
+  odd_aux.args.ld_aux = 129;
+  const GemmData odd_data = make_gemm_data(odd_aux, 50);
+  CublasLtGemm odd_engine;
+  expect_matches_cpu(run_cuda_gemm(odd_engine, odd_aux, odd_data), run_cpu_gemm(odd_aux, odd_data),
+                     kGemmTolerance);
+  EXPECT_EQ(odd_engine.unfused_epilogue_calls(), 1);
 }
 
-TEST(CublasLtGemm, CachesOnePlanPerShape) {
+TEST(CublasLtGemm, CachesOnePlanPerShapeAndTf32Mode) {
   FT_SKIP_WITHOUT_GPU();
-  CublasLtGemm gemm;
-  const GemmCase small{8, 16, 32, {}, false}, other{16, 16, 32, {}, false};
-  const auto a = uniform(16 * 32, -1.0f, 1.0f, 50), b = uniform(32 * 16, -1.0f, 1.0f, 51);
-  const std::vector<float> bias(16, 0.0f), c(16 * 16, 0.0f);
-  run_gemm(gemm, small, a, b, bias, c);
-  run_gemm(gemm, small, a, b, bias, c);
-  EXPECT_EQ(gemm.cached_plan_count(), 1u);
-  run_gemm(gemm, other, a, b, bias, c);
-  EXPECT_EQ(gemm.cached_plan_count(), 2u);
+  CublasLtGemm engine;
+  const GemmCase small = gemm_case("small", 8, 16, 32), other = gemm_case("other", 16, 16, 32);
+  const GemmData small_data = make_gemm_data(small, 60), other_data = make_gemm_data(other, 70);
+  run_cuda_gemm(engine, small, small_data);
+  run_cuda_gemm(engine, small, small_data);
+  EXPECT_EQ(engine.cached_plan_count(), 1u);
+  run_cuda_gemm(engine, other, other_data);
+  EXPECT_EQ(engine.cached_plan_count(), 2u);
+  set_gemm_tf32(true);
+  const GemmData tf32 = run_cuda_gemm(engine, small, small_data);
+  set_gemm_tf32(false);
+  EXPECT_EQ(engine.cached_plan_count(), 3u);
+  // TF32 products keep ~3 decimal digits; K = 32 sums of them stay within 1e-2 of FP32.
+  EXPECT_LT(max_scaled_error(tf32.c, as_double(run_cpu_gemm(small, small_data).c)), 1e-2);
 }
 
-TEST(CublasLtGemm, RejectsNonPositiveShapes) {
+TEST(CublasLtGemm, GemmCudaRunsOnTheContextEngine) {
   FT_SKIP_WITHOUT_GPU();
-  CublasLtGemm gemm;
-  DeviceBuffer buffer(16);
-  EXPECT_THROW(gemm.matmul(buffer.get(), buffer.get(), buffer.get(), nullptr, 0, 4, 4, {}, nullptr),
+  GemmCase test_case = gemm_case("linear", 24, 40, 56);
+  test_case.args.transpose_b = true;
+  test_case.with_bias = true;
+  GemmData data = make_gemm_data(test_case, 80);
+  const GemmData want = run_cpu_gemm(test_case, data);
+  DeviceBuffer a(data.a), b(data.b), c(data.c), bias(data.bias);
+  gemm_cuda(c.get(), a.get(), b.get(), with_pointers(test_case, bias.get(), nullptr, nullptr),
+            cuda_context().compute_stream());
+  FT_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_LT(max_scaled_error(c.to_host(), as_double(want.c)), kGemmTolerance);
+}
+
+TEST(CublasLtGemm, RejectsInvalidArguments) {
+  FT_SKIP_WITHOUT_GPU();
+  CublasLtGemm engine;
+  DeviceBuffer buffer(64);
+  GemmArgs empty;
+  empty.m = 0;
+  empty.n = empty.k = 4;
+  EXPECT_THROW(engine.run(buffer.get(), buffer.get(), buffer.get(), empty, nullptr), Error);
+  GemmArgs dgelu_without_aux;
+  dgelu_without_aux.m = dgelu_without_aux.n = dgelu_without_aux.k = 4;
+  dgelu_without_aux.epilogue = Epilogue::kDGeluTanh;
+  EXPECT_THROW(engine.run(buffer.get(), buffer.get(), buffer.get(), dgelu_without_aux, nullptr),
                Error);
 }
 

@@ -5,6 +5,8 @@
 // epilogue support is narrower) we compute C^T = op(B)^T op(A)^T in column-major: cuBLASLt's "A"
 // is our B, its "B" is our A, and its m, n are our N, M. The result C^T in column-major is exactly
 // row-major C, and cuBLASLt's bias (one value per row of its D) is one value per column of our C.
+// The same reading maps the gradient epilogues: DGELU_BGRAD sums over the columns of its D, i.e.
+// over the rows of our C (bias_grad[N]); BGRADB reduces its B = our A over k (bias_grad[M]).
 #include "core/cuda/cublaslt_gemm.h"
 
 #include <cublasLt.h>
@@ -13,14 +15,17 @@
 #include <map>
 #include <tuple>
 
+#include "core/cuda/bias_activation_kernel.h"
 #include "core/cuda/cuda_check.h"
 
 namespace ft {
 namespace {
 
-// Largest power of two (capped at 16, what cuBLASLt asks about) dividing the address.
-uint32_t alignment_bytes(const void* pointer) {
-  const auto address = reinterpret_cast<uintptr_t>(pointer);
+// Largest power of two (capped at 16, what cuBLASLt asks about) dividing the address and, for a
+// batch, the byte offset between matrices (every matrix of the batch must be that aligned).
+uint32_t alignment_bytes(const void* pointer, int64_t batch = 1, int64_t batch_stride = 0) {
+  const auto address = reinterpret_cast<uintptr_t>(pointer) |
+                       (batch > 1 ? static_cast<uintptr_t>(batch_stride) * sizeof(float) : 0);
   for (uint32_t bytes = 16; bytes > 4; bytes /= 2) {
     if (address % bytes == 0) return bytes;
   }
@@ -28,29 +33,46 @@ uint32_t alignment_bytes(const void* pointer) {
 }
 
 struct PlanKey {
-  int64_t m, n, k;
-  bool transpose_a, transpose_b, accumulate, has_bias;
-  Activation activation;
+  int64_t m, n, k, batch;
+  bool transpose_a, transpose_b;
+  int64_t lda, ldb, ldc, ld_aux, batch_stride_a, batch_stride_b, batch_stride_c;
+  bool accumulate, has_bias;
+  Epilogue epilogue;
   bool fuse;  // whether to try the fused epilogue at all
+  bool tf32;
   uint32_t align_a, align_b, align_c;
 
   auto tie() const {
-    return std::tie(m, n, k, transpose_a, transpose_b, accumulate, has_bias, activation, fuse,
+    return std::tie(m, n, k, batch, transpose_a, transpose_b, lda, ldb, ldc, ld_aux, batch_stride_a,
+                    batch_stride_b, batch_stride_c, accumulate, has_bias, epilogue, fuse, tf32,
                     align_a, align_b, align_c);
   }
   bool operator<(const PlanKey& other) const { return tie() < other.tie(); }
 };
 
-cublasLtEpilogue_t fused_epilogue(Activation activation, bool has_bias) {
-  switch (activation) {
-    case Activation::kNone:
+cublasLtEpilogue_t fused_epilogue(Epilogue epilogue, bool has_bias) {
+  switch (epilogue) {
+    case Epilogue::kNone:
       return has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    case Activation::kRelu:
+    case Epilogue::kRelu:
       return has_bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
-    case Activation::kGelu:
+    case Epilogue::kGeluTanh:
       return has_bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+    case Epilogue::kGeluTanhAux:
+      return has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    case Epilogue::kDGeluTanh:
+      return CUBLASLT_EPILOGUE_DGELU;
+    case Epilogue::kDGeluTanhBiasGrad:
+      return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case Epilogue::kBiasGradA:
+      return CUBLASLT_EPILOGUE_BGRADB;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+bool epilogue_uses_aux(Epilogue epilogue) {
+  return epilogue == Epilogue::kGeluTanhAux || epilogue == Epilogue::kDGeluTanh ||
+         epilogue == Epilogue::kDGeluTanhBiasGrad;
 }
 
 // One cached cuBLASLt setup. Owns its descriptors; destruction ignores errors (never throws).
@@ -60,7 +82,7 @@ struct Plan {
   cublasLtMatrixLayout_t layout_b = nullptr;  // cuBLASLt's B = our A
   cublasLtMatrixLayout_t layout_c = nullptr;  // C and D share it (in-place accumulate)
   cublasLtMatmulAlgo_t algo{};
-  bool epilogue_fused = false;  // false: any bias/activation runs afterwards as a separate kernel
+  bool epilogue_fused = false;  // false: any epilogue runs afterwards as a separate kernel
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -77,39 +99,63 @@ struct Plan {
   }
 };
 
-// Fills `plan` for `key` with the given epilogue. Returns false when cuBLASLt has no algorithm.
+void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute,
+              const void* value, size_t bytes) {
+  FT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, value, bytes));
+}
+
+// The epilogue's per-call pointers: the bias (or bias gradient) vector and the aux matrix.
+void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const GemmArgs& args) {
+  const void* bias_pointer = args.bias_grad != nullptr ? static_cast<const void*>(args.bias_grad)
+                                                       : static_cast<const void*>(args.bias);
+  if (bias_pointer != nullptr)
+    set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer, sizeof(bias_pointer));
+  if (args.aux != nullptr) {
+    const void* aux_pointer = args.aux;
+    set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_pointer, sizeof(aux_pointer));
+  }
+}
+
+cublasLtMatrixLayout_t make_layout(uint64_t rows, uint64_t cols, int64_t ld, int64_t batch,
+                                   int64_t batch_stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  FT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, rows, cols, ld));
+  if (batch > 1) {
+    const auto count = static_cast<int32_t>(batch);
+    FT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                     &count, sizeof(count)));
+    FT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof(batch_stride)));
+  }
+  return layout;
+}
+
+// Fills `plan` for `key` with the given epilogue; `args` supplies the epilogue pointers whose
+// alignment the heuristic looks at. Returns false when cuBLASLt has no algorithm.
 bool try_build_plan(Plan& plan, cublasLtHandle_t handle, const PlanKey& key,
-                    cublasLtEpilogue_t epilogue, const float* bias, size_t workspace_bytes) {
+                    cublasLtEpilogue_t epilogue, const GemmArgs& args, size_t workspace_bytes) {
   plan.release();
-  FT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.matmul, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasComputeType_t compute = key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  FT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.matmul, compute, CUDA_R_32F));
   const cublasOperation_t op_a = key.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = key.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  FT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.matmul, CUBLASLT_MATMUL_DESC_TRANSA, &op_a,
-                                                 sizeof(op_a)));
-  FT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.matmul, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
-                                                 sizeof(op_b)));
-  FT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                 &epilogue, sizeof(epilogue)));
-  if (epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_RELU_BIAS ||
-      epilogue == CUBLASLT_EPILOGUE_GELU_BIAS) {
-    FT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                   &bias, sizeof(bias)));
+  set_desc(plan.matmul, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a));
+  set_desc(plan.matmul, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b));
+  set_desc(plan.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    set_epilogue_pointers(plan.matmul, args);
+    if (args.aux != nullptr)
+      set_desc(plan.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &key.ld_aux, sizeof(key.ld_aux));
   }
 
   // Stored shapes (before op) in cuBLASLt's column-major terms; see the comment at the file top.
   const auto N = static_cast<uint64_t>(key.n), M = static_cast<uint64_t>(key.m),
              K = static_cast<uint64_t>(key.k);
-  if (key.transpose_b) {
-    FT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_a, CUDA_R_32F, K, N, key.k));
-  } else {
-    FT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_a, CUDA_R_32F, N, K, key.n));
-  }
-  if (key.transpose_a) {
-    FT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_b, CUDA_R_32F, M, K, key.m));
-  } else {
-    FT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_b, CUDA_R_32F, K, M, key.k));
-  }
-  FT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_c, CUDA_R_32F, N, M, key.n));
+  plan.layout_a = key.transpose_b ? make_layout(K, N, key.ldb, key.batch, key.batch_stride_b)
+                                  : make_layout(N, K, key.ldb, key.batch, key.batch_stride_b);
+  plan.layout_b = key.transpose_a ? make_layout(M, K, key.lda, key.batch, key.batch_stride_a)
+                                  : make_layout(K, M, key.lda, key.batch, key.batch_stride_a);
+  plan.layout_c = make_layout(N, M, key.ldc, key.batch, key.batch_stride_c);
 
   cublasLtMatmulPreference_t preference = nullptr;
   FT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -143,13 +189,42 @@ bool try_build_plan(Plan& plan, cublasLtHandle_t handle, const PlanKey& key,
   }
   cublasLtMatmulPreferenceDestroy(preference);
   FT_CUBLAS_CHECK(set_status);
-  // NOT_SUPPORTED means "no algorithm for this combination", which the caller can work around.
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && returned == 0))
+  // NOT_SUPPORTED means "no algorithm for this combination", which the caller can work around;
+  // so is any refusal of a fused epilogue (some report INVALID_VALUE), since the plain GEMM and
+  // the unfused kernel remain.
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && returned == 0) ||
+      (status != CUBLAS_STATUS_SUCCESS && epilogue != CUBLASLT_EPILOGUE_DEFAULT))
     return false;
   FT_CUBLAS_CHECK(status);
   plan.algo = result.algo;
   plan.epilogue_fused = epilogue != CUBLASLT_EPILOGUE_DEFAULT;
   return true;
+}
+
+// The unfused twin of the epilogue, after a plain GEMM has written (or added into) C.
+void run_unfused_epilogue(float* c, const float* a, const GemmArgs& r, cudaStream_t stream) {
+  switch (r.epilogue) {
+    case Epilogue::kNone:
+    case Epilogue::kRelu:
+    case Epilogue::kGeluTanh:
+    case Epilogue::kGeluTanhAux:
+      epilogue_forward_cuda(c, r.aux, r.bias, r.epilogue, r.batch, r.m, r.n, r.ldc,
+                            r.batch_stride_c, r.ld_aux, stream);
+      return;
+    case Epilogue::kDGeluTanh:
+      dgelu_in_place_cuda(c, r.aux, r.m, r.n, r.ldc, r.ld_aux, stream);
+      return;
+    case Epilogue::kDGeluTanhBiasGrad:
+      column_sums_cuda(r.bias_grad, false, c, c, r.aux, r.m, r.n, r.ldc, r.ldc, r.ld_aux, stream);
+      return;
+    case Epilogue::kBiasGradA:
+      // bias_grad[m] = sum_k op(A)[m, k]: column sums of a stored [K, M], row sums of [M, K].
+      if (r.transpose_a)
+        column_sums_cuda(r.bias_grad, false, nullptr, a, nullptr, r.k, r.m, 0, r.lda, 0, stream);
+      else
+        row_sums_cuda(r.bias_grad, a, r.m, r.k, r.lda, stream);
+      return;
+  }
 }
 
 }  // namespace
@@ -179,57 +254,68 @@ size_t CublasLtGemm::cached_plan_count() const {
   return impl_->plans.size();
 }
 
-void CublasLtGemm::matmul(float* c, const float* a, const float* b, const float* bias, int64_t m,
-                          int64_t n, int64_t k, const GemmOptions& options, cudaStream_t stream) {
-  FT_CHECK(m > 0 && n > 0 && k > 0, "CublasLtGemm::matmul: shapes must be positive, got M = ", m,
-           ", N = ", n, ", K = ", k);
-  FT_CHECK(c != nullptr && a != nullptr && b != nullptr,
-           "CublasLtGemm::matmul: null operand (c = ", c, ", a = ", a, ", b = ", b, ")");
-  const bool has_bias = bias != nullptr;
-  // cuBLASLt reads the bias vector with 16-byte loads; an unaligned bias runs unfused instead.
-  const bool fuse = fused_epilogue_enabled_ && (!has_bias || alignment_bytes(bias) == 16);
-  const PlanKey key{m,
-                    n,
-                    k,
-                    options.transpose_a,
-                    options.transpose_b,
-                    options.accumulate,
+void CublasLtGemm::run(float* c, const float* a, const float* b, const GemmArgs& args,
+                       cudaStream_t stream) {
+  check_gemm_args(args, "gemm_cuda");
+  FT_CHECK(c != nullptr && a != nullptr && b != nullptr, "gemm_cuda: null operand (c = ", c,
+           ", a = ", a, ", b = ", b, ")");
+  const GemmArgs r = resolve_gemm_strides(args);
+  const bool has_bias = r.bias != nullptr;
+  // cuBLASLt reads the bias (and bias gradient) vector with 16-byte loads and needs the aux
+  // matrix 16-byte aligned with ld_aux % 8 == 0; anything else runs unfused instead.
+  const bool uses_aux = epilogue_uses_aux(r.epilogue);
+  const bool fuse = fused_epilogue_enabled_ && (!has_bias || alignment_bytes(r.bias) == 16) &&
+                    (r.bias_grad == nullptr || alignment_bytes(r.bias_grad) == 16) &&
+                    (!uses_aux || (alignment_bytes(r.aux) == 16 && r.ld_aux % 8 == 0));
+  const PlanKey key{r.m,
+                    r.n,
+                    r.k,
+                    r.batch,
+                    r.transpose_a,
+                    r.transpose_b,
+                    r.lda,
+                    r.ldb,
+                    r.ldc,
+                    uses_aux ? r.ld_aux : 0,
+                    r.batch_stride_a,
+                    r.batch_stride_b,
+                    r.batch_stride_c,
+                    r.accumulate,
                     has_bias,
-                    options.activation,
+                    r.epilogue,
                     fuse,
-                    alignment_bytes(a),
-                    alignment_bytes(b),
-                    alignment_bytes(c)};
+                    gemm_tf32(),
+                    alignment_bytes(a, r.batch, r.batch_stride_a),
+                    alignment_bytes(b, r.batch, r.batch_stride_b),
+                    alignment_bytes(c, r.batch, r.batch_stride_c)};
 
   auto found = impl_->plans.find(key);
   if (found == impl_->plans.end()) {
     auto plan = std::make_unique<Plan>();
     const cublasLtEpilogue_t wanted =
-        fuse ? fused_epilogue(options.activation, has_bias) : CUBLASLT_EPILOGUE_DEFAULT;
-    bool built = try_build_plan(*plan, impl_->handle, key, wanted, bias, impl_->workspace_bytes);
+        fuse ? fused_epilogue(r.epilogue, has_bias) : CUBLASLT_EPILOGUE_DEFAULT;
+    bool built = try_build_plan(*plan, impl_->handle, key, wanted, r, impl_->workspace_bytes);
     if (!built && wanted != CUBLASLT_EPILOGUE_DEFAULT) {
-      built = try_build_plan(*plan, impl_->handle, key, CUBLASLT_EPILOGUE_DEFAULT, nullptr,
+      built = try_build_plan(*plan, impl_->handle, key, CUBLASLT_EPILOGUE_DEFAULT, r,
                              impl_->workspace_bytes);
     }
-    FT_CHECK(built, "CublasLtGemm: cuBLASLt has no FP32 algorithm for M = ", m, ", N = ", n,
-             ", K = ", k, ", transpose_a = ", options.transpose_a,
-             ", transpose_b = ", options.transpose_b);
+    FT_CHECK(built, "CublasLtGemm: cuBLASLt has no FP32 algorithm for M = ", r.m, ", N = ", r.n,
+             ", K = ", r.k, ", batch = ", r.batch, ", transpose_a = ", r.transpose_a,
+             ", transpose_b = ", r.transpose_b, ", lda = ", r.lda, ", ldb = ", r.ldb,
+             ", ldc = ", r.ldc);
     found = impl_->plans.emplace(key, std::move(plan)).first;
   }
   Plan& plan = *found->second;
-  const bool needs_epilogue = has_bias || options.activation != Activation::kNone;
-  if (plan.epilogue_fused && has_bias) {
-    // The plan is shared by every call of this shape; the bias pointer is per call.
-    FT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                   &bias, sizeof(bias)));
-  }
-  const float alpha = 1.0f;
-  const float beta = options.accumulate ? 1.0f : 0.0f;
+  const bool needs_epilogue = has_bias || r.epilogue != Epilogue::kNone;
+  // The plan is shared by every call of this key; the epilogue's pointers are per call.
+  if (plan.epilogue_fused) set_epilogue_pointers(plan.matmul, r);
+  const float alpha = r.alpha;
+  const float beta = r.accumulate ? 1.0f : 0.0f;
   FT_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, plan.matmul, &alpha, b, plan.layout_a, a,
                                  plan.layout_b, &beta, c, plan.layout_c, c, plan.layout_c,
                                  &plan.algo, impl_->workspace, impl_->workspace_bytes, stream));
   if (needs_epilogue && !plan.epilogue_fused) {
-    bias_activation_forward_cuda(c, bias, m, n, options.activation, stream);
+    run_unfused_epilogue(c, a, r, stream);
     ++unfused_epilogue_calls_;
   }
 }

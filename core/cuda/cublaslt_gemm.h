@@ -1,9 +1,13 @@
-// CublasLtGemm: row-major float32 GEMM on CUDA device buffers through cuBLASLt, with the bias
-// and activation fused into cuBLASLt's epilogue where it offers an algorithm:
-//   C[M,N] = act(op(A)[M,K] * op(B)[K,N] (+ C if accumulate) (+ bias[N] broadcast over rows)).
-// Descriptors, layouts and the chosen algorithm are cached per shape/options/alignment key, so a
-// training step after the first does no cuBLASLt planning. Compute is CUBLAS_COMPUTE_32F: true
-// FP32, never TF32, so results match a CPU FP32 GEMM to rounding.
+// CublasLtGemm: the CUDA engine behind gemm_cuda() (core/gemm.h): row-major float32 GEMM on
+// device buffers through cuBLASLt, in core/gemm.h's vocabulary (GemmArgs, Epilogue): transposes,
+// leading dimensions, strided batches, alpha, accumulate (beta = 1), a bias and the training
+// epilogues (GELU with the pre-activation kept, dGELU, bias gradients) fused into cuBLASLt's
+// epilogue where it offers an algorithm, and otherwise run as a plain GEMM followed by the
+// unfused twin of core/cuda/bias_activation_kernel.h (counted in unfused_epilogue_calls()).
+// Descriptors, layouts and the chosen algorithm are cached per shape/strides/epilogue/alignment/
+// TF32 key, so a training step after the first does no cuBLASLt planning. Compute is
+// CUBLAS_COMPUTE_32F (true FP32, matching a CPU FP32 GEMM to rounding) unless set_gemm_tf32(true)
+// selects CUBLAS_COMPUTE_32F_FAST_TF32.
 // Thread safety: not thread-safe (plan cache, one workspace). Calls on one instance must be on one
 // stream or otherwise ordered, because they share the workspace.
 #pragma once
@@ -13,16 +17,9 @@
 #include <cstdint>
 #include <memory>
 
-#include "core/cuda/bias_activation_kernel.h"
+#include "core/gemm.h"
 
 namespace ft {
-
-struct GemmOptions {
-  bool transpose_a = false;  // A is stored row-major as [K, M] and used transposed
-  bool transpose_b = false;  // B is stored row-major as [N, K] and used transposed
-  bool accumulate = false;   // add into the existing C (beta = 1) instead of overwriting it
-  Activation activation = Activation::kNone;  // applied last, after accumulation and bias
-};
 
 class CublasLtGemm {
  public:
@@ -35,12 +32,12 @@ class CublasLtGemm {
   CublasLtGemm(const CublasLtGemm&) = delete;
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
 
-  // REQUIRES: c, a, b are device pointers holding M*N, M*K, K*N floats (at least 4-byte aligned);
-  //           bias is null or a device pointer to N floats; m, n, k > 0; c aliases neither a nor b.
-  void matmul(float* c, const float* a, const float* b, const float* bias, int64_t m, int64_t n,
-              int64_t k, const GemmOptions& options, cudaStream_t stream);
+  // c = the GEMM of `args` (core/gemm.h) on device pointers (at least 4-byte aligned), enqueued on
+  // `stream`. Throws ft::Error when check_gemm_args rejects `args`.
+  // REQUIRES: c aliases neither a nor b.
+  void run(float* c, const float* a, const float* b, const GemmArgs& args, cudaStream_t stream);
 
-  // When false, every call runs a plain GEMM followed by bias_activation_forward_cuda; tests use it
+  // When false, every call runs a plain GEMM followed by the unfused epilogue kernel; tests use it
   // to compare the fused epilogue against its unfused twin. Default true.
   void set_fused_epilogue_enabled(bool enabled) { fused_epilogue_enabled_ = enabled; }
 

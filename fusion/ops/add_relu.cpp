@@ -5,14 +5,14 @@
 
 #include "core/check.h"
 #include "model/ops/op_checks.h"
+#include "model/ops/relu.h"
 
 namespace ft {
 
 void add_relu_forward(float* y, const float* a, const float* b, int64_t numel) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < numel; ++i) {
-    const float sum = a[i] + b[i];
-    y[i] = sum > 0.0f ? sum : 0.0f;
+    y[i] = relu_value(a[i] + b[i]);
   }
 }
 
@@ -22,7 +22,7 @@ template <bool kFreshA, bool kFreshB>
 void pass_masked_gradient(float* da, float* db, const float* dy, const float* y, int64_t numel) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < numel; ++i) {
-    const float ds = y[i] > 0.0f ? dy[i] : 0.0f;
+    const float ds = relu_gradient(dy[i], y[i]);
     da[i] = kFreshA ? ds : da[i] + ds;
     db[i] = kFreshB ? ds : db[i] + ds;
   }
@@ -56,12 +56,19 @@ void AddReluOp::check_wiring(const Workspace& ws) const {
 
 void AddReluOp::forward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
+  FT_RUN_ON_CUDA(ws,
+                 add_relu_forward_cuda(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
+                                       ws.values[inputs[1]].data(), numel_, ws.stream));
   add_relu_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
                    ws.values[inputs[1]].data(), numel_);
 }
 
 void AddReluOp::backward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
+  FT_RUN_ON_CUDA(ws, add_relu_backward_cuda(
+                         ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
+                         ws.grads[outputs[0]].data(), ws.values[outputs[0]].data(), numel_,
+                         ws.grad_is_fresh(inputs[0]), ws.grad_is_fresh(inputs[1]), ws.stream));
   add_relu_backward(ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
                     ws.grads[outputs[0]].data(), ws.values[outputs[0]].data(), numel_,
                     ws.grad_is_fresh(inputs[0]), ws.grad_is_fresh(inputs[1]));

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/device.h"
 #include "model/graph.h"
 
 namespace ft {
@@ -19,6 +20,12 @@ void add_relu_forward(float* y, const float* a, const float* b, int64_t numel);
 // da (+)= dy * [y > 0] and db (+)= dy * [y > 0]; `=` for a fresh gradient.
 void add_relu_backward(float* da, float* db, const float* dy, const float* y, int64_t numel,
                        bool da_fresh, bool db_fresh);
+
+// The same on device pointers, enqueued on `stream` (add_relu.cu; CUDA builds only).
+void add_relu_forward_cuda(float* y, const float* a, const float* b, int64_t numel,
+                           CudaStream stream);
+void add_relu_backward_cuda(float* da, float* db, const float* dy, const float* y, int64_t numel,
+                            bool da_fresh, bool db_fresh, CudaStream stream);
 
 class AddReluOp : public Op {
  public:

@@ -7,10 +7,19 @@
 #include <omp.h>
 
 #include "core/check.h"
+#include "model/ops/layernorm.h"
 #include "model/ops/layernorm_math.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
+namespace {
+
+// Saved state lives on the workspace's device; reallocated only when its size or device changes.
+void reuse_or_allocate(Tensor& buffer, int64_t numel, Device device) {
+  if (buffer.numel() != numel || buffer.device() != device) buffer = Tensor::empty({numel}, device);
+}
+
+}  // namespace
 
 BatchedLayerNormOp::BatchedLayerNormOp(int64_t rows, int64_t channels, int count)
     : rows_(rows), channels_(channels), count_(count) {
@@ -31,8 +40,9 @@ void BatchedLayerNormOp::check_wiring(const Workspace& ws, const ParamStore& par
 
 void BatchedLayerNormOp::forward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
-  mean_.resize(static_cast<size_t>(count_) * rows_);
-  rstd_.resize(mean_.size());
+  reuse_or_allocate(mean_, count_ * rows_, ws.device);
+  reuse_or_allocate(rstd_, count_ * rows_, ws.device);
+  FT_RUN_ON_CUDA(ws, forward_cuda(ws, params));
   std::vector<float*> y(count_);
   std::vector<const float*> x(count_), weight(count_), bias(count_);
   std::vector<int64_t> y_stride(count_), x_stride(count_);
@@ -57,8 +67,9 @@ void BatchedLayerNormOp::forward(Workspace& ws, ParamStore& params) {
 
 void BatchedLayerNormOp::backward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
-  FT_CHECK(mean_.size() == static_cast<size_t>(count_) * rows_, kind(), " '", name,
+  FT_CHECK(mean_.numel() == count_ * rows_ && mean_.device() == ws.device, kind(), " '", name,
            "': backward before forward");
+  FT_RUN_ON_CUDA(ws, backward_cuda(ws, params));
   std::vector<float*> dx(count_), dweight(count_), dbias(count_);
   std::vector<const float*> dy(count_), x(count_), weight(count_);
   std::vector<int64_t> dy_stride(count_), x_stride(count_);
@@ -107,6 +118,43 @@ void BatchedLayerNormOp::backward(Workspace& ws, ParamStore& params) {
   for (int n = count - 1; n >= 0; --n)
     for (int64_t row = 0; row < rows; ++row) add_param_grads(n, row);
 }
+
+#if defined(FT_HAVE_CUDA)
+// The same table the CPU loops walk, as model/ops/layernorm.cu's launch entries.
+void BatchedLayerNormOp::forward_cuda(Workspace& ws, ParamStore& params) {
+  std::vector<LayerNormCudaTensors> norms(count_);
+  for (int n = 0; n < count_; ++n) {
+    norms[n].y = ws.values[outputs[n]].data();
+    norms[n].x = ws.values[inputs[n]].data();
+    norms[n].weight = params[this->params[2 * n]].value.data();
+    norms[n].bias = params[this->params[2 * n + 1]].value.data();
+    norms[n].y_stride = ws.row_stride(outputs[n]);
+    norms[n].x_stride = ws.row_stride(inputs[n]);
+  }
+  layernorm_batch_forward_cuda(mean_.data(), rstd_.data(), norms.data(), count_, rows_, channels_,
+                               ws.stream);
+}
+
+void BatchedLayerNormOp::backward_cuda(Workspace& ws, ParamStore& params) {
+  std::vector<LayerNormCudaTensors> norms(count_);
+  for (int n = 0; n < count_; ++n) {
+    norms[n].dx = ws.grads[inputs[n]].data();
+    norms[n].dweight = params[this->params[2 * n]].grad.data();
+    norms[n].dbias = params[this->params[2 * n + 1]].grad.data();
+    norms[n].dy = ws.grads[outputs[n]].data();
+    norms[n].x = ws.values[inputs[n]].data();
+    norms[n].weight = params[this->params[2 * n]].value.data();
+    norms[n].y_stride = ws.row_stride(outputs[n]);  // dy shares y's stride, dx x's
+    norms[n].x_stride = ws.row_stride(inputs[n]);
+  }
+  reuse_or_allocate(param_grad_scratch_, layernorm_params_scratch_floats(count_, rows_, channels_),
+                    ws.device);
+  layernorm_batch_backward_input_cuda(norms.data(), mean_.data(), rstd_.data(), count_, rows_,
+                                      channels_, ws.stream);
+  layernorm_batch_backward_params_cuda(param_grad_scratch_.data(), norms.data(), mean_.data(),
+                                       rstd_.data(), count_, rows_, channels_, ws.stream);
+}
+#endif  // defined(FT_HAVE_CUDA)
 
 OpCost BatchedLayerNormOp::cost(const Graph& graph) const {
   OpCost cost = Op::cost(graph);

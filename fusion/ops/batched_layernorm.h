@@ -8,6 +8,8 @@
 // them (last op first), so a weight shared by every head gets bit-for-bit the unfused gradient.
 // Inputs {x_0 .. x_{count-1}}, outputs {y_0 .. y_{count-1}}, each [rows, channels], possibly a
 // column view; params {w_0, b_0, w_1, b_1, ...}, where pairs may name the same parameters.
+// On cuda the same table of LayerNorms goes to model/ops/layernorm.cu's batched kernels (one
+// launch per 32 LayerNorms); their parameter gradients are also added last LayerNorm first.
 // Thread safety: an op instance belongs to one training thread.
 #pragma once
 #include <cstdint>
@@ -33,10 +35,14 @@ class BatchedLayerNormOp : public Op {
 
  private:
   void check_wiring(const Workspace& ws, const ParamStore& params) const;
+  void forward_cuda(Workspace& ws, ParamStore& params);
+  void backward_cuda(Workspace& ws, ParamStore& params);
 
   int64_t rows_, channels_;
   int count_;
-  std::vector<float> mean_, rstd_;  // [count * rows]: LayerNorm n's rows at n * rows
+  // [count * rows] on the workspace's device: LayerNorm n's rows at n * rows.
+  Tensor mean_, rstd_;
+  Tensor param_grad_scratch_;  // cuda: the column partials of the weight and bias gradients
 };
 
 }  // namespace ft

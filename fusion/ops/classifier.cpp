@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "core/gemm.h"
 #include "core/math/fast_exp.h"
+#include "model/ops/cross_entropy.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
@@ -23,9 +24,7 @@ constexpr int64_t kThreadedElements = 16384;
 float classifier_forward(float* logits, float* dlogits, const float* x, const float* wte,
                          const int32_t* targets, int64_t rows, int64_t channels, int64_t vocab,
                          int tile_rows) {
-  for (int64_t row = 0; row < rows; ++row)
-    FT_CHECK(targets[row] >= 0 && targets[row] < vocab, "classifier: target ", targets[row],
-             " at row ", row, " is outside [0, ", vocab, ")");
+  check_class_targets("classifier", targets, rows, vocab);
   const float inv_rows = 1.0f / static_cast<float>(rows);
   double loss_sum = 0.0;
   for (int64_t first = 0; first < rows; first += tile_rows) {
@@ -120,9 +119,21 @@ void ClassifierOp::forward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
   float* dlogits = nullptr;
   if (forward_kind_ == ClassifierForward::kLossAndDlogits) {
-    if (dlogits_.numel() != rows_ * vocab_) dlogits_ = Tensor::empty({rows_, vocab_});
+    if (dlogits_.numel() != rows_ * vocab_ || dlogits_.device() != ws.device)
+      dlogits_ = Tensor::empty({rows_, vocab_}, ws.device);
     dlogits = dlogits_.data();
   }
+  if (ws.device != Device::kCpu) {
+    // The kernels index with targets the host checked here (ws.device_targets() is their copy).
+    check_class_targets("classifier", ws.targets.data(), rows_, vocab_);
+    if (row_losses_.numel() != rows_ || row_losses_.device() != ws.device)
+      row_losses_ = Tensor::empty({rows_}, ws.device);
+  }
+  FT_RUN_ON_CUDA(
+      ws, classifier_forward_cuda(ws.values[outputs[1]].data(), ws.values[outputs[0]].data(),
+                                  dlogits, row_losses_.data(), ws.values[inputs[0]].data(),
+                                  params[this->params[0]].value.data(), ws.device_targets(), rows_,
+                                  channels_, vocab_, ws.stream));
   ws.values[outputs[1]].data()[0] =
       classifier_forward(ws.values[outputs[0]].data(), dlogits, ws.values[inputs[0]].data(),
                          params[this->params[0]].value.data(), ws.targets.data(), rows_, channels_,
@@ -133,8 +144,18 @@ void ClassifierOp::backward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
   FT_CHECK(forward_kind_ == ClassifierForward::kLossAndDlogits, kind(), " '", name,
            "': built for evaluation (loss only), which saves no dlogits for backward");
-  FT_CHECK(dlogits_.numel() == rows_ * vocab_, kind(), " '", name, "': backward before forward");
+  FT_CHECK(dlogits_.numel() == rows_ * vocab_ && dlogits_.device() == ws.device, kind(), " '", name,
+           "': backward before forward");
   Tensor& dx = ws.grads[inputs[0]];
+  if (ws.device != Device::kCpu &&
+      (scratch_.numel() != rows_ * channels_ || scratch_.device() != ws.device))
+    scratch_ = Tensor::empty({rows_, channels_}, ws.device);
+  FT_RUN_ON_CUDA(
+      ws, classifier_backward_cuda(
+              dx.defined() && dx.numel() > 0 ? dx.data() : nullptr, ws.grad_is_fresh(inputs[0]),
+              params[this->params[0]].grad.data(), scratch_.data(), ws.grads[outputs[1]].data(),
+              dlogits_.data(), ws.values[inputs[0]].data(), params[this->params[0]].value.data(),
+              rows_, channels_, vocab_, ws.stream));
   classifier_backward(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr,
                       ws.grad_is_fresh(inputs[0]), params[this->params[0]].grad.data(),
                       ws.grads[outputs[1]].data()[0], dlogits_.data(), ws.values[inputs[0]].data(),

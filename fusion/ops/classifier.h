@@ -40,6 +40,22 @@ void classifier_backward(float* dx, bool overwrite_dx, float* dwte, float dloss,
                          const float* dlogits, const float* x, const float* wte, int64_t rows,
                          int64_t channels, int64_t vocab);
 
+// The same on device pointers, enqueued on `stream` (classifier.cu; CUDA builds only). Forward
+// runs one logits GEMM over all rows (`tile_rows` is a CPU cache block; the GPU streams the
+// logits through L2 either way), then one block per row: the online softmax of
+// core/math/online_softmax.h, the row's loss into row_losses [rows] and, unless `dlogits` is
+// null, its dlogits; then mean_row_losses_cuda (model/ops/cross_entropy.h) writes loss[0].
+// Backward reads d loss from the device (`dloss`), so it cannot be a GEMM's host alpha: dwte +=
+// dlogits^T (dloss x) and dx (+|=) dloss (dlogits wte) go through `scratch` [rows, C].
+// REQUIRES: targets checked on the host (check_class_targets).
+void classifier_forward_cuda(float* loss, float* logits, float* dlogits, float* row_losses,
+                             const float* x, const float* wte, const int32_t* targets, int64_t rows,
+                             int64_t channels, int64_t vocab, CudaStream stream);
+void classifier_backward_cuda(float* dx, bool overwrite_dx, float* dwte, float* scratch,
+                              const float* dloss, const float* dlogits, const float* x,
+                              const float* wte, int64_t rows, int64_t channels, int64_t vocab,
+                              CudaStream stream);
+
 // Bytes the logits path holds at its peak in a training step: eager, logits + probabilities +
 // the logits' gradient; fused, logits + dlogits. (Eval: logits + probabilities, and logits.)
 double classifier_logits_path_bytes(int64_t rows, int64_t vocab, bool fused, GraphMode mode);
@@ -69,7 +85,9 @@ class ClassifierOp : public Op {
   int64_t rows_, channels_, vocab_;
   int tile_rows_;
   ClassifierForward forward_kind_;
-  Tensor dlogits_;  // saved by a training forward
+  Tensor dlogits_;     // saved by a training forward, on the workspace's device
+  Tensor row_losses_;  // cuda only: [rows], reduced to the mean by one block
+  Tensor scratch_;     // cuda only: [rows, C] for backward
 };
 
 }  // namespace ft

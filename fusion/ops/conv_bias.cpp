@@ -22,13 +22,15 @@ void fold_batchnorm(float* folded_weight, float* folded_bias, const float* weigh
     const double variance = static_cast<double>(running_var[o]) + eps;
     FT_REQUIRE(variance > 0.0 && std::isfinite(variance), "fold_bn: channel ", o,
                " has running_var + eps = ", variance, "; it must be positive");
-    const double scale = (gamma != nullptr ? gamma[o] : 1.0) / std::sqrt(variance);
+    const double scale =
+        fold_batchnorm_scale<double>(gamma != nullptr ? gamma[o] : 1.0, running_var[o], eps);
     const float* from = weight + o * per_channel;
     float* to = folded_weight + o * per_channel;
-    for (int64_t i = 0; i < per_channel; ++i) to[i] = static_cast<float>(from[i] * scale);
-    const double bias = conv_bias != nullptr ? conv_bias[o] : 0.0;
-    folded_bias[o] =
-        static_cast<float>((bias - running_mean[o]) * scale + (beta != nullptr ? beta[o] : 0.0));
+    for (int64_t i = 0; i < per_channel; ++i)
+      to[i] = static_cast<float>(fold_batchnorm_weight<double>(from[i], scale));
+    folded_bias[o] = static_cast<float>(
+        fold_batchnorm_bias<double>(conv_bias != nullptr ? conv_bias[o] : 0.0, running_mean[o],
+                                    scale, beta != nullptr ? beta[o] : 0.0));
   }
 }
 
@@ -91,10 +93,28 @@ const char* ConvBiasOp::forward_impl() const {
 
 void ConvBiasOp::folded(const ParamStore& params, std::vector<float>* weight,
                         std::vector<float>* bias) const {
+  // Parameters on the device are folded from a host copy (see conv_bias.h).
+  std::vector<std::vector<float>> host_copies;
+  std::vector<const float*> slots;
+  host_copies.reserve(this->params.size());  // the pointers in `slots` stay valid
+  for (size_t slot = 0; slot < this->params.size(); ++slot) {
+    const Tensor& value = params[this->params[slot]].value;
+    if (value.device() == Device::kCpu) {
+      slots.push_back(value.data());
+      continue;
+    }
+    host_copies.push_back(value.to_host_vector());
+    slots.push_back(host_copies.back().data());
+  }
+  fold_params(slots, weight, bias);
+}
+
+void ConvBiasOp::fold_params(const std::vector<const float*>& slots, std::vector<float>* weight,
+                             std::vector<float>* bias) const {
   const int64_t weight_numel = shape_numel(weight_shape());
   weight->resize(weight_numel);
   bias->resize(spec_.out_channels);
-  const auto data = [&](int slot) { return params[this->params[slot]].value.data(); };
+  const auto data = [&](int slot) { return slots.at(slot); };
   if (source_ == ConvBiasSource::kFolded) {
     std::memcpy(weight->data(), data(0), weight_numel * sizeof(float));
     std::memcpy(bias->data(), data(1), spec_.out_channels * sizeof(float));
@@ -182,6 +202,7 @@ void ConvBiasOp::prepare(ParamStore& params) {
 
 void ConvBiasOp::forward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
+  FT_RUN_ON_CUDA(ws, forward_cuda(ws, params));
   if (!kernels_ || !kernels_->ready || kernels_->version != params.version()) prepare(params);
   Kernels& k = *kernels_;
   float* y = ws.values[outputs[0]].data();

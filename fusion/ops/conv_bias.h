@@ -13,6 +13,9 @@
 //   kFolded:    params {W', b'}, as `fusiontrain export` writes them and `infer` reads them.
 // Forward only: eval graphs have no backward. The unfused twin is Conv2dOp -> BatchNormInferenceOp
 // (-> ResidualAddOp) (-> ReluOp); tests/fold_bn_test.cpp checks they agree.
+// On cuda (conv_bias.cu): the fold runs on a host copy of the parameters and W', b' are
+// uploaded once per ParamStore::version(); then cuDNN's convolution (Winograd is a CPU-only
+// choice) and one kernel for bias + residual + ReLU.
 // Kernels: our Winograd F(4x4,3x3) with the epilogue inside its output transform where the shape
 // allows (3x3, stride 1, 16k channels), else oneDNN's inference convolution with the bias and
 // post-ops `sum` (the residual, copied into y first) and `eltwise_relu`. Weights are transformed
@@ -20,14 +23,33 @@
 // Inputs {x, [residual]}, outputs {y [B,Ho,Wo,Cout]}.
 // Thread safety: one thread per op; the kernels parallelise inside with OpenMP or oneDNN.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "core/device.h"
+#include "core/hd.h"
 #include "model/graph.h"
 #include "model/ops/conv2d.h"
 
 namespace ft {
+
+// The fold of one output channel, shared by fold_batchnorm (T = double) and any device code:
+//   s = gamma / sqrt(var + eps),   W' = W s,   b' = (b - mean) s + beta.
+template <typename T>
+FT_HD T fold_batchnorm_scale(T gamma, T running_var, T eps) {
+  using std::sqrt;
+  return gamma / sqrt(running_var + eps);
+}
+template <typename T>
+FT_HD T fold_batchnorm_weight(T weight, T scale) {
+  return weight * scale;
+}
+template <typename T>
+FT_HD T fold_batchnorm_bias(T conv_bias, T running_mean, T scale, T beta) {
+  return (conv_bias - running_mean) * scale + beta;
+}
 
 // W' = W * s and b' = (b - mean) * s + beta, s = gamma / sqrt(var + eps), in double.
 // Outputs first: folded_weight [out, per_channel], folded_bias [out]. conv_bias, gamma and beta
@@ -37,6 +59,11 @@ void fold_batchnorm(float* folded_weight, float* folded_bias, const float* weigh
                     const float* conv_bias, const float* gamma, const float* beta,
                     const float* running_mean, const float* running_var, double eps,
                     int out_channels, int64_t per_channel);
+
+// y = act(y + bias[c] (+ residual)) over NHWC y [rows, channels] in place, on device pointers
+// enqueued on `stream` (conv_bias.cu; CUDA builds only); residual may be null.
+void conv_bias_epilogue_cuda(float* y, const float* bias, const float* residual, int64_t rows,
+                             int channels, bool relu, CudaStream stream);
 
 // What a ConvBiasOp computes besides the convolution: the geometry of the Conv2dOp it replaces,
 // and its epilogue.
@@ -83,12 +110,21 @@ class ConvBiasOp : public Op {
  private:
   struct Kernels;  // transformed weights or oneDNN primitive, built on first forward
   void prepare(ParamStore& params);
+  void forward_cuda(Workspace& ws, ParamStore& params);  // conv_bias.cu; CUDA builds only
+  // W' and b' from host pointers to the params, slot by slot.
+  void fold_params(const std::vector<const float*>& slots, std::vector<float>* weight,
+                   std::vector<float>* bias) const;
   void check_wiring(const Workspace& ws, const ParamStore& params) const;
 
   ConvBiasSpec spec_;
   ConvBiasSource source_;
   int out_height_, out_width_;
   std::unique_ptr<Kernels> kernels_;
+  // cuda: W' and b' on the device, from parameters of version cuda_version_; cuDNN's state.
+  Tensor cuda_weight_, cuda_bias_;
+  uint64_t cuda_version_ = 0;
+  bool cuda_ready_ = false;
+  std::shared_ptr<CudnnConv> cudnn_;
 };
 
 }  // namespace ft

@@ -52,9 +52,7 @@ ConvShortcutOp::ConvShortcutOp(int batch, int in_channels, int out_channels, int
       stride_(stride),
       combined_(batch, in_channels, 2 * out_channels, height, width, kKernel, stride,
                 /*padding=*/1) {
-  packed_weight_.add("packed_weight", combined_.weight_shape(), ParamInit::kZeros, 0.0f, false);
-  packed_weight_.allocate();
-  combined_output_ = Tensor::empty(combined_.output_shape());
+  place_on(Device::kCpu, nullptr);
   combined_.inputs = {0};
   combined_.outputs = {1};
   combined_.params = {0};
@@ -64,6 +62,20 @@ ConvShortcutOp::ConvShortcutOp(int batch, int in_channels, int out_channels, int
   combined_ws_.grad_fresh.assign(2, 0);
   combined_ws_.values[1] = combined_output_;
   combined_ws_.grads[1] = combined_output_;
+}
+
+void ConvShortcutOp::place_on(Device device, CudaStream stream) {
+  combined_ws_.stream = stream;
+  if (packed_weight_ && packed_weight_->device() == device) return;
+  packed_weight_ = std::make_unique<ParamStore>();
+  packed_weight_->add("packed_weight", combined_.weight_shape(), ParamInit::kZeros, 0.0f, false);
+  packed_weight_->allocate(device);
+  combined_output_ = Tensor::empty(combined_.output_shape(), device);
+  combined_ws_.device = device;
+  if (!combined_ws_.values.empty()) {
+    combined_ws_.values[1] = combined_output_;
+    combined_ws_.grads[1] = combined_output_;
+  }
 }
 
 Shape ConvShortcutOp::output_shape() const {
@@ -85,7 +97,7 @@ void ConvShortcutOp::check_wiring(const Workspace& ws, const ParamStore& params)
 
 // W[o] = w3[o] for o < Cout; W[Cout + o, c] = w1[o, c] at the centre tap, 0 at the other eight.
 void ConvShortcutOp::pack_weights(const float* w3, const float* w1) {
-  float* packed = packed_weight_[0].value.data();
+  float* packed = (*packed_weight_)[0].value.data();
   const int64_t branch = static_cast<int64_t>(out_channels_) * in_channels_ * kTaps;
   std::copy(w3, w3 + branch, packed);
   float* shortcut = packed + branch;
@@ -103,10 +115,12 @@ void ConvShortcutOp::forward(Workspace& ws, ParamStore& params) {
     configured_ = true;
   }
   combined_.needs_input_grad = needs_input_grad;
+  FT_RUN_ON_CUDA(ws, forward_cuda(ws, params));
+  place_on(Device::kCpu, nullptr);
   pack_weights(params[this->params[0]].value.data(), params[this->params[1]].value.data());
   Tensor& x = ws.values[inputs[0]];
   combined_ws_.values[0] = Tensor::wrap(x.data(), combined_.input_shape());
-  combined_.forward(combined_ws_, packed_weight_);
+  combined_.forward(combined_ws_, *packed_weight_);
   const int64_t pixels = shape_numel(output_shape()) / out_channels_;
   split_rows(ws.values[outputs[0]].data(), ws.values[outputs[1]].data(), combined_output_.data(),
              pixels, out_channels_);
@@ -116,6 +130,7 @@ void ConvShortcutOp::forward(Workspace& ws, ParamStore& params) {
 // added into the two canonical gradients; the packed value W still holds forward's weights.
 void ConvShortcutOp::backward(Workspace& ws, ParamStore& params) {
   FT_CHECK(configured_, "conv_shortcut '", name, "': backward before forward");
+  FT_RUN_ON_CUDA(ws, backward_cuda(ws, params));
   const int64_t pixels = shape_numel(output_shape()) / out_channels_;
   merge_rows(combined_output_.data(), ws.grads[outputs[0]].data(), ws.grads[outputs[1]].data(),
              pixels, out_channels_);
@@ -124,9 +139,9 @@ void ConvShortcutOp::backward(Workspace& ws, ParamStore& params) {
     combined_ws_.grads[0] = Tensor::wrap(ws.grads[inputs[0]].data(), combined_.input_shape());
     combined_ws_.grad_fresh[0] = ws.grad_is_fresh(inputs[0]) ? 1 : 0;
   }
-  Tensor& packed_grad = packed_weight_[0].grad;
+  Tensor& packed_grad = (*packed_weight_)[0].grad;
   packed_grad.fill(0.0f);
-  combined_.backward(combined_ws_, packed_weight_);
+  combined_.backward(combined_ws_, *packed_weight_);
 
   const float* dw = packed_grad.data();
   const int64_t branch = static_cast<int64_t>(out_channels_) * in_channels_ * kTaps;

@@ -14,14 +14,32 @@
 // tensors; the op packs them into W at every forward and owns W and its gradient.
 // Inputs {x [B,H,W,Cin]}, outputs {y3 [B,Ho,Wo,Cout], y1 [B,Ho,Wo,Cout]},
 // params {w3 [Cout,Cin,3,3], w1 [Cout,Cin,1,1]}.
+// On cuda (conv_shortcut.cu) the packing, the split and merge of the branches and the weight
+// gradients' unpacking are kernels, and the private Conv2dOp runs cuDNN on the packed weights.
 // Thread safety: one training thread per op; oneDNN parallelises inside each call.
 #pragma once
+#include <memory>
+
+#include "core/device.h"
 #include "core/tensor.h"
 #include "model/graph.h"
 #include "model/ops/conv2d.h"
 #include "model/params.h"
 
 namespace ft {
+
+// The data movement of ConvShortcutOp on device pointers, enqueued on `stream`
+// (conv_shortcut.cu; CUDA builds only). Weights are [Cout, Cin, 3, 3] (w3, the packed halves)
+// and [Cout, Cin] (w1); rows are output pixels of Cout (per branch) or 2 Cout (combined) floats.
+void conv_shortcut_pack_weights_cuda(float* packed, const float* w3, const float* w1,
+                                     int64_t out_by_in, CudaStream stream);
+void conv_shortcut_split_rows_cuda(float* first, float* second, const float* combined, int64_t rows,
+                                   int width, CudaStream stream);
+void conv_shortcut_merge_rows_cuda(float* combined, const float* first, const float* second,
+                                   int64_t rows, int width, CudaStream stream);
+// dw3 += dW[:Cout], dw1 += dW[Cout:, :, 1, 1].
+void conv_shortcut_unpack_grads_cuda(float* dw3, float* dw1, const float* packed_grad,
+                                     int64_t out_by_in, CudaStream stream);
 
 class ConvShortcutOp : public Op {
  public:
@@ -46,13 +64,18 @@ class ConvShortcutOp : public Op {
  private:
   void check_wiring(const Workspace& ws, const ParamStore& params) const;
   void pack_weights(const float* w3, const float* w1);
+  // The packed weight and the combined output on `device` (rebuilt when it changes).
+  void place_on(Device device, CudaStream stream);
+  void forward_cuda(Workspace& ws, ParamStore& params);   // conv_shortcut.cu; CUDA builds only
+  void backward_cuda(Workspace& ws, ParamStore& params);  // conv_shortcut.cu; CUDA builds only
 
   int batch_, in_channels_, out_channels_, height_, width_, stride_;
-  Conv2dOp combined_;         // 3x3, padding 1, 2 Cout outputs
-  ParamStore packed_weight_;  // one parameter, W [2 Cout, Cin, 3, 3], and its gradient
-  Tensor combined_output_;    // [B, Ho, Wo, 2 Cout]: forward's result, then backward's dy
-  Workspace combined_ws_;     // value 0 = x, value 1 = combined_output_
-  bool configured_ = false;   // combined_ has taken algorithm and winograd_tile
+  Conv2dOp combined_;  // 3x3, padding 1, 2 Cout outputs
+  // One parameter, W [2 Cout, Cin, 3, 3], and its gradient, on the workspace's device.
+  std::unique_ptr<ParamStore> packed_weight_;
+  Tensor combined_output_;   // [B, Ho, Wo, 2 Cout]: forward's result, then backward's dy
+  Workspace combined_ws_;    // value 0 = x, value 1 = combined_output_
+  bool configured_ = false;  // combined_ has taken algorithm and winograd_tile
 };
 
 }  // namespace ft

@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "core/math/fast_exp.h"
+#include "core/math/online_softmax.h"
 #include "model/ops/attention_heads.h"
 #include "model/ops/op_checks.h"
 
@@ -113,7 +114,8 @@ void flash_attention_forward(float* y, float* lse, const float* q, const float* 
 #pragma omp parallel if (heads > 1)
   {
     std::vector<float> kt(hd * ld), scores(ld), q_scaled(hd);
-    std::vector<float> out(tile_rows * hd), row_max(tile_rows), row_sum(tile_rows);
+    std::vector<float> out(tile_rows * hd);
+    std::vector<OnlineSoftmax> row_state(tile_rows);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh) {
       const int64_t b = bh / n_head, h = bh % n_head;
@@ -123,8 +125,7 @@ void flash_attention_forward(float* y, float* lse, const float* q, const float* 
       float* yh = y + b * T * strides.y + h * hd;
       for (int64_t i0 = 0; i0 < T; i0 += tile_rows) {
         const int64_t i1 = std::min(i0 + tile_rows, T);
-        std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<float>::infinity());
-        std::fill(row_sum.begin(), row_sum.end(), 0.0f);
+        std::fill(row_state.begin(), row_state.end(), OnlineSoftmax{});
         std::fill(out.begin(), out.end(), 0.0f);
         // Causal: key tiles starting after the query tile's last row contribute nothing.
         for (int64_t j0 = 0; j0 < i1; j0 += tile_rows) {
@@ -141,18 +142,19 @@ void flash_attention_forward(float* y, float* lse, const float* q, const float* 
 #pragma omp simd reduction(max : tile_max)
             for (int64_t s = 0; s < count; ++s)
               tile_max = scores[s] > tile_max ? scores[s] : tile_max;
-            // Online softmax: with m' = max(m, tile max), the earlier terms of l and of the
-            // output were weighted by exp(S - m) and are rescaled by exp(m - m').
-            const float new_max = std::max(row_max[r], tile_max);
-            const float rescale = std::exp(row_max[r] - new_max);
+            // Online softmax (core/math/online_softmax.h): with m' = max(m, tile max), the
+            // earlier terms of l and of the output were weighted by exp(S - m) and are rescaled
+            // by exp(m - m').
+            OnlineSoftmax& state = row_state[r];
+            const float rescale = online_softmax_rescale(state, tile_max);
+            const float new_max = state.max;
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
             for (int64_t s = 0; s < count; ++s) {
-              scores[s] = fast_exp(scores[s] - new_max);
+              scores[s] = online_softmax_weight(scores[s], new_max);
               sum += scores[s];
             }
-            row_sum[r] = row_sum[r] * rescale + sum;
-            row_max[r] = new_max;
+            online_softmax_accumulate(state, rescale, sum);
             float* out_row = out.data() + r * hd;
 #pragma omp simd
             for (int64_t d = 0; d < hd; ++d) out_row[d] *= rescale;
@@ -161,12 +163,12 @@ void flash_attention_forward(float* y, float* lse, const float* q, const float* 
         }
         for (int64_t t = i0; t < i1; ++t) {
           const int64_t r = t - i0;
-          const float inv_sum = 1.0f / row_sum[r];
+          const float inv_sum = 1.0f / row_state[r].sum;
           const float* out_row = out.data() + r * hd;
           float* y_row = yh + t * strides.y;
 #pragma omp simd
           for (int64_t d = 0; d < hd; ++d) y_row[d] = out_row[d] * inv_sum;
-          lse[bh * T + t] = row_max[r] + std::log(row_sum[r]);
+          lse[bh * T + t] = online_softmax_log_sum_exp(row_state[r]);
         }
       }
     }
@@ -293,10 +295,21 @@ AttentionStrides FlashAttentionOp::strides(const Workspace& ws) const {
           ws.row_stride(outputs[0])};
 }
 
+float* FlashAttentionOp::delta_scratch(Device device) {
+  if (delta_.numel() != lse_.numel() || delta_.device() != device)
+    delta_ = Tensor::empty({batch_, n_head_, seq_len_}, device);
+  return delta_.data();
+}
+
 void FlashAttentionOp::forward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
   const int64_t lse_numel = static_cast<int64_t>(batch_) * n_head_ * seq_len_;
-  if (lse_.numel() != lse_numel) lse_ = Tensor::empty({batch_, n_head_, seq_len_});
+  if (lse_.numel() != lse_numel || lse_.device() != ws.device)
+    lse_ = Tensor::empty({batch_, n_head_, seq_len_}, ws.device);
+  FT_RUN_ON_CUDA(ws, flash_attention_forward_cuda(
+                         ws.values[outputs[0]].data(), lse_.data(), ws.values[inputs[0]].data(),
+                         ws.values[inputs[1]].data(), ws.values[inputs[2]].data(), strides(ws),
+                         batch_, seq_len_, channels_, n_head_, ws.stream));
   flash_attention_forward(ws.values[outputs[0]].data(), lse_.data(), ws.values[inputs[0]].data(),
                           ws.values[inputs[1]].data(), ws.values[inputs[2]].data(), strides(ws),
                           batch_, seq_len_, channels_, n_head_, tile_);
@@ -304,12 +317,20 @@ void FlashAttentionOp::forward(Workspace& ws, ParamStore&) {
 
 void FlashAttentionOp::backward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
-  FT_CHECK(lse_.numel() == static_cast<int64_t>(batch_) * n_head_ * seq_len_, kind(), " '", name,
-           "': backward before forward");
+  FT_CHECK(lse_.numel() == static_cast<int64_t>(batch_) * n_head_ * seq_len_ &&
+               lse_.device() == ws.device,
+           kind(), " '", name, "': backward before forward");
   // The kernel accumulates; a fresh gradient is always a root (views are never handed out
   // fresh), so zeroing it whole here is the overwrite, at B*T*C floats against O(T^2) work.
   for (ValueId id : inputs)
     if (ws.grad_is_fresh(id)) ws.grads[id].fill(0.0f);
+  FT_RUN_ON_CUDA(
+      ws, flash_attention_backward_cuda(
+              ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(), ws.grads[inputs[2]].data(),
+              delta_scratch(ws.device), ws.grads[outputs[0]].data(), ws.values[outputs[0]].data(),
+              lse_.data(), ws.values[inputs[0]].data(), ws.values[inputs[1]].data(),
+              ws.values[inputs[2]].data(), strides(ws), batch_, seq_len_, channels_, n_head_,
+              ws.stream));
   flash_attention_backward(ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
                            ws.grads[inputs[2]].data(), ws.grads[outputs[0]].data(),
                            ws.values[outputs[0]].data(), lse_.data(), ws.values[inputs[0]].data(),

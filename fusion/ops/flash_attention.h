@@ -10,6 +10,9 @@
 //   dV += P^T dY,  dP = dY V^T,  dS = P (dP - D) with D_t = rowsum(dY_t y_t) = <P_t, dP_t>,
 //   dQ += scale dS K,  dK += scale dS^T Q.
 // Inputs {q, k, v [B, T, C]} (any may be a column view), outputs {y [B, T, C]} (may be a view).
+// On cuda (flash_attention.cu) the tiles are 32 x 32 whatever `tile` says, head_dim is at most
+// 128, and backward needs no atomics: one kernel per key tile for dK, dV, one per query tile for
+// dQ, so a step is reproducible bit for bit.
 // Thread safety: an op instance belongs to one training thread; (b, h) pairs run on OpenMP.
 #pragma once
 #include <cstdint>
@@ -34,6 +37,16 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dy, 
                               const AttentionStrides& strides, int batch, int seq_len, int channels,
                               int n_head, int tile);
 
+// The same on device pointers, enqueued on `stream` (flash_attention.cu; CUDA builds only).
+// `delta` is scratch for D_t, [B, NH, T]. REQUIRES: channels / n_head <= 128 (checked).
+void flash_attention_forward_cuda(float* y, float* lse, const float* q, const float* k,
+                                  const float* v, const AttentionStrides& strides, int batch,
+                                  int seq_len, int channels, int n_head, CudaStream stream);
+void flash_attention_backward_cuda(float* dq, float* dk, float* dv, float* delta, const float* dy,
+                                   const float* y, const float* lse, const float* q, const float* k,
+                                   const float* v, const AttentionStrides& strides, int batch,
+                                   int seq_len, int channels, int n_head, CudaStream stream);
+
 class FlashAttentionOp : public Op {
  public:
   // REQUIRES: tile >= 1 (tiles longer than seq_len are clamped to it).
@@ -52,8 +65,11 @@ class FlashAttentionOp : public Op {
  private:
   void check_wiring(const Workspace& ws) const;
   AttentionStrides strides(const Workspace& ws) const;
+  // The CUDA backward's D_t = <dY_t, Y_t>, [B, NH, T], allocated on `device` on first use.
+  float* delta_scratch(Device device);
   int batch_, seq_len_, channels_, n_head_, tile_;
-  Tensor lse_;  // saved by forward
+  Tensor lse_;    // saved by forward, on the workspace's device
+  Tensor delta_;  // cuda only
 };
 
 }  // namespace ft

@@ -127,11 +127,16 @@ void LinearGeluOp::forward(Workspace& ws, ParamStore& params) {
     args.transpose_b = true;
     args.bias = bias;
     args.epilogue = Epilogue::kGeluTanh;
+    FT_RUN_ON_CUDA(ws, gemm_cuda(y, x, weight, args, ws.stream));
     gemm(y, x, weight, args);
     return;
   }
-  if (preactivation_.numel() != rows_ * out_features_)
-    preactivation_ = Tensor::empty({rows_, out_features_});
+  if (preactivation_.numel() != rows_ * out_features_ || preactivation_.device() != ws.device)
+    preactivation_ = Tensor::empty({rows_, out_features_}, ws.device);
+  FT_RUN_ON_CUDA(
+      ws, linear_gelu_forward_cuda(y, preactivation_.data(), x, weight, bias, rows_, in_features_,
+                                   out_features_, ws.row_stride(outputs[0]),
+                                   ws.row_stride(inputs[0]), ws.stream));
   linear_gelu_forward(y, preactivation_.data(), x, weight, bias, rows_, in_features_, out_features_,
                       tile_rows_, ws.row_stride(outputs[0]), ws.row_stride(inputs[0]));
 }
@@ -143,11 +148,19 @@ void LinearGeluOp::backward(Workspace& ws, ParamStore& params) {
            "': built for inference (GELU post-op), which saves nothing for backward");
   FT_CHECK(preactivation_.numel() == rows_ * out_features_, kind(), " '", name,
            "': backward before forward");
-  if (dpreactivation_.numel() != rows_ * out_features_)
-    dpreactivation_ = Tensor::empty({rows_, out_features_});
+  if (dpreactivation_.numel() != rows_ * out_features_ || dpreactivation_.device() != ws.device)
+    dpreactivation_ = Tensor::empty({rows_, out_features_}, ws.device);
   const int64_t offset = weight_row_offset_;
   float* dbias = has_bias_ ? params[this->params[1]].grad.data() + offset : nullptr;
   Tensor& dx = ws.grads[inputs[0]];
+  FT_RUN_ON_CUDA(
+      ws, linear_gelu_backward_cuda(
+              dx.defined() && dx.numel() > 0 ? dx.data() : nullptr, ws.grad_is_fresh(inputs[0]),
+              params[this->params[0]].grad.data() + offset * in_features_, dbias,
+              dpreactivation_.data(), ws.grads[outputs[0]].data(), preactivation_.data(),
+              ws.values[inputs[0]].data(),
+              params[this->params[0]].value.data() + offset * in_features_, rows_, in_features_,
+              out_features_, ws.row_stride(outputs[0]), ws.row_stride(inputs[0]), ws.stream));
   linear_gelu_backward(
       dx.defined() && dx.numel() > 0 ? dx.data() : nullptr, ws.grad_is_fresh(inputs[0]),
       params[this->params[0]].grad.data() + offset * in_features_, dbias, dpreactivation_.data(),

@@ -8,6 +8,7 @@
 // which sums the three Linears' dx contributions inside one GEMM instead of three.
 // Inputs {x}, outputs {y [rows, count * width]} (either may be a view), params {weight, bias when
 // has_bias}.
+// On cuda forward and backward run linear.h's *_cuda launchers (via linear_op_forward/backward).
 // Thread safety: an op instance belongs to one training thread (gemm runs on oneDNN's pool).
 #pragma once
 #include <cstdint>

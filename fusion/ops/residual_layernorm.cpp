@@ -5,21 +5,28 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/check.h"
-#include "core/rng.h"
+#include "core/math/dropout.h"
+#include "model/ops/layernorm.h"
 #include "model/ops/layernorm_math.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
 namespace {
 
+// Saved state lives on the workspace's device; reallocated only when its size or device changes.
+void reuse_or_allocate(Tensor& buffer, int64_t numel, Device device) {
+  if (buffer.numel() != numel || buffer.device() != device) buffer = Tensor::empty({numel}, device);
+}
+
 // out = residual_in + (keep ? branch * scale : 0) over one row, recording keep. `first` is the
 // row's flat element index, the counter DropoutOp hashes for the same element.
 void masked_add_row(float* out, uint8_t* keep_mask, const float* residual_in, const float* branch,
                     float p, float scale, uint64_t seed, int64_t first, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    const bool keep = hash_uniform(seed, static_cast<uint64_t>(first + i)) >= p;
+    const bool keep = dropout_keep(seed, static_cast<uint64_t>(first + i), p);
     keep_mask[i] = keep ? 1 : 0;
     const float dropped = keep ? branch[i] * scale : 0.0f;
     out[i] = residual_in[i] + dropped;
@@ -113,12 +120,15 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
   const int64_t C = channels_;
   const bool masked = dropout_p_ > 0.0f;
-  mean_.resize(rows_);
-  rstd_.resize(rows_);
+  reuse_or_allocate(mean_, rows_, ws.device);
+  reuse_or_allocate(rstd_, rows_, ws.device);
   if (masked)
-    keep_mask_.resize(rows_ * C);
+    reuse_or_allocate(keep_mask_, (rows_ * C + 3) / 4, ws.device);  // bytes in float storage
   else
-    keep_mask_.clear();
+    keep_mask_ = Tensor();
+  uint8_t* keep_mask = masked ? keep_mask_bytes() : nullptr;
+  float* mean = mean_.data();
+  float* rstd = rstd_.data();
   const float* residual_in = ws.values[inputs[0]].data();
   const float* branch = ws.values[inputs[1]].data();
   float* out = ws.values[outputs[0]].data();
@@ -127,8 +137,12 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
   const int64_t out_stride = ws.row_stride(outputs[0]), normed_stride = ws.row_stride(outputs[1]);
   const float* weight = params[this->params[0]].value.data();
   const float* bias = params[this->params[1]].value.data();
-  const float p = dropout_p_, scale = 1.0f / (1.0f - dropout_p_);
+  const float p = dropout_p_, scale = dropout_scale(dropout_p_);
   const uint64_t seed = ws.dropout_seed ^ dropout_salt_;
+  FT_RUN_ON_CUDA(
+      ws, residual_layernorm_forward_cuda(out, normed, keep_mask, mean, rstd, residual_in, branch,
+                                          weight, bias, p, seed, rows_, C, out_stride,
+                                          normed_stride, in_stride, branch_stride, ws.stream));
   const int64_t num_tiles = (rows_ + tile_rows_ - 1) / tile_rows_;
 #pragma omp parallel for if (rows_ * C > 65536)
   for (int64_t tile = 0; tile < num_tiles; ++tile) {
@@ -136,13 +150,13 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
     for (int64_t row = tile * tile_rows_; row < end; ++row) {
       float* out_row = out + row * out_stride;
       if (masked)
-        masked_add_row(out_row, keep_mask_.data() + row * C, residual_in + row * in_stride,
+        masked_add_row(out_row, keep_mask + row * C, residual_in + row * in_stride,
                        branch + row * branch_stride, p, scale, seed, row * C, C);
       else
         add_row(out_row, residual_in + row * in_stride, branch + row * branch_stride, C);
       // The row just written is still in L1: normalising it now is the read the unfused
       // LayerNorm would make from memory.
-      layernorm_row_forward(normed + row * normed_stride, &mean_[row], &rstd_[row], out_row, weight,
+      layernorm_row_forward(normed + row * normed_stride, mean + row, rstd + row, out_row, weight,
                             bias, C, kLayerNormEps);
     }
   }
@@ -150,10 +164,14 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
 
 void ResidualLayerNormOp::backward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
-  FT_CHECK(static_cast<int64_t>(mean_.size()) == rows_, kind(), " '", name,
+  FT_CHECK(mean_.numel() == rows_ && mean_.device() == ws.device, kind(), " '", name,
            "': backward before forward");
+  FT_RUN_ON_CUDA(ws, backward_cuda(ws, params));
   const int64_t C = channels_;
-  const bool masked = !keep_mask_.empty();
+  const bool masked = dropout_p_ > 0.0f;
+  const uint8_t* keep_mask = masked ? keep_mask_bytes() : nullptr;
+  const float* mean = mean_.data();
+  const float* rstd = rstd_.data();
   const float* out = ws.values[outputs[0]].data();
   const float* d_out = ws.grads[outputs[0]].data();
   const float* d_normed = ws.grads[outputs[1]].data();
@@ -162,7 +180,7 @@ void ResidualLayerNormOp::backward(Workspace& ws, ParamStore& params) {
   const int64_t out_stride = ws.row_stride(outputs[0]), normed_stride = ws.row_stride(outputs[1]);
   const int64_t in_stride = ws.row_stride(inputs[0]), branch_stride = ws.row_stride(inputs[1]);
   const float* weight = params[this->params[0]].value.data();
-  const float scale = 1.0f / (1.0f - dropout_p_);
+  const float scale = dropout_scale(dropout_p_);
   const RowBackwardFn backward_rows =
       row_backward_fn(ws.grad_is_fresh(inputs[0]), ws.grad_is_fresh(inputs[1]), masked);
   const int64_t num_tiles = (rows_ + tile_rows_ - 1) / tile_rows_;
@@ -182,9 +200,9 @@ void ResidualLayerNormOp::backward(Workspace& ws, ParamStore& params) {
       r.d_out = d_out + row * out_stride;
       r.d_normed = d_normed + row * normed_stride;
       r.out = out + row * out_stride;
-      r.keep_mask = masked ? keep_mask_.data() + row * C : nullptr;
-      r.mean = mean_[row];
-      r.rstd = rstd_[row];
+      r.keep_mask = masked ? keep_mask + row * C : nullptr;
+      r.mean = mean[row];
+      r.rstd = rstd[row];
       backward_rows(r, C);
     }
   }
@@ -198,6 +216,41 @@ void ResidualLayerNormOp::backward(Workspace& ws, ParamStore& params) {
       bias_grad[c] += dbias[c];
     }
   }
+}
+
+#if defined(FT_HAVE_CUDA)
+// The input gradients row by row, then the weight and bias gradients as LayerNorm's over
+// (d normed, out): the same sums as the CPU tiles', in a fixed order of their own.
+void ResidualLayerNormOp::backward_cuda(Workspace& ws, ParamStore& params) {
+  const int64_t out_stride = ws.row_stride(outputs[0]), normed_stride = ws.row_stride(outputs[1]);
+  const int64_t in_stride = ws.row_stride(inputs[0]), branch_stride = ws.row_stride(inputs[1]);
+  const bool masked = dropout_p_ > 0.0f;
+  residual_layernorm_backward_input_cuda(
+      ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(), ws.grads[outputs[0]].data(),
+      ws.grads[outputs[1]].data(), ws.values[outputs[0]].data(),
+      params[this->params[0]].value.data(), masked ? keep_mask_bytes() : nullptr, mean_.data(),
+      rstd_.data(), dropout_p_, ws.grad_is_fresh(inputs[0]), ws.grad_is_fresh(inputs[1]), rows_,
+      channels_, out_stride, normed_stride, in_stride, branch_stride, ws.stream);
+  LayerNormCudaTensors norm;
+  norm.dweight = params[this->params[0]].grad.data();
+  norm.dbias = params[this->params[1]].grad.data();
+  norm.dy = ws.grads[outputs[1]].data();
+  norm.x = ws.values[outputs[0]].data();
+  norm.y_stride = normed_stride;
+  norm.x_stride = out_stride;
+  reuse_or_allocate(param_grad_scratch_, layernorm_params_scratch_floats(1, rows_, channels_),
+                    ws.device);
+  layernorm_batch_backward_params_cuda(param_grad_scratch_.data(), &norm, mean_.data(),
+                                       rstd_.data(), 1, rows_, channels_, ws.stream);
+}
+#endif  // defined(FT_HAVE_CUDA)
+
+std::vector<uint8_t> ResidualLayerNormOp::keep_mask() const {
+  if (dropout_p_ == 0.0f || keep_mask_.numel() == 0) return {};
+  const std::vector<float> words = keep_mask_.to_host_vector();
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows_ * channels_));
+  std::memcpy(bytes.data(), words.data(), bytes.size());
+  return bytes;
 }
 
 OpCost ResidualLayerNormOp::cost(const Graph& graph) const {

@@ -11,7 +11,11 @@
 //   d_out = dout (from those readers) + LN'(d normed)
 // which then flows to both summands: d residual_in += d_out, d branch += d_out * keep / (1 - p).
 // Inputs {residual_in, branch}, outputs {out, normed}, all [rows, C], any of them a column view;
-// params {ln weight [C], ln bias [C]}. Forward saves mean, rstd per row and the byte mask.
+// params {ln weight [C], ln bias [C]}. Forward saves mean, rstd per row and the byte mask, on the
+// workspace's device.
+// CUDA (residual_layernorm.cu): one warp per row for forward and the input gradients, the mask
+// drawn with the same core/math/dropout.h helper; the weight and bias gradients go through
+// LayerNorm's deterministic column reduction (model/ops/layernorm.h) over d normed and out.
 // Thread safety: an op instance belongs to one training thread.
 #pragma once
 #include <cstdint>
@@ -20,6 +24,26 @@
 #include "model/graph.h"
 
 namespace ft {
+
+// CUDA launchers (residual_layernorm.cu; CUDA builds only), on device pointers, enqueued on
+// `stream`. Strides are floats between rows of each tensor; gradients share their value's.
+// keep_mask [rows * C] bytes is written (forward) and read (backward) only when dropout_p > 0.
+void residual_layernorm_forward_cuda(float* out, float* normed, uint8_t* keep_mask, float* mean,
+                                     float* rstd, const float* residual_in, const float* branch,
+                                     const float* weight, const float* bias, float dropout_p,
+                                     uint64_t seed, int64_t rows, int64_t channels,
+                                     int64_t out_stride, int64_t normed_stride, int64_t in_stride,
+                                     int64_t branch_stride, CudaStream stream);
+// d_in (+)= total and d_branch (+)= masked, scaled total (see residual_layernorm.cpp); `=` where
+// fresh_in / fresh_branch. The weight and bias gradients are not touched here.
+void residual_layernorm_backward_input_cuda(float* d_in, float* d_branch, const float* d_out,
+                                            const float* d_normed, const float* out,
+                                            const float* weight, const uint8_t* keep_mask,
+                                            const float* mean, const float* rstd, float dropout_p,
+                                            bool fresh_in, bool fresh_branch, int64_t rows,
+                                            int64_t channels, int64_t out_stride,
+                                            int64_t normed_stride, int64_t in_stride,
+                                            int64_t branch_stride, CudaStream stream);
 
 class ResidualLayerNormOp : public Op {
  public:
@@ -42,9 +66,10 @@ class ResidualLayerNormOp : public Op {
   float dropout_p() const { return dropout_p_; }
   uint64_t dropout_salt() const { return dropout_salt_; }
   int tile_rows() const { return tile_rows_; }
-  const std::vector<uint8_t>& keep_mask() const { return keep_mask_; }
-  const std::vector<float>& mean() const { return mean_; }
-  const std::vector<float>& rstd() const { return rstd_; }
+  // Host copies of what the last forward saved; the mask is empty when dropout_p() == 0.
+  std::vector<uint8_t> keep_mask() const;
+  std::vector<float> mean() const { return mean_.to_host_vector(); }
+  std::vector<float> rstd() const { return rstd_.to_host_vector(); }
 
   // Bytes per row live while a tile is processed, for the pass's fusion.tile_kb check: backward
   // touches out, d_out, d normed and both input gradients (5 floats per column), plus the mask
@@ -53,13 +78,18 @@ class ResidualLayerNormOp : public Op {
 
  private:
   void check_wiring(const Workspace& ws, const ParamStore& params) const;
+  void backward_cuda(Workspace& ws, ParamStore& params);
+  uint8_t* keep_mask_bytes() { return reinterpret_cast<uint8_t*>(keep_mask_.data()); }
 
   int64_t rows_, channels_;
   float dropout_p_;
   uint64_t dropout_salt_;
   int tile_rows_;
-  std::vector<uint8_t> keep_mask_;  // [rows * C], 1 = kept; empty when dropout_p_ == 0
-  std::vector<float> mean_, rstd_;  // [rows], written by forward
+  // On the workspace's device, written by forward: [rows * C] bytes, 1 = kept, in float storage
+  // (Tensor holds floats; empty when dropout_p_ == 0), and mean and rstd [rows].
+  Tensor keep_mask_;
+  Tensor mean_, rstd_;
+  Tensor param_grad_scratch_;  // cuda: the column partials of the weight and bias gradients
 };
 
 }  // namespace ft

@@ -54,6 +54,11 @@ void AttentionMixOp::check_wiring(const Workspace& ws) const {
 
 void AttentionMixOp::forward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
+  FT_RUN_ON_CUDA(
+      ws, attention_mix_forward_cuda(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
+                                     ws.values[inputs[1]].data(), ws.row_stride(outputs[0]),
+                                     ws.row_stride(inputs[1]), batch_, seq_len_, channels_, n_head_,
+                                     ws.stream));
   attention_mix_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
                         ws.values[inputs[1]].data(), ws.row_stride(outputs[0]),
                         ws.row_stride(inputs[1]), batch_, seq_len_, channels_, n_head_);
@@ -61,6 +66,12 @@ void AttentionMixOp::forward(Workspace& ws, ParamStore&) {
 
 void AttentionMixOp::backward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
+  FT_RUN_ON_CUDA(
+      ws, attention_mix_backward_cuda(
+              ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(), ws.grads[outputs[0]].data(),
+              ws.values[inputs[0]].data(), ws.values[inputs[1]].data(), ws.row_stride(outputs[0]),
+              ws.row_stride(inputs[1]), ws.grad_is_fresh(inputs[0]), ws.grad_is_fresh(inputs[1]),
+              batch_, seq_len_, channels_, n_head_, ws.stream));
   attention_mix_backward(ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
                          ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
                          ws.values[inputs[1]].data(), ws.row_stride(outputs[0]),

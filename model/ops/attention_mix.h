@@ -21,6 +21,15 @@ void attention_mix_backward(float* dprobs, float* dv, const float* dy, const flo
                             bool overwrite_dprobs, bool overwrite_dv, int batch, int seq_len,
                             int channels, int n_head);
 
+// The same on device pointers, enqueued on `stream` (attention_mix.cu; CUDA builds only).
+void attention_mix_forward_cuda(float* y, const float* probs, const float* v, int64_t y_stride,
+                                int64_t v_stride, int batch, int seq_len, int channels, int n_head,
+                                CudaStream stream);
+void attention_mix_backward_cuda(float* dprobs, float* dv, const float* dy, const float* probs,
+                                 const float* v, int64_t y_stride, int64_t v_stride,
+                                 bool overwrite_dprobs, bool overwrite_dv, int batch, int seq_len,
+                                 int channels, int n_head, CudaStream stream);
+
 class AttentionMixOp : public Op {
  public:
   AttentionMixOp(int batch, int seq_len, int channels, int n_head);

@@ -61,6 +61,11 @@ void AttentionScoresOp::check_wiring(const Workspace& ws) const {
 
 void AttentionScoresOp::forward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
+  FT_RUN_ON_CUDA(
+      ws, attention_scores_forward_cuda(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
+                                        ws.values[inputs[1]].data(), ws.row_stride(inputs[0]),
+                                        ws.row_stride(inputs[1]), batch_, seq_len_, channels_,
+                                        n_head_, ws.stream));
   attention_scores_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
                            ws.values[inputs[1]].data(), ws.row_stride(inputs[0]),
                            ws.row_stride(inputs[1]), batch_, seq_len_, channels_, n_head_);
@@ -70,6 +75,13 @@ void AttentionScoresOp::backward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
   // With q and k one value, dk must add to the dq just written.
   const bool same = inputs[0] == inputs[1];
+  FT_RUN_ON_CUDA(
+      ws, attention_scores_backward_cuda(ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
+                                         ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
+                                         ws.values[inputs[1]].data(), ws.row_stride(inputs[0]),
+                                         ws.row_stride(inputs[1]), ws.grad_is_fresh(inputs[0]),
+                                         ws.grad_is_fresh(inputs[1]) && !same, batch_, seq_len_,
+                                         channels_, n_head_, ws.stream));
   attention_scores_backward(
       ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(), ws.grads[outputs[0]].data(),
       ws.values[inputs[0]].data(), ws.values[inputs[1]].data(), ws.row_stride(inputs[0]),

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/gemm.h"
 #include "model/graph.h"
 
 namespace ft {
@@ -22,6 +23,22 @@ void attention_scores_backward(float* dq, float* dk, const float* dscores, const
                                const float* k, int64_t q_stride, int64_t k_stride,
                                bool overwrite_dq, bool overwrite_dk, int batch, int seq_len,
                                int channels, int n_head);
+
+// The same on device pointers, enqueued on `stream` (attention_scores.cu; CUDA builds only).
+void attention_scores_forward_cuda(float* scores, const float* q, const float* k, int64_t q_stride,
+                                   int64_t k_stride, int batch, int seq_len, int channels,
+                                   int n_head, CudaStream stream);
+void attention_scores_backward_cuda(float* dq, float* dk, const float* dscores, const float* q,
+                                    const float* k, int64_t q_stride, int64_t k_stride,
+                                    bool overwrite_dq, bool overwrite_dk, int batch, int seq_len,
+                                    int channels, int n_head, CudaStream stream);
+// The attention GEMMs on CUDA: `per_head` has the heads of one sequence as its batch (built by
+// model/ops/attention_heads.h); sequence b's operands start seq_offset_{a,b,c} * b floats
+// further. Runs `batch` strided-batch GEMMs over the heads, or, with more sequences than heads,
+// n_head strided-batch GEMMs over the sequences (fewer launches, the same products).
+void attention_head_gemms_cuda(float* c, const float* a, const float* b, const GemmArgs& per_head,
+                               int batch, int64_t seq_offset_a, int64_t seq_offset_b,
+                               int64_t seq_offset_c, CudaStream stream);
 
 class AttentionScoresOp : public Op {
  public:

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "model/ops/batchnorm_math.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
@@ -36,13 +37,13 @@ void store(float* p, Lanes v) {
   std::memcpy(p, &v, sizeof v);
 }
 
-// dy where the ReLU passed its input (y > 0), else 0; y > 0 exactly where z > 0.
+// dy where the ReLU passed its input (y > 0), else 0 (batchnorm_relu_masked).
 Lanes relu_masked(Lanes dy, Lanes y) {
   const Lanes zero = {};
-  return y > zero ? dy : zero;
+  return batchnorm_relu_masked(dy, y, zero);
 }
 float relu_masked(float dy, float y) {
-  return y > 0.0f ? dy : 0.0f;
+  return batchnorm_relu_masked(dy, y, 0.0f);
 }
 
 // Over rows [begin, end) of x, with d = x - centre[c] and w = d, or w = dy (kWeighted), or
@@ -132,13 +133,11 @@ void scale_and_shift(float* out, const float* x, const float* scale, const float
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t row = r * channels;
     for (int c = 0; c < vector_channels; c += kLanes) {
-      const Lanes z = load(scale + c) * load(x + row + c) + load(shift + c);
-      store(out + row + c, kRelu ? (z > zero ? z : zero) : z);
+      store(out + row + c, batchnorm_scale_shift<kRelu>(load(scale + c), load(x + row + c),
+                                                        load(shift + c), zero));
     }
-    for (int c = vector_channels; c < channels; ++c) {
-      const float z = scale[c] * x[row + c] + shift[c];
-      out[row + c] = kRelu ? (z > 0.0f ? z : 0.0f) : z;
-    }
+    for (int c = vector_channels; c < channels; ++c)
+      out[row + c] = batchnorm_scale_shift<kRelu>(scale[c], x[row + c], shift[c], 0.0f);
   }
 }
 
@@ -164,12 +163,14 @@ void add_input_gradient(float* dx, const float* x, const float* dy, const float*
       const Lanes centred = load(x + row + c) - load(mean + c);
       const Lanes dz =
           kMasked ? relu_masked(load(dy + row + c), load(y + row + c)) : load(dy + row + c);
-      const Lanes gradient = load(k_dy + c) * dz + load(k_x + c) * centred + load(k_0 + c);
+      const Lanes gradient =
+          batchnorm_input_gradient(load(k_dy + c), dz, load(k_x + c), centred, load(k_0 + c));
       store(dx + row + c, kFresh ? gradient : load(dx + row + c) + gradient);
     }
     for (int c = vector_channels; c < channels; ++c) {
       const float dz = kMasked ? relu_masked(dy[row + c], y[row + c]) : dy[row + c];
-      const float gradient = k_dy[c] * dz + k_x[c] * (x[row + c] - mean[c]) + k_0[c];
+      const float gradient =
+          batchnorm_input_gradient(k_dy[c], dz, k_x[c], x[row + c] - mean[c], k_0[c]);
       dx[row + c] = kFresh ? gradient : dx[row + c] + gradient;
     }
   }
@@ -183,6 +184,18 @@ void add_input_gradient(float* dx, const float* x, const float* dy, const float*
     add_input_gradient<true, kMasked>(dx, x, dy, y, mean, k_dy, k_x, k_0, rows, channels);
   else
     add_input_gradient<false, kMasked>(dx, x, dy, y, mean, k_dy, k_x, k_0, rows, channels);
+}
+
+// The device buffers of `scratch` for `rows` x `channels` on cuda (kept while the sizes fit).
+[[maybe_unused]] void ensure_device_scratch(BatchNormScratch& scratch, int64_t rows, int channels) {
+  const int64_t chunks = (rows + kBatchNormCudaRowsPerChunk - 1) / kBatchNormCudaRowsPerChunk;
+  auto ensure = [](Tensor& tensor, int64_t numel) {
+    if (!tensor.defined() || tensor.numel() != numel || tensor.device() != Device::kCuda)
+      tensor = Tensor::empty({numel}, Device::kCuda);
+  };
+  ensure(scratch.device_saved, 2 * static_cast<int64_t>(channels));
+  ensure(scratch.device_partials, 2 * chunks * channels);
+  ensure(scratch.device_coefficients, 3 * static_cast<int64_t>(channels));
 }
 
 }  // namespace
@@ -205,16 +218,13 @@ void batchnorm_forward_train(float* y, float* saved_mean, float* saved_invstd, f
                             squares);
   const double count = static_cast<double>(rows);
   for (int c = 0; c < channels; ++c) {
-    const double shifted_mean = sum[c] / count;
-    const double batch_var = std::max(squares[c] / count - shifted_mean * shifted_mean, 0.0);
-    const float mean = static_cast<float>(offset[c] + shifted_mean);
-    const float invstd = static_cast<float>(1.0 / std::sqrt(batch_var + eps));
-    saved_mean[c] = mean;
-    saved_invstd[c] = invstd;
-    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mean;
-    running_var[c] = (1.0f - momentum) * running_var[c] +
-                     momentum * static_cast<float>(batch_var * count / (count - 1.0));
-    scale[c] = gamma[c] * invstd;
+    const BatchNormChannelStatistics stats =
+        batchnorm_channel_statistics(sum[c], squares[c], offset[c], count, eps);
+    saved_mean[c] = stats.mean;
+    saved_invstd[c] = stats.invstd;
+    running_mean[c] = batchnorm_running_mean(running_mean[c], momentum, stats.mean);
+    running_var[c] = batchnorm_running_var(running_var[c], momentum, stats.batch_var, count);
+    scale[c] = gamma[c] * stats.invstd;
   }
   for (int c = 0; c < channels; ++c) shift[c] = beta[c] - saved_mean[c] * scale[c];
   // y = activation(scale * x + shift) with scale = gamma * invstd, shift = beta - mean * scale.
@@ -253,14 +263,13 @@ void batchnorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy,
   float* k_0 = k_x + channels;
   const double count = static_cast<double>(rows);
   for (int c = 0; c < channels; ++c) {
-    const double dgamma_c = sum_dz_centred[c] * saved_invstd[c];
-    dbeta[c] += static_cast<float>(sum_dz[c]);
-    dgamma[c] += static_cast<float>(dgamma_c);
-    const double scale = static_cast<double>(gamma[c]) * saved_invstd[c];
-    const double x_factor = -scale * saved_invstd[c] * dgamma_c / count;  // times (x - mean)
-    k_dy[c] = static_cast<float>(scale);
-    k_x[c] = static_cast<float>(x_factor);
-    k_0[c] = static_cast<float>(-scale * sum_dz[c] / count);
+    const BatchNormBackwardCoefficients k = batchnorm_backward_coefficients(
+        sum_dz[c], sum_dz_centred[c], gamma[c], saved_invstd[c], count);
+    dbeta[c] += k.dbeta;
+    dgamma[c] += k.dgamma;
+    k_dy[c] = k.k_dy;
+    k_x[c] = k.k_x;
+    k_0[c] = k.k_0;
   }
   if (masked)
     add_input_gradient<true>(dx, x, dy, relu_output, saved_mean, k_dy, k_x, k_0, rows, channels,
@@ -278,7 +287,7 @@ void batchnorm_forward_inference(float* y, const float* x, const float* gamma, c
   float* scale = scratch.coefficients.data();
   float* shift = scale + channels;
   for (int c = 0; c < channels; ++c) {
-    scale[c] = gamma[c] / std::sqrt(running_var[c] + eps);
+    scale[c] = batchnorm_inference_scale(gamma[c], running_var[c], eps);
     shift[c] = beta[c] - running_mean[c] * scale[c];
   }
   scale_and_shift(y, x, scale, shift, rows, channels, activation);
@@ -311,6 +320,14 @@ void batchnorm_op_forward_train(const Op& op, Workspace& ws, ParamStore& params,
                                 float eps, BatchNormActivation activation,
                                 BatchNormScratch& scratch) {
   check_batchnorm_wiring(op, ws, params, rows * channels, channels);
+  if (ws.device == Device::kCuda) ensure_device_scratch(scratch, rows, channels);
+  FT_RUN_ON_CUDA(ws, batchnorm_forward_train_cuda(
+                         ws.values[op.outputs[0]].data(), scratch.device_saved.data(),
+                         scratch.device_saved.data() + channels, params[op.params[2]].value.data(),
+                         params[op.params[3]].value.data(), scratch.device_partials.data(),
+                         scratch.device_coefficients.data(), ws.values[op.inputs[0]].data(),
+                         params[op.params[0]].value.data(), params[op.params[1]].value.data(), rows,
+                         channels, momentum, eps, activation, ws.stream));
   batchnorm_forward_train(ws.values[op.outputs[0]].data(), saved_mean, saved_invstd,
                           params[op.params[2]].value.data(), params[op.params[3]].value.data(),
                           ws.values[op.inputs[0]].data(), params[op.params[0]].value.data(),
@@ -323,6 +340,14 @@ void batchnorm_op_backward(const Op& op, Workspace& ws, ParamStore& params, cons
                            BatchNormActivation activation, BatchNormScratch& scratch) {
   const float* relu_output =
       activation == BatchNormActivation::kRelu ? ws.values[op.outputs[0]].data() : nullptr;
+  FT_RUN_ON_CUDA(
+      ws, batchnorm_backward_cuda(
+              ws.grads[op.inputs[0]].data(), params[op.params[0]].grad.data(),
+              params[op.params[1]].grad.data(), scratch.device_partials.data(),
+              scratch.device_coefficients.data(), ws.grads[op.outputs[0]].data(), relu_output,
+              ws.values[op.inputs[0]].data(), params[op.params[0]].value.data(),
+              scratch.device_saved.data(), scratch.device_saved.data() + channels, rows, channels,
+              ws.grad_is_fresh(op.inputs[0]), ws.stream));
   batchnorm_backward(ws.grads[op.inputs[0]].data(), params[op.params[0]].grad.data(),
                      params[op.params[1]].grad.data(), ws.grads[op.outputs[0]].data(), relu_output,
                      ws.values[op.inputs[0]].data(), params[op.params[0]].value.data(), saved_mean,
@@ -333,6 +358,11 @@ void batchnorm_op_forward_inference(const Op& op, Workspace& ws, ParamStore& par
                                     int channels, float eps, BatchNormActivation activation,
                                     BatchNormScratch& scratch) {
   check_batchnorm_wiring(op, ws, params, rows * channels, channels);
+  FT_RUN_ON_CUDA(ws, batchnorm_forward_inference_cuda(
+                         ws.values[op.outputs[0]].data(), ws.values[op.inputs[0]].data(),
+                         params[op.params[0]].value.data(), params[op.params[1]].value.data(),
+                         params[op.params[2]].value.data(), params[op.params[3]].value.data(), rows,
+                         channels, eps, activation, ws.stream));
   batchnorm_forward_inference(ws.values[op.outputs[0]].data(), ws.values[op.inputs[0]].data(),
                               params[op.params[0]].value.data(), params[op.params[1]].value.data(),
                               params[op.params[2]].value.data(), params[op.params[3]].value.data(),

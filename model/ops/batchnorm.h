@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device.h"
+#include "core/tensor.h"
 #include "model/graph.h"
 
 namespace ft {
@@ -32,7 +34,15 @@ struct BatchNormScratch {
   std::vector<float> chunk_sums;    // [chunks][2][C] float partial sums over row chunks
   std::vector<double> sums;         // [2][C] their totals, summed in chunk order
   std::vector<float> coefficients;  // [3][C] per-channel factors of the elementwise passes
+  // On cuda, on the device (allocated on first use; batchnorm.cu): [2][C] the batch mean and
+  // invstd forward saves for backward, [chunks][2][C] float partial sums, and [3][C]
+  // coefficients. On cuda the ops' host saved_mean/saved_invstd are unused.
+  Tensor device_saved, device_partials, device_coefficients;
 };
+
+// Rows the CUDA reductions sum in float per chunk before the chunks are summed in double (as the
+// CPU's chunks of 128 rows).
+constexpr int64_t kBatchNormCudaRowsPerChunk = 128;
 
 // Batch statistics over the rows (B*H*W) of x [rows, channels]: y = activation(gamma x_hat +
 // beta). Writes the batch mean and 1 / sqrt(batch var + eps) to saved_mean and saved_invstd
@@ -58,6 +68,24 @@ void batchnorm_forward_inference(float* y, const float* x, const float* gamma, c
                                  const float* running_mean, const float* running_var, int64_t rows,
                                  int channels, float eps, BatchNormActivation activation,
                                  BatchNormScratch& scratch);
+
+// The three functions above on device pointers, enqueued on `stream` (batchnorm.cu; CUDA builds
+// only). partials holds 2 * channels * ceil(rows / kBatchNormCudaRowsPerChunk) floats and
+// coefficients 3 * channels.
+void batchnorm_forward_train_cuda(float* y, float* saved_mean, float* saved_invstd,
+                                  float* running_mean, float* running_var, float* partials,
+                                  float* coefficients, const float* x, const float* gamma,
+                                  const float* beta, int64_t rows, int channels, float momentum,
+                                  float eps, BatchNormActivation activation, CudaStream stream);
+void batchnorm_backward_cuda(float* dx, float* dgamma, float* dbeta, float* partials,
+                             float* coefficients, const float* dy, const float* relu_output,
+                             const float* x, const float* gamma, const float* saved_mean,
+                             const float* saved_invstd, int64_t rows, int channels, bool dx_fresh,
+                             CudaStream stream);
+void batchnorm_forward_inference_cuda(float* y, const float* x, const float* gamma,
+                                      const float* beta, const float* running_mean,
+                                      const float* running_var, int64_t rows, int channels,
+                                      float eps, BatchNormActivation activation, CudaStream stream);
 
 class BatchNorm2dOp : public Op {
  public:

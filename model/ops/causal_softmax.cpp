@@ -73,12 +73,19 @@ void CausalSoftmaxOp::check_wiring(const Workspace& ws) const {
 
 void CausalSoftmaxOp::forward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
+  FT_RUN_ON_CUDA(ws, causal_softmax_forward_cuda(
+                         ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
+                         static_cast<int64_t>(batch_) * n_head_ * seq_len_, seq_len_, ws.stream));
   causal_softmax_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
                          static_cast<int64_t>(batch_) * n_head_ * seq_len_, seq_len_);
 }
 
 void CausalSoftmaxOp::backward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
+  FT_RUN_ON_CUDA(ws, causal_softmax_backward_cuda(
+                         ws.grads[inputs[0]].data(), ws.grads[outputs[0]].data(),
+                         ws.values[outputs[0]].data(), ws.grad_is_fresh(inputs[0]),
+                         static_cast<int64_t>(batch_) * n_head_ * seq_len_, seq_len_, ws.stream));
   causal_softmax_backward(ws.grads[inputs[0]].data(), ws.grads[outputs[0]].data(),
                           ws.values[outputs[0]].data(), ws.grad_is_fresh(inputs[0]),
                           static_cast<int64_t>(batch_) * n_head_ * seq_len_, seq_len_);

@@ -20,6 +20,13 @@ void causal_softmax_forward(float* probs, const float* scores, int64_t rows, int
 void causal_softmax_backward(float* dscores, const float* dprobs, const float* probs,
                              bool overwrite, int64_t rows, int seq_len);
 
+// The same on device pointers, enqueued on `stream` (causal_softmax.cu; CUDA builds only): one
+// warp per row.
+void causal_softmax_forward_cuda(float* probs, const float* scores, int64_t rows, int seq_len,
+                                 CudaStream stream);
+void causal_softmax_backward_cuda(float* dscores, const float* dprobs, const float* probs,
+                                  bool overwrite, int64_t rows, int seq_len, CudaStream stream);
+
 class CausalSoftmaxOp : public Op {
  public:
   CausalSoftmaxOp(int batch, int n_head, int seq_len);

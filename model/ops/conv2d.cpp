@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/device.h"
 #include "core/dnnl_context.h"
 #include "model/ops/op_checks.h"
 #include "model/ops/winograd.h"
@@ -182,6 +183,22 @@ const char* Conv2dOp::forward_impl() const {
   return primitives_ ? primitives_->forward_impl.c_str() : "";
 }
 
+CudnnConvShape Conv2dOp::cudnn_shape() const {
+  CudnnConvShape shape;
+  shape.batch = batch_;
+  shape.in_channels = in_channels_;
+  shape.out_channels = out_channels_;
+  shape.height = height_;
+  shape.width = width_;
+  shape.kernel = kernel_;
+  shape.stride = stride_;
+  shape.padding = padding_;
+  shape.out_height = out_height_;
+  shape.out_width = out_width_;
+  shape.nchw_input = input_layout == ActivationLayout::kNchw && in_channels_ > 1;
+  return shape;
+}
+
 void Conv2dOp::build_primitives() {
   if (resolved_algorithm() == ConvAlgorithm::kWinograd) {
     auto p = std::make_unique<Primitives>();
@@ -286,6 +303,8 @@ void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
   expect_numel(x, shape_numel(input_shape()), *this, "x");
   expect_numel(y, shape_numel(output_shape()), *this, "y");
   expect_numel(weight, shape_numel(weight_shape()), *this, "weight");
+  FT_RUN_ON_CUDA(ws,
+                 conv2d_forward_cuda(y.data(), x.data(), weight.data(), cudnn_conv(), ws.stream));
   if (!primitives_) build_primitives();
   Primitives& p = *primitives_;
   // The forward weights (transformed, flipped or reordered) are redone only when the parameters
@@ -325,6 +344,13 @@ void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
 }
 
 void Conv2dOp::backward(Workspace& ws, ParamStore& params) {
+  FT_CHECK(primitives_ != nullptr || cudnn_ != nullptr, "conv2d '", name,
+           "': backward before forward");
+  FT_RUN_ON_CUDA(
+      ws, conv2d_backward_cuda(needs_input_grad ? ws.grads[inputs[0]].data() : nullptr,
+                               params[this->params[0]].grad.data(), ws.grads[outputs[0]].data(),
+                               ws.values[inputs[0]].data(), params[this->params[0]].value.data(),
+                               ws.grad_is_fresh(inputs[0]), cudnn_conv(), ws.stream));
   FT_CHECK(primitives_ != nullptr, "conv2d '", name, "': backward before forward");
   Primitives& p = *primitives_;
   p.forward_weights_valid = false;

@@ -8,6 +8,8 @@
 // blocked layouts, so activations never need a reorder, and the ops between convolutions
 // (BatchNorm, ReLU, residual add) vectorise over the innermost channel dimension. Only the small
 // weight tensor is reordered, into whatever the primitives want.
+// On cuda (FT_RUN_ON_CUDA) all three passes run on cuDNN (conv2d.cu) whatever `algorithm` says:
+// Winograd and the transposed forward are CPU-only choices.
 // Thread safety: one training thread per op; oneDNN parallelises inside each call.
 #pragma once
 #include <cstdint>
@@ -44,6 +46,23 @@ enum class ConvAlgorithm {
   kWinograd,    // all three passes by Winograd: 3x3, stride 1, padding 1, NHWC
                 // input, input and output channels multiples of 16
 };
+
+// The geometry of one convolution as cuDNN sees it; NHWC output, input NCHW when nchw_input.
+struct CudnnConvShape {
+  int batch = 0, in_channels = 0, out_channels = 0, height = 0, width = 0;
+  int kernel = 0, stride = 1, padding = 0, out_height = 0, out_width = 0;
+  bool nchw_input = false;
+};
+// cuDNN descriptors and the algorithms chosen for one convolution (conv2d.cu; CUDA builds only).
+struct CudnnConv;
+std::shared_ptr<CudnnConv> make_cudnn_conv(const CudnnConvShape& shape);
+// y = conv(x, weight) on device pointers, weight OIHW, enqueued on `stream`.
+void conv2d_forward_cuda(float* y, const float* x, const float* weight, CudnnConv& conv,
+                         CudaStream stream);
+// dweight += correlation of x with dy; dx += transposed convolution of dy (= when dx_fresh);
+// dx null skips the input gradient.
+void conv2d_backward_cuda(float* dx, float* dweight, const float* dy, const float* x,
+                          const float* weight, bool dx_fresh, CudnnConv& conv, CudaStream stream);
 
 class Conv2dOp : public Op {
  public:
@@ -88,15 +107,18 @@ class Conv2dOp : public Op {
   // "winograd:f4x4_3x3", for tests and benchmarks that check no slow fallback was chosen; empty
   // before the first forward.
   const char* forward_impl() const;
+  CudnnConvShape cudnn_shape() const;
 
  private:
   struct Primitives;  // oneDNN primitives, memories and weight reorders, built on first forward
   void build_primitives();
   WinogradShape winograd_shape() const;
+  CudnnConv& cudnn_conv();  // cudnn_, made on first use (conv2d.cu; CUDA builds only)
 
   int batch_, in_channels_, out_channels_, height_, width_, kernel_, stride_, padding_;
   int out_height_, out_width_;
   std::unique_ptr<Primitives> primitives_;
+  std::shared_ptr<CudnnConv> cudnn_;  // on cuda: made on first forward
 };
 
 }  // namespace ft

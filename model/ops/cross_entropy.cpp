@@ -10,11 +10,15 @@
 
 namespace ft {
 
+void check_class_targets(const char* who, const int32_t* targets, int64_t rows, int64_t classes) {
+  for (int64_t row = 0; row < rows; ++row)
+    FT_CHECK(targets[row] >= 0 && targets[row] < classes, who, ": target ", targets[row],
+             " at row ", row, " is outside [0, ", classes, ")");
+}
+
 float softmax_cross_entropy_forward(float* probs, const float* logits, const int32_t* targets,
                                     int64_t rows, int64_t classes) {
-  for (int64_t row = 0; row < rows; ++row)
-    FT_CHECK(targets[row] >= 0 && targets[row] < classes, "cross_entropy: target ", targets[row],
-             " at row ", row, " is outside [0, ", classes, ")");
+  check_class_targets("cross_entropy", targets, rows, classes);
   double loss_sum = 0.0;
 #pragma omp parallel for reduction(+ : loss_sum) if (rows * classes > 32768)
   for (int64_t row = 0; row < rows; ++row) {
@@ -64,15 +68,29 @@ void SoftmaxCrossEntropyOp::check_wiring(const Workspace& ws) const {
 
 void SoftmaxCrossEntropyOp::forward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
-  if (probs_.numel() != rows_ * classes_) probs_ = Tensor::empty({rows_, classes_});
+  if (probs_.numel() != rows_ * classes_ || probs_.device() != ws.device)
+    probs_ = Tensor::empty({rows_, classes_}, ws.device);
+  if (ws.device != Device::kCpu) {
+    // The kernels index with targets the host checked here (ws.device_targets() is their copy).
+    check_class_targets("cross_entropy", ws.targets.data(), rows_, classes_);
+    if (row_losses_.numel() != rows_ || row_losses_.device() != ws.device)
+      row_losses_ = Tensor::empty({rows_}, ws.device);
+  }
+  FT_RUN_ON_CUDA(
+      ws, softmax_cross_entropy_forward_cuda(ws.values[outputs[0]].data(), probs_.data(),
+                                             row_losses_.data(), ws.values[inputs[0]].data(),
+                                             ws.device_targets(), rows_, classes_, ws.stream));
   ws.values[outputs[0]].data()[0] = softmax_cross_entropy_forward(
       probs_.data(), ws.values[inputs[0]].data(), ws.targets.data(), rows_, classes_);
 }
 
 void SoftmaxCrossEntropyOp::backward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
-  FT_CHECK(probs_.numel() == rows_ * classes_, "cross_entropy '", name,
-           "': backward before forward");
+  FT_CHECK(probs_.numel() == rows_ * classes_ && probs_.device() == ws.device, "cross_entropy '",
+           name, "': backward before forward");
+  FT_RUN_ON_CUDA(ws, softmax_cross_entropy_backward_cuda(
+                         ws.grads[inputs[0]].data(), ws.grads[outputs[0]].data(), probs_.data(),
+                         ws.device_targets(), rows_, classes_, ws.stream));
   softmax_cross_entropy_backward(ws.grads[inputs[0]].data(), ws.grads[outputs[0]].data()[0],
                                  probs_.data(), ws.targets.data(), rows_, classes_);
 }

@@ -10,6 +10,9 @@
 
 namespace ft {
 
+// Throws ft::Error naming `who` unless every targets[row] is in [0, classes).
+void check_class_targets(const char* who, const int32_t* targets, int64_t rows, int64_t classes);
+
 // Writes probs [rows, classes] and returns the mean loss (accumulated in double).
 // REQUIRES: every target in [0, classes) (checked).
 float softmax_cross_entropy_forward(float* probs, const float* logits, const int32_t* targets,
@@ -17,6 +20,20 @@ float softmax_cross_entropy_forward(float* probs, const float* logits, const int
 // dlogits += dloss * (probs - onehot(target)) / rows.
 void softmax_cross_entropy_backward(float* dlogits, float dloss, const float* probs,
                                     const int32_t* targets, int64_t rows, int64_t classes);
+
+// The same on device pointers, enqueued on `stream` (cross_entropy.cu; CUDA builds only): one
+// block per row writes probs and the row's loss into `row_losses` [rows], then
+// mean_row_losses_cuda writes their mean to loss[0]. dloss is a device pointer too (the loss
+// gradient the executor seeds). REQUIRES: targets checked on the host (check_class_targets).
+void softmax_cross_entropy_forward_cuda(float* loss, float* probs, float* row_losses,
+                                        const float* logits, const int32_t* targets, int64_t rows,
+                                        int64_t classes, CudaStream stream);
+void softmax_cross_entropy_backward_cuda(float* dlogits, const float* dloss, const float* probs,
+                                         const int32_t* targets, int64_t rows, int64_t classes,
+                                         CudaStream stream);
+// loss[0] = mean of row_losses[0, rows), summed in double by one block in a fixed order, so the
+// loss is the same bits run after run (no atomics). Also used by fusion/ops/classifier.cu.
+void mean_row_losses_cuda(float* loss, const float* row_losses, int64_t rows, CudaStream stream);
 
 class SoftmaxCrossEntropyOp : public Op {
  public:
@@ -32,7 +49,8 @@ class SoftmaxCrossEntropyOp : public Op {
  private:
   void check_wiring(const Workspace& ws) const;
   int64_t rows_, classes_;
-  Tensor probs_;  // allocated on first forward
+  Tensor probs_;       // allocated on first forward, on the workspace's device
+  Tensor row_losses_;  // cuda only: [rows], reduced to the mean by one block
 };
 
 }  // namespace ft

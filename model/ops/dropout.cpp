@@ -1,21 +1,21 @@
 // Inverted dropout with a counter-based mask (see dropout.h for the contract).
 #include "model/ops/dropout.h"
 
-#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/check.h"
-#include "core/rng.h"
+#include "core/math/dropout.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
 
 void dropout_forward(float* y, uint8_t* keep_mask, const float* x, float p, uint64_t seed,
                      int64_t numel) {
-  const float scale = 1.0f / (1.0f - p);
+  const float scale = dropout_scale(p);
 #pragma omp parallel for if (numel > 65536)
   for (int64_t i = 0; i < numel; ++i) {
-    const bool keep = hash_uniform(seed, static_cast<uint64_t>(i)) >= p;
+    const bool keep = dropout_keep(seed, static_cast<uint64_t>(i), p);
     keep_mask[i] = keep ? 1 : 0;
     y[i] = keep ? x[i] * scale : 0.0f;
   }
@@ -24,7 +24,7 @@ void dropout_forward(float* y, uint8_t* keep_mask, const float* x, float p, uint
 // y = x * keep / (1 - p) is linear in x with a fixed mask: dx = dy * keep / (1 - p).
 void dropout_backward(float* dx, const float* dy, const uint8_t* keep_mask, float p,
                       int64_t numel) {
-  const float scale = 1.0f / (1.0f - p);
+  const float scale = dropout_scale(p);
   for (int64_t i = 0; i < numel; ++i) dx[i] += keep_mask[i] ? dy[i] * scale : 0.0f;
 }
 
@@ -46,22 +46,37 @@ void DropoutOp::forward(Workspace& ws, ParamStore&) {
   float* y = ws.values[outputs[0]].data();
   masked_ = p_ > 0.0f;  // train graphs only: eval graphs are built without dropout ops
   if (!masked_) {
-    std::copy(x, x + numel_, y);
+    ws.values[outputs[0]].copy_from(ws.values[inputs[0]]);  // an identity copy on either device
     return;
   }
-  keep_mask_.resize(numel_);
-  dropout_forward(y, keep_mask_.data(), x, p_, ws.dropout_seed ^ salt_, numel_);
+  if (keep_mask_.numel() != (numel_ + 3) / 4 || keep_mask_.device() != ws.device)
+    keep_mask_ = Tensor::empty({(numel_ + 3) / 4}, ws.device);
+  FT_RUN_ON_CUDA(ws, dropout_forward_cuda(y, keep_mask_bytes(), x, p_, ws.dropout_seed ^ salt_,
+                                          numel_, ws.stream));
+  dropout_forward(y, keep_mask_bytes(), x, p_, ws.dropout_seed ^ salt_, numel_);
 }
 
 void DropoutOp::backward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
   float* dx = ws.grads[inputs[0]].data();
   const float* dy = ws.grads[outputs[0]].data();
+  FT_CHECK(!masked_ || keep_mask_.device() == ws.device, "dropout '", name,
+           "': backward on another device than forward");
+  FT_RUN_ON_CUDA(ws, dropout_backward_cuda(dx, dy, masked_ ? keep_mask_bytes() : nullptr, p_,
+                                           numel_, ws.stream));
   if (!masked_) {
     for (int64_t i = 0; i < numel_; ++i) dx[i] += dy[i];
     return;
   }
-  dropout_backward(dx, dy, keep_mask_.data(), p_, numel_);
+  dropout_backward(dx, dy, keep_mask_bytes(), p_, numel_);
+}
+
+std::vector<uint8_t> DropoutOp::keep_mask() const {
+  if (!masked_) return {};
+  const std::vector<float> words = keep_mask_.to_host_vector();
+  std::vector<uint8_t> bytes(static_cast<size_t>(numel_));
+  std::memcpy(bytes.data(), words.data(), bytes.size());
+  return bytes;
 }
 
 OpCost DropoutOp::cost(const Graph& graph) const {

@@ -3,7 +3,8 @@
 // dropout ops at all.
 // The keep decision for element i is hash_uniform(ws.dropout_seed ^ salt, i) >= p (core/rng.h):
 // a pure function of the step's seed, the op's salt and the index, so a CUDA kernel or a rerun
-// draws the same mask. Forward stores the mask as bytes for backward.
+// draws the same mask (the keep test is core/math/dropout.h's, shared with the CUDA kernels of
+// dropout.cu). Forward stores the mask as bytes for backward, on the workspace's device.
 // Inputs {x}, outputs {y}.
 // Thread safety: an op instance belongs to one training thread.
 #pragma once
@@ -19,6 +20,12 @@ void dropout_forward(float* y, uint8_t* keep_mask, const float* x, float p, uint
                      int64_t numel);
 // dx += dy * keep / (1 - p).
 void dropout_backward(float* dx, const float* dy, const uint8_t* keep_mask, float p, int64_t numel);
+// The same on device pointers, enqueued on `stream` (dropout.cu; CUDA builds only). In backward a
+// null keep_mask means p == 0: dx += dy.
+void dropout_forward_cuda(float* y, uint8_t* keep_mask, const float* x, float p, uint64_t seed,
+                          int64_t numel, CudaStream stream);
+void dropout_backward_cuda(float* dx, const float* dy, const uint8_t* keep_mask, float p,
+                           int64_t numel, CudaStream stream);
 
 class DropoutOp : public Op {
  public:
@@ -33,15 +40,19 @@ class DropoutOp : public Op {
   uint64_t salt() const { return salt_; }
   // Whether the last forward applied a mask (p > 0).
   bool masked() const { return masked_; }
-  const std::vector<uint8_t>& keep_mask() const { return keep_mask_; }
+  // A host copy of the last forward's mask; empty unless masked().
+  std::vector<uint8_t> keep_mask() const;
 
  private:
   void check_wiring(const Workspace& ws) const;
+  uint8_t* keep_mask_bytes() { return reinterpret_cast<uint8_t*>(keep_mask_.data()); }
   int64_t numel_;
   float p_;
   uint64_t salt_;
   bool masked_ = false;
-  std::vector<uint8_t> keep_mask_;  // [numel], valid when masked_
+  // [numel] bytes, 1 = kept, in float storage (Tensor holds floats) on the workspace's device;
+  // valid when masked_.
+  Tensor keep_mask_;
 };
 
 }  // namespace ft

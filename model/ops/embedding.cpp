@@ -3,16 +3,21 @@
 #include "model/ops/embedding.h"
 
 #include "core/check.h"
+#include "model/executor.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
 
-void embedding_forward(float* x, const int32_t* tokens, const float* wte, const float* wpe,
-                       int batch, int seq_len, int channels, int64_t vocab) {
-  const int64_t rows = static_cast<int64_t>(batch) * seq_len;
+void embedding_check_tokens(const int32_t* tokens, int64_t rows, int64_t vocab) {
   for (int64_t row = 0; row < rows; ++row)
     FT_CHECK(tokens[row] >= 0 && tokens[row] < vocab, "embedding: token ", tokens[row],
              " at position ", row, " is outside the vocabulary [0, ", vocab, ")");
+}
+
+void embedding_forward(float* x, const int32_t* tokens, const float* wte, const float* wpe,
+                       int batch, int seq_len, int channels, int64_t vocab) {
+  const int64_t rows = static_cast<int64_t>(batch) * seq_len;
+  embedding_check_tokens(tokens, rows, vocab);
   for (int64_t row = 0; row < rows; ++row) {
     const float* token_row = wte + static_cast<int64_t>(tokens[row]) * channels;
     const float* position_row = wpe + (row % seq_len) * channels;
@@ -35,6 +40,33 @@ void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t
       dposition_row[c] += dx_row[c];
     }
   }
+}
+
+// A counting sort by token: stable, so each token's rows stay ascending (the CPU scatter's order).
+std::vector<int32_t> embedding_rows_by_token(const int32_t* tokens, int64_t rows, int64_t vocab,
+                                             int* distinct) {
+  std::vector<int32_t> count(static_cast<size_t>(vocab) + 1, 0);
+  for (int64_t row = 0; row < rows; ++row) ++count[tokens[row] + 1];
+  int used = 0;
+  for (int64_t token = 0; token < vocab; ++token) used += count[token + 1] > 0 ? 1 : 0;
+  std::vector<int32_t> grouped(2 * static_cast<size_t>(used) + 1 + rows);
+  int32_t* ids = grouped.data();
+  int32_t* starts = ids + used;
+  int32_t* sorted_rows = starts + used + 1;
+  int k = 0;
+  for (int64_t token = 0; token < vocab; ++token) {
+    count[token + 1] += count[token];  // count[token] = first slot of token's rows
+    if (count[token + 1] > count[token]) {
+      ids[k] = static_cast<int32_t>(token);
+      starts[k] = count[token];
+      ++k;
+    }
+  }
+  starts[used] = static_cast<int32_t>(rows);
+  for (int64_t row = 0; row < rows; ++row)
+    sorted_rows[count[tokens[row]]++] = static_cast<int32_t>(row);
+  *distinct = used;
+  return grouped;
 }
 
 EmbeddingOp::EmbeddingOp(int batch, int seq_len, int channels)
@@ -60,15 +92,42 @@ void EmbeddingOp::check_wiring(const Workspace& ws, const ParamStore& params) co
 void EmbeddingOp::forward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
   const Tensor& wte = params[this->params[0]].value;
+  const int64_t rows = static_cast<int64_t>(batch_) * seq_len_;
+  if (ws.device == Device::kCuda)  // the device copy is not readable here; the host copy is
+    embedding_check_tokens(ws.tokens.data(), rows, wte.size(0));
+  FT_RUN_ON_CUDA(ws, embedding_forward_cuda(ws.values[outputs[0]].data(), ws.device_tokens(),
+                                            wte.data(), params[this->params[1]].value.data(),
+                                            batch_, seq_len_, channels_, ws.stream));
   embedding_forward(ws.values[outputs[0]].data(), ws.tokens.data(), wte.data(),
                     params[this->params[1]].value.data(), batch_, seq_len_, channels_, wte.size(0));
 }
 
 void EmbeddingOp::backward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
+  FT_RUN_ON_CUDA(ws, backward_cuda(ws, params));
   embedding_backward(params[this->params[0]].grad.data(), params[this->params[1]].grad.data(),
                      ws.grads[outputs[0]].data(), ws.tokens.data(), batch_, seq_len_, channels_);
 }
+
+#if defined(FT_HAVE_CUDA)
+void EmbeddingOp::backward_cuda(Workspace& ws, ParamStore& params) {
+  const int64_t rows = static_cast<int64_t>(batch_) * seq_len_;
+  const int64_t vocab = params[this->params[0]].value.size(0);
+  embedding_check_tokens(ws.tokens.data(), rows, vocab);
+  int distinct = 0;
+  rows_by_token_ = embedding_rows_by_token(ws.tokens.data(), rows, vocab, &distinct);
+  const int64_t count = static_cast<int64_t>(rows_by_token_.size());
+  const int64_t capacity = 3 * rows + 1;  // distinct <= rows
+  if (rows_by_token_on_device_.numel() != capacity)
+    rows_by_token_on_device_ = Tensor::empty({capacity}, Device::kCuda);
+  Tensor used = rows_by_token_on_device_.rows(0, count);
+  upload_to_workspace(ws, used, reinterpret_cast<const float*>(rows_by_token_.data()), count);
+  embedding_backward_cuda(params[this->params[0]].grad.data(), params[this->params[1]].grad.data(),
+                          ws.grads[outputs[0]].data(),
+                          reinterpret_cast<const int32_t*>(rows_by_token_on_device_.data()),
+                          distinct, batch_, seq_len_, channels_, ws.stream);
+}
+#endif  // defined(FT_HAVE_CUDA)
 
 OpCost EmbeddingOp::cost(const Graph& graph) const {
   OpCost cost = Op::cost(graph);

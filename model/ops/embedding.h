@@ -1,20 +1,41 @@
 // Token + position embedding: x[b, t, :] = wte[tokens[b*T + t], :] + wpe[t, :].
 // Inputs {} (token ids come from Workspace::tokens, [B*T]), outputs {x [B, T, C]},
 // params {wte [V, C], wpe [T, C]}. wte is shared with the tied LM head, whose gradient adds to it.
-// Thread safety: an op instance belongs to one training thread.
+// CUDA (embedding.cu): forward gathers with ws.device_tokens(). Backward is deterministic, with
+// no atomics: the host groups the rows by token (embedding_rows_by_token, from ws.tokens) and
+// uploads the grouping (through the workspace's pinned staging); one thread per (token, column)
+// then adds that token's rows in ascending order, and one thread per (t, column) adds b = 0, 1,
+// ..., the CPU loop's order, so dwte and dwpe come out bit-identical to the CPU's. Thread safety:
+// an op instance belongs to one training thread.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "model/graph.h"
 
 namespace ft {
 
+// Throws ft::Error naming the first token outside [0, vocab).
+void embedding_check_tokens(const int32_t* tokens, int64_t rows, int64_t vocab);
 // REQUIRES: every token in [0, vocab) (checked).
 void embedding_forward(float* x, const int32_t* tokens, const float* wte, const float* wpe,
                        int batch, int seq_len, int channels, int64_t vocab);
 // dwte[token] += dx[b, t]; dwpe[t] += sum over b of dx[b, t].
 void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t* tokens, int batch,
                         int seq_len, int channels);
+
+// The rows of each distinct token, for the CUDA backward: returns
+//   [ token ids d_0 < d_1 < ... (distinct) | starts (distinct + 1) | rows grouped by token ]
+// where token d_k's rows, ascending, are rows[starts[k], starts[k + 1]). REQUIRES: tokens checked.
+std::vector<int32_t> embedding_rows_by_token(const int32_t* tokens, int64_t rows, int64_t vocab,
+                                             int* distinct);
+// The same on device pointers, enqueued on `stream` (embedding.cu; CUDA builds only).
+// rows_by_token: embedding_rows_by_token's array, on the device.
+void embedding_forward_cuda(float* x, const int32_t* tokens, const float* wte, const float* wpe,
+                            int batch, int seq_len, int channels, CudaStream stream);
+void embedding_backward_cuda(float* dwte, float* dwpe, const float* dx,
+                             const int32_t* rows_by_token, int distinct, int batch, int seq_len,
+                             int channels, CudaStream stream);
 
 class EmbeddingOp : public Op {
  public:
@@ -26,7 +47,12 @@ class EmbeddingOp : public Op {
 
  private:
   void check_wiring(const Workspace& ws, const ParamStore& params) const;
+  void backward_cuda(Workspace& ws, ParamStore& params);
   int batch_, seq_len_, channels_;
+  // cuda backward: embedding_rows_by_token of this batch, on the host and (int32 bits in float
+  // storage) on the device.
+  std::vector<int32_t> rows_by_token_;
+  Tensor rows_by_token_on_device_;
 };
 
 }  // namespace ft

@@ -22,6 +22,8 @@ void GlobalAvgPoolOp::forward(Workspace& ws, ParamStore&) {
   const int64_t positions = static_cast<int64_t>(height_) * width_;
   expect_numel(x, batch_ * positions * channels, *this, "x");
   expect_numel(y, static_cast<int64_t>(batch_) * channels, *this, "y");
+  FT_RUN_ON_CUDA(
+      ws, global_avg_pool_forward_cuda(y.data(), x.data(), batch_, positions, channels, ws.stream));
   const float* in = x.data();
   float* out = y.data();
   const float inv_positions = 1.0f / static_cast<float>(positions);
@@ -45,6 +47,7 @@ void GlobalAvgPoolOp::backward(Workspace& ws, ParamStore&) {
   float* dx = ws.grads[inputs[0]].data();
   const int channels = channels_;
   const int64_t positions = static_cast<int64_t>(height_) * width_;
+  FT_RUN_ON_CUDA(ws, global_avg_pool_backward_cuda(dx, dy, batch_, positions, channels, ws.stream));
   const float inv_positions = 1.0f / static_cast<float>(positions);
 #pragma omp parallel for schedule(static)
   for (int b = 0; b < batch_; ++b) {

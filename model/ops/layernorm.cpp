@@ -7,6 +7,14 @@
 #include "model/ops/op_checks.h"
 
 namespace ft {
+namespace {
+
+// Saved state lives on the workspace's device; reallocated only when its size or device changes.
+void reuse_or_allocate(Tensor& buffer, int64_t numel, Device device) {
+  if (buffer.numel() != numel || buffer.device() != device) buffer = Tensor::empty({numel}, device);
+}
+
+}  // namespace
 
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight,
                        const float* bias, int64_t rows, int64_t channels, int64_t y_stride,
@@ -48,23 +56,38 @@ void LayerNormOp::check_wiring(const Workspace& ws, const ParamStore& params) co
 
 void LayerNormOp::forward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
-  mean_.resize(rows_);
-  rstd_.resize(rows_);
-  layernorm_forward(ws.values[outputs[0]].data(), mean_.data(), rstd_.data(),
-                    ws.values[inputs[0]].data(), params[this->params[0]].value.data(),
-                    params[this->params[1]].value.data(), rows_, channels_,
-                    ws.row_stride(outputs[0]), ws.row_stride(inputs[0]));
+  reuse_or_allocate(mean_, rows_, ws.device);
+  reuse_or_allocate(rstd_, rows_, ws.device);
+  float* y = ws.values[outputs[0]].data();
+  const float* x = ws.values[inputs[0]].data();
+  const float* weight = params[this->params[0]].value.data();
+  const float* bias = params[this->params[1]].value.data();
+  const int64_t y_stride = ws.row_stride(outputs[0]), x_stride = ws.row_stride(inputs[0]);
+  FT_RUN_ON_CUDA(ws, layernorm_forward_cuda(y, mean_.data(), rstd_.data(), x, weight, bias, rows_,
+                                            channels_, y_stride, x_stride, ws.stream));
+  layernorm_forward(y, mean_.data(), rstd_.data(), x, weight, bias, rows_, channels_, y_stride,
+                    x_stride);
 }
 
 void LayerNormOp::backward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
-  FT_CHECK(static_cast<int64_t>(mean_.size()) == rows_, "layernorm '", name,
+  FT_CHECK(mean_.numel() == rows_ && mean_.device() == ws.device, "layernorm '", name,
            "': backward before forward");
-  layernorm_backward(ws.grads[inputs[0]].data(), params[this->params[0]].grad.data(),
-                     params[this->params[1]].grad.data(), ws.grads[outputs[0]].data(),
-                     ws.values[inputs[0]].data(), params[this->params[0]].value.data(),
-                     mean_.data(), rstd_.data(), rows_, channels_, ws.row_stride(outputs[0]),
-                     ws.row_stride(inputs[0]));
+  float* dx = ws.grads[inputs[0]].data();
+  float* dweight = params[this->params[0]].grad.data();
+  float* dbias = params[this->params[1]].grad.data();
+  const float* dy = ws.grads[outputs[0]].data();
+  const float* x = ws.values[inputs[0]].data();
+  const float* weight = params[this->params[0]].value.data();
+  const int64_t dy_stride = ws.row_stride(outputs[0]), x_stride = ws.row_stride(inputs[0]);
+  if (ws.device == Device::kCuda)
+    reuse_or_allocate(param_grad_scratch_, layernorm_params_scratch_floats(1, rows_, channels_),
+                      ws.device);
+  FT_RUN_ON_CUDA(ws, layernorm_backward_cuda(dx, dweight, dbias, param_grad_scratch_.data(), dy, x,
+                                             weight, mean_.data(), rstd_.data(), rows_, channels_,
+                                             dy_stride, x_stride, ws.stream));
+  layernorm_backward(dx, dweight, dbias, dy, x, weight, mean_.data(), rstd_.data(), rows_,
+                     channels_, dy_stride, x_stride);
 }
 
 OpCost LayerNormOp::cost(const Graph& graph) const {

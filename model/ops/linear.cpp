@@ -91,6 +91,11 @@ void linear_op_forward(const Op& op, Workspace& ws, ParamStore& params, int64_t 
   check_linear_wiring(op, ws, params, rows, in_features, out_features, has_bias, weight_row_offset);
   const int64_t offset = weight_row_offset;
   const float* bias = has_bias ? params[op.params[1]].value.data() + offset : nullptr;
+  FT_RUN_ON_CUDA(
+      ws, linear_forward_cuda(ws.values[op.outputs[0]].data(), ws.values[op.inputs[0]].data(),
+                              params[op.params[0]].value.data() + offset * in_features, bias, rows,
+                              in_features, out_features, ws.row_stride(op.outputs[0]),
+                              ws.row_stride(op.inputs[0]), ws.stream));
   linear_forward(ws.values[op.outputs[0]].data(), ws.values[op.inputs[0]].data(),
                  params[op.params[0]].value.data() + offset * in_features, bias, rows, in_features,
                  out_features, ws.row_stride(op.outputs[0]), ws.row_stride(op.inputs[0]));
@@ -103,6 +108,13 @@ void linear_op_backward(const Op& op, Workspace& ws, ParamStore& params, int64_t
   const int64_t offset = weight_row_offset;
   float* dbias = has_bias ? params[op.params[1]].grad.data() + offset : nullptr;
   Tensor& dx = ws.grads[op.inputs[0]];
+  FT_RUN_ON_CUDA(
+      ws, linear_backward_cuda(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr,
+                               params[op.params[0]].grad.data() + offset * in_features, dbias,
+                               ws.grads[op.outputs[0]].data(), ws.values[op.inputs[0]].data(),
+                               params[op.params[0]].value.data() + offset * in_features, rows,
+                               in_features, out_features, ws.row_stride(op.outputs[0]),
+                               ws.row_stride(op.inputs[0]), ws.stream));
   linear_backward(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr,
                   params[op.params[0]].grad.data() + offset * in_features, dbias,
                   ws.grads[op.outputs[0]].data(), ws.values[op.inputs[0]].data(),

@@ -4,6 +4,7 @@
 // `in` columns and the same entries of the bias. That is how the eager GPT graph runs q, k and v
 // as three Linears over the one [3C, C] c_attn.weight, so checkpoints never change layout.
 // The free functions are the math; LinearOp wires them to a graph. Fusions reuse the functions.
+// On cuda every op of the family runs the *_cuda launchers on ws.stream.
 // Thread safety: an op instance belongs to one training thread (gemm runs on oneDNN's pool).
 #pragma once
 #include <cstdint>
@@ -21,6 +22,16 @@ void linear_forward(float* y, const float* x, const float* weight, const float* 
 void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
                      const float* weight, int64_t rows, int64_t in_features, int64_t out_features,
                      int64_t dy_stride = 0, int64_t x_stride = 0);
+// The same on device pointers, enqueued on `stream` (linear.cu; CUDA builds only): the GEMMs run
+// through gemm_cuda (bias fused into cuBLASLt's epilogue), db += colsum(dy) is a column-sum
+// kernel (cuBLASLt's bias-gradient epilogue writes (=) and parameter gradients must add (+=)).
+void linear_forward_cuda(float* y, const float* x, const float* weight, const float* bias,
+                         int64_t rows, int64_t in_features, int64_t out_features, int64_t y_stride,
+                         int64_t x_stride, CudaStream stream);
+void linear_backward_cuda(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
+                          const float* weight, int64_t rows, int64_t in_features,
+                          int64_t out_features, int64_t dy_stride, int64_t x_stride,
+                          CudaStream stream);
 
 // Entry checks of the Linear op family (LinearOp, LinearGeluOp, QkvLinearOp): x [rows, in] in,
 // y [rows, out] out, and params {weight, bias when has_bias} that hold the rows

@@ -1,5 +1,6 @@
 // Tied LM head: a bias-free linear layer whose weight is the embedding table, so the math is
-// linear_forward / linear_backward (model/ops/linear.h) with W = wte [V, C].
+// linear_forward / linear_backward (model/ops/linear.h) with W = wte [V, C], and on cuda their
+// *_cuda launchers.
 #include "model/ops/lm_head.h"
 
 #include "core/check.h"
@@ -23,6 +24,9 @@ void TiedLmHeadOp::check_wiring(const Workspace& ws, const ParamStore& params) c
 
 void TiedLmHeadOp::forward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
+  FT_RUN_ON_CUDA(ws, linear_forward_cuda(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
+                                         params[this->params[0]].value.data(), nullptr, rows_,
+                                         channels_, vocab_, 0, 0, ws.stream));
   linear_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
                  params[this->params[0]].value.data(), nullptr, rows_, channels_, vocab_);
 }
@@ -30,6 +34,11 @@ void TiedLmHeadOp::forward(Workspace& ws, ParamStore& params) {
 // logits = x wte^T  =>  dx += dlogits wte, dwte += dlogits^T x (added to the embedding's share).
 void TiedLmHeadOp::backward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
+  FT_RUN_ON_CUDA(
+      ws, linear_backward_cuda(ws.grads[inputs[0]].data(), params[this->params[0]].grad.data(),
+                               nullptr, ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
+                               params[this->params[0]].value.data(), rows_, channels_, vocab_, 0, 0,
+                               ws.stream));
   linear_backward(ws.grads[inputs[0]].data(), params[this->params[0]].grad.data(), nullptr,
                   ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
                   params[this->params[0]].value.data(), rows_, channels_, vocab_);

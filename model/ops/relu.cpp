@@ -11,7 +11,7 @@ namespace ft {
 
 void relu_forward(float* y, const float* x, int64_t numel) {
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < numel; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  for (int64_t i = 0; i < numel; ++i) y[i] = relu_value(x[i]);
 }
 
 // dx += dy where x > 0 (equivalently y > 0), else nothing (the kink at 0 takes gradient 0, as
@@ -19,11 +19,11 @@ void relu_forward(float* y, const float* x, int64_t numel) {
 void relu_backward(float* dx, const float* dy, const float* y, int64_t numel, bool dx_fresh) {
   if (dx_fresh) {
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < numel; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    for (int64_t i = 0; i < numel; ++i) dx[i] = relu_gradient(dy[i], y[i]);
     return;
   }
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < numel; ++i) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
+  for (int64_t i = 0; i < numel; ++i) dx[i] += relu_gradient(dy[i], y[i]);
 }
 
 ReluOp::ReluOp(int64_t numel) : numel_(numel) {
@@ -36,10 +36,14 @@ void ReluOp::forward(Workspace& ws, ParamStore&) {
   Tensor& y = ws.values[outputs[0]];
   expect_numel(x, numel_, *this, "x");
   expect_numel(y, numel_, *this, "y");
+  FT_RUN_ON_CUDA(ws, relu_forward_cuda(y.data(), x.data(), numel_, ws.stream));
   relu_forward(y.data(), x.data(), numel_);
 }
 
 void ReluOp::backward(Workspace& ws, ParamStore&) {
+  FT_RUN_ON_CUDA(ws, relu_backward_cuda(ws.grads[inputs[0]].data(), ws.grads[outputs[0]].data(),
+                                        ws.values[outputs[0]].data(), numel_,
+                                        ws.grad_is_fresh(inputs[0]), ws.stream));
   relu_backward(ws.grads[inputs[0]].data(), ws.grads[outputs[0]].data(),
                 ws.values[outputs[0]].data(), numel_, ws.grad_is_fresh(inputs[0]));
 }

@@ -49,12 +49,19 @@ void ResidualAddOp::check_wiring(const Workspace& ws) const {
 
 void ResidualAddOp::forward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
+  FT_RUN_ON_CUDA(ws,
+                 residual_forward_cuda(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
+                                       ws.values[inputs[1]].data(), numel_, ws.stream));
   residual_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
                    ws.values[inputs[1]].data(), numel_);
 }
 
 void ResidualAddOp::backward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
+  FT_RUN_ON_CUDA(
+      ws, residual_backward_cuda(ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
+                                 ws.grads[outputs[0]].data(), numel_, ws.grad_is_fresh(inputs[0]),
+                                 ws.grad_is_fresh(inputs[1]), ws.stream));
   residual_backward(ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
                     ws.grads[outputs[0]].data(), numel_, ws.grad_is_fresh(inputs[0]),
                     ws.grad_is_fresh(inputs[1]));

@@ -8,10 +8,14 @@
 namespace ft {
 
 void residual_forward(float* out, const float* a, const float* b, int64_t numel);
-// da += dout; db += dout.
 // da (+)= dout and db (+)= dout; `=` for a fresh gradient (see Op::overwrites_fresh_input_grads).
 void residual_backward(float* da, float* db, const float* dout, int64_t numel, bool fresh_a = false,
                        bool fresh_b = false);
+// The same on device pointers, enqueued on `stream` (residual.cu; CUDA builds only).
+void residual_forward_cuda(float* out, const float* a, const float* b, int64_t numel,
+                           CudaStream stream);
+void residual_backward_cuda(float* da, float* db, const float* dout, int64_t numel, bool fresh_a,
+                            bool fresh_b, CudaStream stream);
 
 class ResidualAddOp : public Op {
  public:

@@ -1,0 +1,106 @@
+// The multi-tensor passes on CUDA (Apex's multi_tensor_apply): each launch takes its table of
+// (tensor, chunk) blocks in its kernel arguments (fusion/multi_tensor_launch.h), and block b
+// updates one chunk of one tensor with the helpers of model/optimizer_math.h that the CPU range
+// kernels also call. The kernels, then the launchers.
+#include "core/cuda/cuda_check.h"
+#include "fusion/multi_tensor_launch.h"
+#include "model/optimizer_math.h"
+
+namespace ft {
+namespace {
+
+// One block per chunk of 65,536 floats: 128 floats per thread, coalesced (thread t touches t,
+// t + 512, ...). The norm's blocks must be kSquareSumThreads wide; the others use the same.
+constexpr int kMultiTensorThreads = kSquareSumThreads;
+
+// __grid_constant__: the table stays in the kernel-parameter space; the block reads its entries
+// from there instead of copying ~4 KB into each thread's local memory.
+__global__ void multi_tensor_adamw_kernel(const __grid_constant__ MultiTensorLaunch<4> launch,
+                                          AdamWStep step) {
+  const MultiTensorBlockRange range = multi_tensor_block_range(launch, blockIdx.x);
+  float* value = launch.addresses[0][range.tensor] + range.begin;
+  const float* grad = launch.addresses[1][range.tensor] + range.begin;
+  float* exp_avg = launch.addresses[2][range.tensor] + range.begin;
+  float* exp_avg_sq = launch.addresses[3][range.tensor] + range.begin;
+  const float decay = launch.weight_decay[range.tensor] ? step.decay : 0.0f;
+  for (int64_t i = threadIdx.x; i < range.count; i += kMultiTensorThreads)
+    adamw_element(value[i], exp_avg[i], exp_avg_sq[i], grad[i], step, decay);
+}
+
+__global__ void multi_tensor_sgd_kernel(const __grid_constant__ MultiTensorLaunch<3> launch,
+                                        SgdStep step) {
+  const MultiTensorBlockRange range = multi_tensor_block_range(launch, blockIdx.x);
+  float* value = launch.addresses[0][range.tensor] + range.begin;
+  const float* grad = launch.addresses[1][range.tensor] + range.begin;
+  float* momentum_buffer = launch.addresses[2][range.tensor] + range.begin;
+  const float decay = launch.weight_decay[range.tensor] ? step.weight_decay : 0.0f;
+  for (int64_t i = threadIdx.x; i < range.count; i += kMultiTensorThreads)
+    sgd_element(value[i], momentum_buffer[i], grad[i], step, decay);
+}
+
+__global__ void multi_tensor_scale_kernel(const __grid_constant__ MultiTensorLaunch<1> launch,
+                                          float scale) {
+  const MultiTensorBlockRange range = multi_tensor_block_range(launch, blockIdx.x);
+  float* data = launch.addresses[0][range.tensor] + range.begin;
+  for (int64_t i = threadIdx.x; i < range.count; i += kMultiTensorThreads) data[i] *= scale;
+}
+
+__global__ void multi_tensor_zero_kernel(const __grid_constant__ MultiTensorLaunch<1> launch) {
+  const MultiTensorBlockRange range = multi_tensor_block_range(launch, blockIdx.x);
+  float* data = launch.addresses[0][range.tensor] + range.begin;
+  for (int64_t i = threadIdx.x; i < range.count; i += kMultiTensorThreads) data[i] = 0.0f;
+}
+
+// Block b of the pass sums its chunk as model/optimizer.cu's per-tensor blocks do, so both cuda
+// norms give the same partials in the same order.
+__global__ void multi_tensor_square_sum_kernel(
+    double* partials, const __grid_constant__ MultiTensorLaunch<1> launch) {
+  const MultiTensorBlockRange range = multi_tensor_block_range(launch, blockIdx.x);
+  const double sum = block_square_sum(launch.addresses[0][range.tensor] + range.begin, range.count);
+  if (threadIdx.x == 0) partials[launch.first_block + blockIdx.x] = sum;
+}
+
+}  // namespace
+
+void multi_tensor_adamw_cuda(const std::vector<MultiTensorLaunch<4>>& launches,
+                             const AdamWStep& step, CudaStream stream) {
+  for (const MultiTensorLaunch<4>& launch : launches) {
+    multi_tensor_adamw_kernel<<<launch.num_blocks, kMultiTensorThreads, 0, stream>>>(launch, step);
+    FT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void multi_tensor_sgd_cuda(const std::vector<MultiTensorLaunch<3>>& launches, const SgdStep& step,
+                           CudaStream stream) {
+  for (const MultiTensorLaunch<3>& launch : launches) {
+    multi_tensor_sgd_kernel<<<launch.num_blocks, kMultiTensorThreads, 0, stream>>>(launch, step);
+    FT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void multi_tensor_zero_cuda(const std::vector<MultiTensorLaunch<1>>& launches, CudaStream stream) {
+  for (const MultiTensorLaunch<1>& launch : launches) {
+    multi_tensor_zero_kernel<<<launch.num_blocks, kMultiTensorThreads, 0, stream>>>(launch);
+    FT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void multi_tensor_scale_cuda(const std::vector<MultiTensorLaunch<1>>& launches, float scale,
+                             CudaStream stream) {
+  for (const MultiTensorLaunch<1>& launch : launches) {
+    multi_tensor_scale_kernel<<<launch.num_blocks, kMultiTensorThreads, 0, stream>>>(launch, scale);
+    FT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void multi_tensor_square_sum_partials_cuda(double* partials,
+                                           const std::vector<MultiTensorLaunch<1>>& launches,
+                                           CudaStream stream) {
+  for (const MultiTensorLaunch<1>& launch : launches) {
+    multi_tensor_square_sum_kernel<<<launch.num_blocks, kMultiTensorThreads, 0, stream>>>(partials,
+                                                                                          launch);
+    FT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace ft

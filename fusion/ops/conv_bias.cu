@@ -1,0 +1,86 @@
+// ConvBiasOp on CUDA: the fold runs on the host (fold_batchnorm over a host copy of the
+// parameters, in double as on the CPU) and W', b' are uploaded once per ParamStore::version(),
+// which moves only when parameters may have changed, so an eval graph between optimizer steps
+// reuses them. Then cuDNN's convolution writes conv(x, W') into y and one elementwise kernel
+// applies the epilogue in place: y = act(y + b' [+ residual]). Winograd (spec.winograd) is a CPU
+// algorithm choice; on cuda every shape runs on cuDNN.
+#include <vector>
+
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/launch.h"
+#include "fusion/ops/conv_bias.h"
+#include "model/ops/relu.h"
+
+namespace ft {
+namespace {
+
+template <bool kResidual, bool kRelu>
+__global__ void conv_bias_epilogue_kernel(float* y, const float* bias, const float* residual,
+                                          int64_t numel, int channels) {
+  FT_GRID_STRIDE_LOOP(i, numel) {
+    float z = y[i] + bias[i % channels];
+    if (kResidual) z += residual[i];
+    y[i] = kRelu ? relu_value(z) : z;
+  }
+}
+
+}  // namespace
+
+void conv_bias_epilogue_cuda(float* y, const float* bias, const float* residual, int64_t rows,
+                             int channels, bool relu, CudaStream stream) {
+  const int64_t numel = rows * channels;
+  if (numel <= 0) return;
+  const unsigned int blocks = cuda_grid_stride_blocks(numel);
+  if (residual != nullptr && relu)
+    conv_bias_epilogue_kernel<true, true>
+        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(y, bias, residual, numel, channels);
+  else if (residual != nullptr)
+    conv_bias_epilogue_kernel<true, false>
+        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(y, bias, residual, numel, channels);
+  else if (relu)
+    conv_bias_epilogue_kernel<false, true>
+        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(y, bias, residual, numel, channels);
+  else
+    conv_bias_epilogue_kernel<false, false>
+        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(y, bias, residual, numel, channels);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+void ConvBiasOp::forward_cuda(Workspace& ws, ParamStore& params) {
+  if (!cudnn_) {
+    CudnnConvShape shape;
+    shape.batch = spec_.batch;
+    shape.in_channels = spec_.in_channels;
+    shape.out_channels = spec_.out_channels;
+    shape.height = spec_.height;
+    shape.width = spec_.width;
+    shape.kernel = spec_.kernel;
+    shape.stride = spec_.stride;
+    shape.padding = spec_.padding;
+    shape.out_height = out_height_;
+    shape.out_width = out_width_;
+    // As Conv2dOp: with one channel NCHW and NHWC are the same bytes.
+    shape.nchw_input = spec_.input_layout == ActivationLayout::kNchw && spec_.in_channels > 1;
+    cudnn_ = make_cudnn_conv(shape);
+  }
+  if (!cuda_ready_ || cuda_version_ != params.version()) {
+    std::vector<float> weight, bias;
+    folded(params, &weight, &bias);
+    if (!cuda_weight_.defined() || cuda_weight_.numel() == 0) {
+      cuda_weight_ = Tensor::empty(weight_shape(), Device::kCuda);
+      cuda_bias_ = Tensor::empty({spec_.out_channels}, Device::kCuda);
+    }
+    cuda_weight_.copy_from(Tensor::wrap(weight.data(), weight_shape()));
+    cuda_bias_.copy_from(Tensor::wrap(bias.data(), {spec_.out_channels}));
+    cuda_version_ = params.version();
+    cuda_ready_ = true;
+  }
+  float* y = ws.values[outputs[0]].data();
+  conv2d_forward_cuda(y, ws.values[inputs[0]].data(), cuda_weight_.data(), *cudnn_, ws.stream);
+  const float* residual = spec_.residual ? ws.values[inputs[1]].data() : nullptr;
+  conv_bias_epilogue_cuda(y, cuda_bias_.data(), residual,
+                          static_cast<int64_t>(spec_.batch) * out_height_ * out_width_,
+                          spec_.out_channels, spec_.relu, ws.stream);
+}
+
+}  // namespace ft

@@ -1,0 +1,38 @@
+// Attention mix on CUDA: the GEMMs of attention_mix.cpp through gemm_cuda, as strided batches
+// (attention_head_gemms_cuda of attention_scores.h); no kernels of its own.
+#include "core/gemm.h"
+#include "model/ops/attention_heads.h"
+#include "model/ops/attention_mix.h"
+#include "model/ops/attention_scores.h"
+
+namespace ft {
+
+void attention_mix_forward_cuda(float* y, const float* probs, const float* v, int64_t y_stride,
+                                int64_t v_stride, int batch, int seq_len, int channels, int n_head,
+                                CudaStream stream) {
+  const int64_t T = seq_len, hd = channels / n_head;
+  // Y[h] = P[h] V[h]: [T, T] x [T, hd], written into head h's columns of y.
+  const GemmArgs args = square_by_head_gemm(T, hd, n_head, v_stride, y_stride);
+  attention_head_gemms_cuda(y, probs, v, args, batch, n_head * T * T, T * v_stride, T * y_stride,
+                            stream);
+}
+
+void attention_mix_backward_cuda(float* dprobs, float* dv, const float* dy, const float* probs,
+                                 const float* v, int64_t y_stride, int64_t v_stride,
+                                 bool overwrite_dprobs, bool overwrite_dv, int batch, int seq_len,
+                                 int channels, int n_head, CudaStream stream) {
+  const int64_t T = seq_len, hd = channels / n_head;
+  // Y = P V  =>  dP = dY V^T   ([T, hd] x [hd, T]; V stored [T, hd] = [N, K])
+  GemmArgs dp_args = head_by_head_transposed_gemm(T, hd, n_head, y_stride, v_stride);
+  dp_args.accumulate = !overwrite_dprobs;
+  //           dV = P^T dY     ([T, T] x [T, hd]; P stored [T, T] = [K, M])
+  GemmArgs dv_args = square_by_head_gemm(T, hd, n_head, y_stride, v_stride);
+  dv_args.transpose_a = true;
+  dv_args.accumulate = !overwrite_dv;
+  attention_head_gemms_cuda(dprobs, dy, v, dp_args, batch, T * y_stride, T * v_stride,
+                            n_head * T * T, stream);
+  attention_head_gemms_cuda(dv, probs, dy, dv_args, batch, n_head * T * T, T * y_stride,
+                            T * v_stride, stream);
+}
+
+}  // namespace ft

@@ -1,0 +1,66 @@
+// Attention scores on CUDA: the GEMMs of attention_scores.cpp through gemm_cuda, as strided
+// batches over the heads (or the sequences); no kernels of its own.
+#include <cmath>
+
+#include "core/gemm.h"
+#include "model/ops/attention_heads.h"
+#include "model/ops/attention_scores.h"
+
+namespace ft {
+
+void attention_head_gemms_cuda(float* c, const float* a, const float* b, const GemmArgs& per_head,
+                               int batch, int64_t seq_offset_a, int64_t seq_offset_b,
+                               int64_t seq_offset_c, CudaStream stream) {
+  GemmArgs args = resolve_gemm_strides(per_head);
+  if (batch <= args.batch) {
+    for (int s = 0; s < batch; ++s)
+      gemm_cuda(c + s * seq_offset_c, a + s * seq_offset_a, b + s * seq_offset_b, args, stream);
+    return;
+  }
+  // Swap the roles: loop over the heads, the sequences become the strided batch.
+  const int64_t n_head = args.batch;
+  const int64_t head_a = args.batch_stride_a, head_b = args.batch_stride_b,
+                head_c = args.batch_stride_c;
+  args.batch = batch;
+  args.batch_stride_a = seq_offset_a;
+  args.batch_stride_b = seq_offset_b;
+  args.batch_stride_c = seq_offset_c;
+  for (int64_t h = 0; h < n_head; ++h)
+    gemm_cuda(c + h * head_c, a + h * head_a, b + h * head_b, args, stream);
+}
+
+void attention_scores_forward_cuda(float* scores, const float* q, const float* k, int64_t q_stride,
+                                   int64_t k_stride, int batch, int seq_len, int channels,
+                                   int n_head, CudaStream stream) {
+  const int64_t T = seq_len, hd = channels / n_head;
+  // S[h] = scale Q[h] K[h]^T: [T, hd] x [hd, T]; K[h] is stored [T, hd] = [N, K].
+  GemmArgs args = head_by_head_transposed_gemm(T, hd, n_head, q_stride, k_stride);
+  args.alpha = 1.0f / std::sqrt(static_cast<float>(hd));
+  attention_head_gemms_cuda(scores, q, k, args, batch, T * q_stride, T * k_stride, n_head * T * T,
+                            stream);
+}
+
+void attention_scores_backward_cuda(float* dq, float* dk, const float* dscores, const float* q,
+                                    const float* k, int64_t q_stride, int64_t k_stride,
+                                    bool overwrite_dq, bool overwrite_dk, int batch, int seq_len,
+                                    int channels, int n_head, CudaStream stream) {
+  const int64_t T = seq_len, hd = channels / n_head;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // S = scale Q K^T  =>  dQ = scale dS K     ([T, T] x [T, hd])
+  GemmArgs dqueries = square_by_head_gemm(T, hd, n_head, k_stride, q_stride);
+  dqueries.alpha = scale;
+  dqueries.accumulate = !overwrite_dq;
+  //                      dK = scale dS^T Q   ([T, T] x [T, hd]; dS stored [T, T] = [K, M])
+  GemmArgs dkeys = dqueries;
+  dkeys.transpose_a = true;
+  dkeys.ldb = q_stride;
+  dkeys.ldc = k_stride;
+  dkeys.accumulate = !overwrite_dk;
+  // dq completes before dk starts (one stream), so dk adds to it when q and k are one value.
+  attention_head_gemms_cuda(dq, dscores, k, dqueries, batch, n_head * T * T, T * k_stride,
+                            T * q_stride, stream);
+  attention_head_gemms_cuda(dk, dscores, q, dkeys, batch, n_head * T * T, T * q_stride,
+                            T * k_stride, stream);
+}
+
+}  // namespace ft
