@@ -102,7 +102,8 @@ TEST(ValuesDevice, CudaParsesAndOtherSpellingsGetTheRightName) {
   expect_has(gpu, "the GPU is spelled cuda");
   expect_user_error(gpu);
   expect_has(parse_error(kGpt, {"train.device=cuda:1"}), "--set 'train.device=cuda:1'");
-  expect_has(parse_error("train:\n  tf32: true\n"), "requires train.device = cuda, got train.device = cpu");
+  expect_has(parse_error("train:\n  tf32: true\n"),
+             "requires train.device = cuda, got train.device = cpu");
 }
 
 TEST(ValuesWarmup, DefaultedWarmupShrinksToAShortRunWithANote) {
