@@ -35,9 +35,10 @@ std::string gradient_backend(const Config& config, Communicator& comm) {
   // than ranks. Summed over every rank, so all of them decide alike.
   float counts[2] = {comm.local_rank() == 0 ? 1.0f : 0.0f, 0.0f};
   comm.allreduce(counts, 1, ReduceOp::kSum);
+  // No usable device counts as none: setup_device has refused cuda already in a real run.
   int devices = 0;
 #if defined(FT_HAVE_CUDA)
-  FT_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (cuda_device_available() && cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
 #endif
   const int machines = std::max(1, static_cast<int>(counts[0]));
   const int ranks_per_machine = (comm.size() + machines - 1) / machines;
