@@ -12,15 +12,6 @@
 #include "model/ops/op_checks.h"
 
 namespace ft {
-namespace {
-
-// Saved state lives on the workspace's device; reallocated only when its size or device changes.
-void reuse_or_allocate(Tensor& buffer, int64_t numel, Device device) {
-  if (buffer.numel() != numel || buffer.device() != device) buffer = Tensor::empty({numel}, device);
-}
-
-}  // namespace
-
 BatchedLayerNormOp::BatchedLayerNormOp(int64_t rows, int64_t channels, int count)
     : rows_(rows), channels_(channels), count_(count) {
   FT_CHECK(rows > 0 && channels > 0 && count > 0,

@@ -16,11 +16,6 @@
 namespace ft {
 namespace {
 
-// Saved state lives on the workspace's device; reallocated only when its size or device changes.
-void reuse_or_allocate(Tensor& buffer, int64_t numel, Device device) {
-  if (buffer.numel() != numel || buffer.device() != device) buffer = Tensor::empty({numel}, device);
-}
-
 // out = residual_in + (keep ? branch * scale : 0) over one row, recording keep. `first` is the
 // row's flat element index, the counter DropoutOp hashes for the same element.
 void masked_add_row(float* out, uint8_t* keep_mask, const float* residual_in, const float* branch,

@@ -7,15 +7,6 @@
 #include "model/ops/op_checks.h"
 
 namespace ft {
-namespace {
-
-// Saved state lives on the workspace's device; reallocated only when its size or device changes.
-void reuse_or_allocate(Tensor& buffer, int64_t numel, Device device) {
-  if (buffer.numel() != numel || buffer.device() != device) buffer = Tensor::empty({numel}, device);
-}
-
-}  // namespace
-
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight,
                        const float* bias, int64_t rows, int64_t channels, int64_t y_stride,
                        int64_t x_stride) {

@@ -11,6 +11,12 @@
 
 namespace ft {
 
+// Saved state (statistics, masks, scratch) lives on the workspace's device: made at first use,
+// remade only when its size or device changes.
+inline void reuse_or_allocate(Tensor& buffer, int64_t numel, Device device) {
+  if (buffer.numel() != numel || buffer.device() != device) buffer = Tensor::empty({numel}, device);
+}
+
 inline void expect_numel(const Tensor& tensor, int64_t numel, const Op& op, const char* role) {
   FT_CHECK(tensor.numel() == numel, op.kind(), " '", op.name, "': ", role, " has shape ",
            shape_str(tensor.shape()), " (", tensor.numel(), " elements), expected ", numel,
