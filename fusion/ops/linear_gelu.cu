@@ -4,6 +4,7 @@
 #include "core/cuda/bias_activation_kernel.h"
 #include "core/gemm.h"
 #include "fusion/ops/linear_gelu.h"
+#include "model/ops/linear.h"
 
 namespace ft {
 
@@ -11,14 +12,7 @@ void linear_gelu_forward_cuda(float* y, float* pre, const float* x, const float*
                               const float* bias, int64_t rows, int64_t in_features,
                               int64_t out_features, int64_t y_stride, int64_t x_stride,
                               CudaStream stream) {
-  GemmArgs args;
-  args.m = rows;
-  args.n = out_features;
-  args.k = in_features;
-  args.lda = x_stride;
-  args.ldc = y_stride;
-  args.transpose_b = true;  // W is stored [out, in] = [N, K]
-  args.bias = bias;
+  GemmArgs args = linear_forward_gemm(rows, in_features, out_features, bias, y_stride, x_stride);
   args.epilogue = Epilogue::kGeluTanhAux;  // pre = x W^T + b into aux, y = gelu(pre)
   args.aux = pre;
   args.ld_aux = out_features;
@@ -35,24 +29,15 @@ void linear_gelu_backward_cuda(float* dx, bool overwrite_dx, float* dweight, flo
   column_sums_cuda(dbias, true, dpre, dy, pre, rows, out_features, out_features, dy_stride,
                    out_features, stream);
   // pre = x W^T  =>  dx (=|+=) dpre W   ([rows, out] · [out, in])
+  // dpre is packed: row stride out_features.
   if (dx != nullptr) {
-    GemmArgs args;
-    args.m = rows;
-    args.n = in_features;
-    args.k = out_features;
-    args.ldc = x_stride;
+    GemmArgs args = linear_dx_gemm(rows, in_features, out_features, out_features, x_stride);
     args.accumulate = !overwrite_dx;
     gemm_cuda(dx, dpre, weight, args, stream);
   }
-  //                 dW += dpre^T x      (dpre stored [rows, out] = [K, M])
-  GemmArgs args;
-  args.m = out_features;
-  args.n = in_features;
-  args.k = rows;
-  args.transpose_a = true;
-  args.ldb = x_stride;
-  args.accumulate = true;
-  gemm_cuda(dweight, dpre, x, args, stream);
+  //                 dW += dpre^T x
+  gemm_cuda(dweight, dpre, x,
+            linear_dweight_gemm(rows, in_features, out_features, out_features, x_stride), stream);
 }
 
 }  // namespace ft

@@ -8,46 +8,57 @@
 
 namespace ft {
 
-void linear_forward(float* y, const float* x, const float* weight, const float* bias, int64_t rows,
-                    int64_t in_features, int64_t out_features, int64_t y_stride, int64_t x_stride) {
+GemmArgs linear_forward_gemm(int64_t rows, int64_t in_features, int64_t out_features,
+                             const float* bias, int64_t y_stride, int64_t x_stride) {
   GemmArgs args;
-  args.lda = x_stride;
-  args.ldc = y_stride;
   args.m = rows;
   args.n = out_features;
   args.k = in_features;
+  args.lda = x_stride;
+  args.ldc = y_stride;
   args.transpose_b = true;  // W is stored [out, in] = [N, K]
   args.bias = bias;
-  gemm(y, x, weight, args);
+  return args;
+}
+
+GemmArgs linear_dx_gemm(int64_t rows, int64_t in_features, int64_t out_features, int64_t dy_stride,
+                        int64_t x_stride) {
+  GemmArgs args;
+  args.m = rows;
+  args.n = in_features;
+  args.k = out_features;
+  args.lda = dy_stride;
+  args.ldc = x_stride;
+  args.accumulate = true;
+  return args;
+}
+
+GemmArgs linear_dweight_gemm(int64_t rows, int64_t in_features, int64_t out_features,
+                             int64_t dy_stride, int64_t x_stride) {
+  GemmArgs args;
+  args.m = out_features;
+  args.n = in_features;
+  args.k = rows;
+  args.transpose_a = true;
+  args.lda = dy_stride;
+  args.ldb = x_stride;
+  args.accumulate = true;
+  return args;
+}
+
+void linear_forward(float* y, const float* x, const float* weight, const float* bias, int64_t rows,
+                    int64_t in_features, int64_t out_features, int64_t y_stride, int64_t x_stride) {
+  gemm(y, x, weight,
+       linear_forward_gemm(rows, in_features, out_features, bias, y_stride, x_stride));
 }
 
 void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
                      const float* weight, int64_t rows, int64_t in_features, int64_t out_features,
                      int64_t dy_stride, int64_t x_stride) {
   if (dy_stride == 0) dy_stride = out_features;
-  // y = x W^T  =>  dx = dy W          ([rows, out] · [out, in])
-  if (dx != nullptr) {
-    GemmArgs args;
-    args.m = rows;
-    args.n = in_features;
-    args.k = out_features;
-    args.lda = dy_stride;
-    args.ldc = x_stride;
-    args.accumulate = true;
-    gemm(dx, dy, weight, args);
-  }
-  //                dW = dy^T x        ([out, rows] · [rows, in]; dy stored [rows, out] = [K, M])
-  {
-    GemmArgs args;
-    args.m = out_features;
-    args.n = in_features;
-    args.k = rows;
-    args.transpose_a = true;
-    args.lda = dy_stride;
-    args.ldb = x_stride;
-    args.accumulate = true;
-    gemm(dweight, dy, x, args);
-  }
+  if (dx != nullptr)
+    gemm(dx, dy, weight, linear_dx_gemm(rows, in_features, out_features, dy_stride, x_stride));
+  gemm(dweight, dy, x, linear_dweight_gemm(rows, in_features, out_features, dy_stride, x_stride));
   // y = ... + b broadcast over rows  =>  db = sum over rows of dy
   if (dbias != nullptr) {
     for (int64_t row = 0; row < rows; ++row) {

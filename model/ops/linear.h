@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/gemm.h"
 #include "model/graph.h"
 
 namespace ft {
@@ -32,6 +33,18 @@ void linear_backward_cuda(float* dx, float* dweight, float* dbias, const float* 
                           const float* weight, int64_t rows, int64_t in_features,
                           int64_t out_features, int64_t dy_stride, int64_t x_stride,
                           CudaStream stream);
+
+// The three GEMMs of a Linear, the same for the oneDNN and the cuBLASLt kernels:
+//   y = x W^T (+ b)        [rows, in] · [out, in]^T
+//   dx += dy W             [rows, out] · [out, in]
+//   dW += dy^T x           [out, rows] · [rows, in]  (dy stored [rows, out] = [K, M])
+// Strides as above; 0 = packed.
+GemmArgs linear_forward_gemm(int64_t rows, int64_t in_features, int64_t out_features,
+                             const float* bias, int64_t y_stride, int64_t x_stride);
+GemmArgs linear_dx_gemm(int64_t rows, int64_t in_features, int64_t out_features, int64_t dy_stride,
+                        int64_t x_stride);
+GemmArgs linear_dweight_gemm(int64_t rows, int64_t in_features, int64_t out_features,
+                             int64_t dy_stride, int64_t x_stride);
 
 // Entry checks of the Linear op family (LinearOp, LinearGeluOp, QkvLinearOp): x [rows, in] in,
 // y [rows, out] out, and params {weight, bias when has_bias} that hold the rows
