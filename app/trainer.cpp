@@ -70,7 +70,7 @@ Trainer::Trainer(const Config& config, Communicator* comm) : config_(config), co
       grad_comm = device_comm_.get();
     }
     grad_sync_ = std::make_unique<GradSync>(*grad_comm, params_, executor().grad_ready_order(),
-                                            grad_sync_options(config.comm));
+                                            grad_sync_options(config.comm), comm);
   }
   if (!config.train.resume.empty()) load_checkpoint(config.train.resume);
 }

@@ -14,8 +14,13 @@
 namespace ft {
 
 GradSync::GradSync(Communicator& comm, ParamStore& params, std::vector<ParamId> ready_order,
-                   GradSyncOptions options)
-    : comm_(comm), params_(params), options_(options) {
+                   GradSyncOptions options, Communicator* host_comm)
+    : comm_(comm),
+      host_comm_(host_comm != nullptr ? *host_comm : comm),
+      params_(params),
+      options_(options) {
+  FT_CHECK(host_comm_.buffer_device() == Device::kCpu && host_comm_.size() == comm.size(),
+           "GradSync's host communicator must reduce host memory over the same ranks");
   FT_CHECK(params.allocated(), "GradSync needs an allocated ParamStore");
   const Device grads_device = params.flat_grads().device();
   device_grads_ = grads_device == Device::kCuda;
@@ -61,7 +66,7 @@ void GradSync::build_buckets(const std::vector<ParamId>& order) {
 }
 
 void GradSync::check_same_layout_on_all_ranks() {
-  if (same_on_all_ranks(comm_, bucket_signature(buckets_))) return;
+  if (same_on_all_ranks(host_comm_, bucket_signature(buckets_))) return;
   FT_FAIL("gradient buckets differ across ranks (rank ", comm_.rank(), " has ", buckets_.size(),
           " buckets): every rank must build the same model with the same bucket options");
 }
@@ -230,7 +235,7 @@ void GradSync::rebuild_in_observed_order() {
   std::vector<ParamId> order = complete_order(params_, observed_order_);
   // Ranks may observe different orders (threads, timing); rank 0's is the one everyone uses.
   std::vector<float> order_floats(order.begin(), order.end());
-  comm_.broadcast(order_floats.data(), order_floats.size(), 0);
+  host_comm_.broadcast(order_floats.data(), order_floats.size(), 0);
   order.assign(order_floats.begin(), order_floats.end());
   build_buckets(order);
   check_same_layout_on_all_ranks();

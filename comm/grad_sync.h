@@ -81,8 +81,11 @@ class GradSync {
  public:
   // REQUIRES: comm and params outlive this; params allocated. ready_order =
   // executor.grad_ready_order(). Collective: every rank constructs it (layouts are compared).
+  // `host_comm` carries the small host-memory messages (the bucket-layout check, the observed
+  // order); null = `comm`, which must then reduce host memory. With NCCL pass the MPI
+  // communicator of the same ranks.
   GradSync(Communicator& comm, ParamStore& params, std::vector<ParamId> ready_order,
-           GradSyncOptions options);
+           GradSyncOptions options, Communicator* host_comm = nullptr);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -115,7 +118,8 @@ class GradSync {
   void scale_bucket(int bucket, float scale);
   void rebuild_in_observed_order();
 
-  Communicator& comm_;
+  Communicator& comm_;       // the gradient allreduces
+  Communicator& host_comm_;  // host-memory control messages
   ParamStore& params_;
   GradSyncOptions options_;
   std::vector<Bucket> buckets_;

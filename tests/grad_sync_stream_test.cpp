@@ -26,28 +26,33 @@ class FakeStreamCommunicator : public Communicator {
   const char* backend_name() const override { return "fake-stream"; }
   Device buffer_device() const override { return Device::kCuda; }
 
-  void allreduce(float* buffer, size_t count, const AllreduceOptions&) override {
-    for (size_t i = 0; i < count; ++i) buffer[i] *= static_cast<float>(ranks_);
+  // Blocking calls on device memory are never GradSync's business on this path: its host
+  // messages go to the host communicator. Recorded, so a test sees a stray one.
+  void allreduce(float*, size_t, const AllreduceOptions&) override {
+    events.push_back("blocking allreduce");
   }
   std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count,
                                               const AllreduceOptions& options) override {
     events.push_back("launch " + std::to_string(count));
     return std::make_unique<Handle>(this, buffer, count, options);
   }
-  void broadcast(float*, size_t, int) override {}
+  void broadcast(float*, size_t, int) override { events.push_back("blocking broadcast"); }
   void barrier() override {}
+  void sum_in_place(float* buffer, size_t count) const {
+    for (size_t i = 0; i < count; ++i) buffer[i] *= static_cast<float>(ranks_);
+  }
 
   std::vector<std::string> events;
 
  private:
   class Handle : public CommHandle {
    public:
-    Handle(FakeStreamCommunicator* comm, float* buffer, size_t count, AllreduceOptions options)
-        : comm_(comm), buffer_(buffer), count_(count), options_(options) {}
+    Handle(FakeStreamCommunicator* comm, float* buffer, size_t count, AllreduceOptions)
+        : comm_(comm), buffer_(buffer), count_(count) {}
     void wait() override {
       if (done_) return;
       comm_->events.push_back("wait " + std::to_string(count_));
-      comm_->allreduce(buffer_, count_, options_);
+      comm_->sum_in_place(buffer_, count_);
       done_ = true;
     }
     bool test() override { return done_; }
@@ -56,9 +61,29 @@ class FakeStreamCommunicator : public Communicator {
     FakeStreamCommunicator* comm_;
     float* buffer_;
     size_t count_;
-    AllreduceOptions options_;
     bool done_ = false;
   };
+  int ranks_;
+};
+
+// The MPI communicator of the same ranks, for GradSync's host messages (identical ranks).
+class HostRanks : public Communicator {
+ public:
+  explicit HostRanks(int ranks) : ranks_(ranks) {}
+  int rank() const override { return 0; }
+  int size() const override { return ranks_; }
+  int local_rank() const override { return 0; }
+  const char* backend_name() const override { return "host"; }
+  void allreduce(float* buffer, size_t count, const AllreduceOptions&) override {
+    for (size_t i = 0; i < count; ++i) buffer[i] *= static_cast<float>(ranks_);
+  }
+  std::unique_ptr<CommHandle> allreduce_async(float*, size_t, const AllreduceOptions&) override {
+    return nullptr;
+  }
+  void broadcast(float*, size_t, int) override {}
+  void barrier() override {}
+
+ private:
   int ranks_;
 };
 
@@ -88,7 +113,9 @@ TEST(GradSyncStream, BucketsLaunchWhenCompleteAndFinishWaitsBeforeScaling) {
     SCOPED_TRACE(bucket_view ? "bucket_view" : "fusion buffer");
     Model model;
     FakeStreamCommunicator comm(4);
-    GradSync sync(comm, model.params, model.ready_order, bucket_options(bucket_view));
+    HostRanks host(4);
+    GradSync sync(comm, model.params, model.ready_order, bucket_options(bucket_view), &host);
+    EXPECT_TRUE(comm.events.empty()) << "the layout check went to the device communicator";
     ASSERT_EQ(sync.buckets().size(), 3u);
     sync.begin_backward(true);
     sync.on_grad_ready(3);
@@ -116,7 +143,8 @@ TEST(GradSyncStream, BucketsLaunchWhenCompleteAndFinishWaitsBeforeScaling) {
 TEST(GradSyncStream, AccumulationMicroBatchesLaunchNothing) {
   Model model;
   FakeStreamCommunicator comm(2);
-  GradSync sync(comm, model.params, model.ready_order, bucket_options(true));
+  HostRanks host(2);
+  GradSync sync(comm, model.params, model.ready_order, bucket_options(true), &host);
   sync.begin_backward(false);
   for (ParamId id : model.ready_order) sync.on_grad_ready(id);
   sync.finish(1.0f);
@@ -131,12 +159,28 @@ TEST(GradSyncStream, AccumulationMicroBatchesLaunchNothing) {
 TEST(GradSyncStream, UnannouncedParamsLaunchInFinishInBucketOrder) {
   Model model;
   FakeStreamCommunicator comm(2);
-  GradSync sync(comm, model.params, model.ready_order, bucket_options(true));
+  HostRanks host(2);
+  GradSync sync(comm, model.params, model.ready_order, bucket_options(true), &host);
   sync.begin_backward(true);
   sync.on_grad_ready(3);
   sync.finish(0.5f);  // p2, p1, p0 never announced: final now
   EXPECT_EQ(comm.events, (std::vector<std::string>{"launch 65536", "launch 131072", "launch 65536",
                                                    "wait 65536", "wait 131072", "wait 65536"}));
+}
+
+TEST(GradSyncStream, ReorderingAsksTheHostCommunicatorOnly) {
+  Model model;
+  FakeStreamCommunicator comm(2);
+  HostRanks host(2);
+  GradSyncOptions options = bucket_options(true);
+  options.reorder_buckets = true;
+  GradSync sync(comm, model.params, model.ready_order, options, &host);
+  sync.begin_backward(true);
+  for (ParamId id : {0, 1, 2, 3}) sync.on_grad_ready(id);  // not the default order
+  sync.finish(0.5f);
+  for (const std::string& event : comm.events)
+    EXPECT_EQ(event.find("blocking"), std::string::npos) << event;
+  EXPECT_EQ(sync.buckets().front().params.front(), 0) << "buckets not rebuilt in observed order";
 }
 
 }  // namespace
