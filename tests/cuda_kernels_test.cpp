@@ -29,6 +29,7 @@ TEST(Cuda, Skipped) {
 #include "core/cuda/cudnn_handle.h"
 #include "core/gemm.h"
 #include "core/math/gelu.h"
+#include "gemm_test_util.h"
 #include "model/ops/gelu.h"
 
 namespace ft {
@@ -66,13 +67,7 @@ class DeviceBuffer {
   size_t count_;
 };
 
-std::vector<float> uniform(size_t count, float low, float high, uint32_t seed) {
-  std::mt19937 generator(seed);
-  std::uniform_real_distribution<float> distribution(low, high);
-  std::vector<float> values(count);
-  for (float& value : values) value = distribution(generator);
-  return values;
-}
+using gemm_test::uniform;
 
 // Largest |got - want| / max(1, |want|): absolute near zero, relative for large values.
 double max_scaled_error(const std::vector<float>& got, const std::vector<double>& want) {
@@ -174,23 +169,10 @@ bool epilogue_writes_bias_grad(Epilogue epilogue) {
 }
 
 // Host inputs of a case, sized from its resolved strides (padding included), and its outputs.
-struct GemmData {
-  std::vector<float> a, b, c, bias, aux, bias_grad;
-};
+using GemmData = gemm_test::GemmBuffers;
 
 GemmData make_gemm_data(const GemmCase& test_case, uint32_t seed) {
-  const GemmArgs r = resolve_gemm_strides(test_case.args);
-  const auto extent = [&](int64_t rows, int64_t ld, int64_t stride) {
-    return static_cast<size_t>((r.batch - 1) * stride + rows * ld);
-  };
-  GemmData data;
-  data.a = uniform(extent(r.transpose_a ? r.k : r.m, r.lda, r.batch_stride_a), -1, 1, seed);
-  data.b = uniform(extent(r.transpose_b ? r.n : r.k, r.ldb, r.batch_stride_b), -1, 1, seed + 1);
-  data.c = uniform(extent(r.m, r.ldc, r.batch_stride_c), -1, 1, seed + 2);
-  data.bias = uniform(static_cast<size_t>(r.n), -1, 1, seed + 3);
-  data.aux = uniform(static_cast<size_t>(r.m * r.ld_aux), -3, 3, seed + 4);
-  data.bias_grad.assign(static_cast<size_t>(std::max(r.m, r.n)), 7.0f);
-  return data;
+  return gemm_test::make_gemm_buffers(test_case.args, seed);
 }
 
 GemmArgs with_pointers(const GemmCase& test_case, float* bias, float* aux, float* bias_grad) {

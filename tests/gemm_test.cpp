@@ -12,17 +12,10 @@
 
 #include "core/check.h"
 #include "core/math/gelu.h"
+#include "gemm_test_util.h"
 
 namespace ft {
 namespace {
-
-std::vector<float> uniform(size_t count, float low, float high, uint32_t seed) {
-  std::mt19937 generator(seed);
-  std::uniform_real_distribution<float> distribution(low, high);
-  std::vector<float> values(count);
-  for (float& value : values) value = distribution(generator);
-  return values;
-}
 
 // P[b][i][j] = alpha sum_p op(A)[i, p] op(B)[p, j] in double, from resolved strides.
 double product(const GemmArgs& r, const std::vector<float>& a, const std::vector<float>& b,
@@ -38,29 +31,14 @@ double product(const GemmArgs& r, const std::vector<float>& a, const std::vector
   return r.alpha * sum;
 }
 
-struct Buffers {
-  std::vector<float> a, b, c, bias, aux, bias_grad;
-};
-
-Buffers make_buffers(const GemmArgs& args, uint32_t seed) {
-  const GemmArgs r = resolve_gemm_strides(args);
-  const auto extent = [&](int64_t rows, int64_t ld, int64_t stride) {
-    return static_cast<size_t>((r.batch - 1) * stride + rows * ld);
-  };
-  Buffers buffers;
-  buffers.a = uniform(extent(r.transpose_a ? r.k : r.m, r.lda, r.batch_stride_a), -1, 1, seed);
-  buffers.b = uniform(extent(r.transpose_b ? r.n : r.k, r.ldb, r.batch_stride_b), -1, 1, seed + 1);
-  buffers.c = uniform(extent(r.m, r.ldc, r.batch_stride_c), -1, 1, seed + 2);
-  buffers.bias = uniform(static_cast<size_t>(r.n), -1, 1, seed + 3);
-  buffers.aux = uniform(static_cast<size_t>(r.m * r.ld_aux), -3, 3, seed + 4);
-  buffers.bias_grad.assign(static_cast<size_t>(std::max(r.m, r.n)), 7.0f);
-  return buffers;
-}
+using gemm_test::make_gemm_buffers;
+using gemm_test::uniform;
+using Buffers = gemm_test::GemmBuffers;
 
 // Runs gemm() on `args` (pointers filled from the buffers as its epilogue needs) and checks every
 // output entry against the reference; padding between rows must stay untouched.
 void expect_gemm_matches_reference(GemmArgs args, bool with_bias, uint32_t seed) {
-  Buffers in = make_buffers(args, seed);
+  Buffers in = make_gemm_buffers(args, seed);
   Buffers out = in;
   const Epilogue e = args.epilogue;
   const bool uses_aux =
@@ -260,7 +238,7 @@ TEST(Gemm, RejectsInconsistentArguments) {
 TEST(Gemm, Tf32SwitchDefaultsOffAndLeavesTheCpuResultAlone) {
   EXPECT_FALSE(gemm_tf32());
   const GemmArgs args = shape(8, 8, 64);
-  Buffers in = make_buffers(args, 12);
+  Buffers in = make_gemm_buffers(args, 12);
   std::vector<float> fp32(64), with_tf32(64);
   gemm(fp32.data(), in.a.data(), in.b.data(), args);
   set_gemm_tf32(true);

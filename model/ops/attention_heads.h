@@ -4,6 +4,7 @@
 // (leading dimension = row stride, batch stride = hd).
 // Thread safety: stateless.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "core/check.h"
@@ -53,6 +54,54 @@ inline GemmArgs head_by_head_transposed_gemm(int64_t seq_len, int64_t head_dim, 
   args.ldb = b_stride;
   args.batch_stride_a = args.batch_stride_b = head_dim;
   return args;
+}
+
+// The GEMMs of the eager attention ops, the same for the oneDNN and the cuBLASLt kernels (per
+// sequence; the heads are the batch).
+// S = scale Q K^T.
+inline GemmArgs attention_scores_gemm(int64_t seq_len, int64_t head_dim, int n_head,
+                                      int64_t q_stride, int64_t k_stride) {
+  GemmArgs args = head_by_head_transposed_gemm(seq_len, head_dim, n_head, q_stride, k_stride);
+  args.alpha = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return args;
+}
+
+// S = scale Q K^T  =>  dQ (=|+=) scale dS K     ([T, T] x [T, hd])
+//                      dK (=|+=) scale dS^T Q   ([T, T] x [T, hd]; dS stored [T, T] = [K, M])
+struct AttentionScoresGradGemms {
+  GemmArgs dqueries, dkeys;
+};
+inline AttentionScoresGradGemms attention_scores_grad_gemms(int64_t seq_len, int64_t head_dim,
+                                                            int n_head, int64_t q_stride,
+                                                            int64_t k_stride, bool overwrite_dq,
+                                                            bool overwrite_dk) {
+  AttentionScoresGradGemms gemms;
+  gemms.dqueries = square_by_head_gemm(seq_len, head_dim, n_head, k_stride, q_stride);
+  gemms.dqueries.alpha = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  gemms.dqueries.accumulate = !overwrite_dq;
+  gemms.dkeys = gemms.dqueries;
+  gemms.dkeys.transpose_a = true;
+  gemms.dkeys.ldb = q_stride;
+  gemms.dkeys.ldc = k_stride;
+  gemms.dkeys.accumulate = !overwrite_dk;
+  return gemms;
+}
+
+// Y = P V  =>  dP (=|+=) dY V^T   ([T, hd] x [hd, T]; V stored [T, hd] = [N, K])
+//              dV (=|+=) P^T dY   ([T, T] x [T, hd]; P stored [T, T] = [K, M])
+struct AttentionMixGradGemms {
+  GemmArgs dprobs, dvalues;
+};
+inline AttentionMixGradGemms attention_mix_grad_gemms(int64_t seq_len, int64_t head_dim, int n_head,
+                                                      int64_t y_stride, int64_t v_stride,
+                                                      bool overwrite_dprobs, bool overwrite_dv) {
+  AttentionMixGradGemms gemms;
+  gemms.dprobs = head_by_head_transposed_gemm(seq_len, head_dim, n_head, y_stride, v_stride);
+  gemms.dprobs.accumulate = !overwrite_dprobs;
+  gemms.dvalues = square_by_head_gemm(seq_len, head_dim, n_head, y_stride, v_stride);
+  gemms.dvalues.transpose_a = true;
+  gemms.dvalues.accumulate = !overwrite_dv;
+  return gemms;
 }
 
 // Multiply-adds of one [T, hd] x [hd, T]-sized product per head and sequence (Q K^T or P V).

@@ -22,13 +22,9 @@ void attention_mix_backward(float* dprobs, float* dv, const float* dy, const flo
                             bool overwrite_dprobs, bool overwrite_dv, int batch, int seq_len,
                             int channels, int n_head) {
   const int64_t T = seq_len, hd = channels / n_head;
-  // Y = P V  =>  dP = dY V^T   ([T, hd] x [hd, T]; V stored [T, hd] = [N, K])
-  GemmArgs dp_args = head_by_head_transposed_gemm(T, hd, n_head, y_stride, v_stride);
-  dp_args.accumulate = !overwrite_dprobs;
-  //           dV = P^T dY     ([T, T] x [T, hd]; P stored [T, T] = [K, M])
-  GemmArgs dv_args = square_by_head_gemm(T, hd, n_head, y_stride, v_stride);
-  dv_args.transpose_a = true;
-  dv_args.accumulate = !overwrite_dv;
+  const AttentionMixGradGemms gemms =
+      attention_mix_grad_gemms(T, hd, n_head, y_stride, v_stride, overwrite_dprobs, overwrite_dv);
+  const GemmArgs &dp_args = gemms.dprobs, &dv_args = gemms.dvalues;
   for (int b = 0; b < batch; ++b) {
     const float* dy_b = dy + b * T * y_stride;
     const float* p = probs + b * n_head * T * T;

@@ -2,8 +2,6 @@
 //   S = scale Q K^T.
 #include "model/ops/attention_scores.h"
 
-#include <cmath>
-
 #include "core/check.h"
 #include "core/gemm.h"
 #include "model/ops/attention_heads.h"
@@ -15,8 +13,7 @@ void attention_scores_forward(float* scores, const float* q, const float* k, int
                               int64_t k_stride, int batch, int seq_len, int channels, int n_head) {
   const int64_t T = seq_len, hd = channels / n_head;
   // S[h] = scale Q[h] K[h]^T: [T, hd] x [hd, T]; K[h] is stored [T, hd] = [N, K].
-  GemmArgs args = head_by_head_transposed_gemm(T, hd, n_head, q_stride, k_stride);
-  args.alpha = 1.0f / std::sqrt(static_cast<float>(hd));
+  const GemmArgs args = attention_scores_gemm(T, hd, n_head, q_stride, k_stride);
   for (int b = 0; b < batch; ++b)
     gemm(scores + b * n_head * T * T, q + b * T * q_stride, k + b * T * k_stride, args);
 }
@@ -26,17 +23,9 @@ void attention_scores_backward(float* dq, float* dk, const float* dscores, const
                                bool overwrite_dq, bool overwrite_dk, int batch, int seq_len,
                                int channels, int n_head) {
   const int64_t T = seq_len, hd = channels / n_head;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // S = scale Q K^T  =>  dQ = scale dS K     ([T, T] x [T, hd])
-  GemmArgs dqueries = square_by_head_gemm(T, hd, n_head, k_stride, q_stride);
-  dqueries.alpha = scale;
-  dqueries.accumulate = !overwrite_dq;
-  //                      dK = scale dS^T Q   ([T, T] x [T, hd]; dS stored [T, T] = [K, M])
-  GemmArgs dkeys = dqueries;
-  dkeys.transpose_a = true;
-  dkeys.ldb = q_stride;
-  dkeys.ldc = k_stride;
-  dkeys.accumulate = !overwrite_dk;
+  const AttentionScoresGradGemms gemms =
+      attention_scores_grad_gemms(T, hd, n_head, q_stride, k_stride, overwrite_dq, overwrite_dk);
+  const GemmArgs &dqueries = gemms.dqueries, &dkeys = gemms.dkeys;
   for (int b = 0; b < batch; ++b) {
     const float* ds = dscores + b * n_head * T * T;
     gemm(dq + b * T * q_stride, ds, k + b * T * k_stride, dqueries);

@@ -1,7 +1,5 @@
 // Attention scores on CUDA: the GEMMs of attention_scores.cpp through gemm_cuda, as strided
 // batches over the heads (or the sequences); no kernels of its own.
-#include <cmath>
-
 #include "core/gemm.h"
 #include "model/ops/attention_heads.h"
 #include "model/ops/attention_scores.h"
@@ -34,8 +32,7 @@ void attention_scores_forward_cuda(float* scores, const float* q, const float* k
                                    int n_head, CudaStream stream) {
   const int64_t T = seq_len, hd = channels / n_head;
   // S[h] = scale Q[h] K[h]^T: [T, hd] x [hd, T]; K[h] is stored [T, hd] = [N, K].
-  GemmArgs args = head_by_head_transposed_gemm(T, hd, n_head, q_stride, k_stride);
-  args.alpha = 1.0f / std::sqrt(static_cast<float>(hd));
+  const GemmArgs args = attention_scores_gemm(T, hd, n_head, q_stride, k_stride);
   attention_head_gemms_cuda(scores, q, k, args, batch, T * q_stride, T * k_stride, n_head * T * T,
                             stream);
 }
@@ -45,17 +42,9 @@ void attention_scores_backward_cuda(float* dq, float* dk, const float* dscores, 
                                     bool overwrite_dq, bool overwrite_dk, int batch, int seq_len,
                                     int channels, int n_head, CudaStream stream) {
   const int64_t T = seq_len, hd = channels / n_head;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // S = scale Q K^T  =>  dQ = scale dS K     ([T, T] x [T, hd])
-  GemmArgs dqueries = square_by_head_gemm(T, hd, n_head, k_stride, q_stride);
-  dqueries.alpha = scale;
-  dqueries.accumulate = !overwrite_dq;
-  //                      dK = scale dS^T Q   ([T, T] x [T, hd]; dS stored [T, T] = [K, M])
-  GemmArgs dkeys = dqueries;
-  dkeys.transpose_a = true;
-  dkeys.ldb = q_stride;
-  dkeys.ldc = k_stride;
-  dkeys.accumulate = !overwrite_dk;
+  const AttentionScoresGradGemms gemms =
+      attention_scores_grad_gemms(T, hd, n_head, q_stride, k_stride, overwrite_dq, overwrite_dk);
+  const GemmArgs &dqueries = gemms.dqueries, &dkeys = gemms.dkeys;
   // dq completes before dk starts (one stream), so dk adds to it when q and k are one value.
   attention_head_gemms_cuda(dq, dscores, k, dqueries, batch, n_head * T * T, T * k_stride,
                             T * q_stride, stream);
