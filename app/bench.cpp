@@ -37,7 +37,7 @@ std::vector<std::string> family_off(const char* family) {
 }
 
 const std::vector<std::string> kAll = {"fusion.enabled=true", "comm.bucketing=true",
-                                       "comm.overlap=true"};
+                                       "comm.overlap=true", "fusion.cuda_graph=false"};
 
 // A family's passes stay as the config sets them (a preset may switch one off for speed); the
 // other family is switched off.
@@ -55,6 +55,8 @@ bool named_variant(const std::string& name, BenchVariant* variant) {
     variant->overrides = {"fusion.enabled=false", "comm.bucketing=true", "comm.overlap=true"};
   else if (name == "all")
     variant->overrides = kAll;
+  else if (name == "cuda_graph")  // all, with the whole step replayed as one CUDA graph
+    variant->overrides = concat(kAll, {"fusion.cuda_graph=true"});
   else if (name == "all-bucketing")  // per-tensor allreduces, still overlapped
     variant->overrides = concat(kAll, {"comm.bucketing=false"});
   else if (name == "all-overlap")
@@ -127,9 +129,40 @@ double median(const std::vector<double>& values) {
   return values.empty() ? 0.0 : bench_percentile(values, 0.5);
 }
 
+double per_step(int64_t total, size_t rounds) {
+  return static_cast<double>(total) / static_cast<double>(std::max<size_t>(rounds, 1));
+}
+
+std::string per_step_text(int64_t total, size_t rounds) {
+  const double value = per_step(total, rounds);
+  char text[32];
+  std::snprintf(text, sizeof(text), value == std::floor(value) ? "%.0f" : "%.1f", value);
+  return text;
+}
+
+// {kernels, gemms, convolutions, copies, graphs} per step; null when nothing was counted (cpu).
+nlohmann::json launches_json(const std::optional<LaunchCounts>& launches, size_t rounds) {
+  if (!launches) return nullptr;
+  return {{"kernels", per_step(launches->kernels, rounds)},
+          {"gemms", per_step(launches->gemms, rounds)},
+          {"convolutions", per_step(launches->convolutions, rounds)},
+          {"copies", per_step(launches->copies, rounds)},
+          {"graphs", per_step(launches->graphs, rounds)}};
+}
+
 }  // namespace
 
 const char* const kDefaultBenchVariants = "unfused,horizontal,vertical,bucketing,overlap,all";
+
+std::string format_launches_per_step(const std::optional<LaunchCounts>& launches, size_t rounds) {
+  if (!launches) return "-";
+  return per_step_text(launches->total(), rounds) + " (k " +
+         per_step_text(launches->kernels, rounds) + ", gemm " +
+         per_step_text(launches->gemms, rounds) + ", conv " +
+         per_step_text(launches->convolutions, rounds) + ", copy " +
+         per_step_text(launches->copies, rounds) +
+         (launches->graphs > 0 ? ", graph " + per_step_text(launches->graphs, rounds) : "") + ")";
+}
 
 std::vector<std::string> bench_ablation_keys() {
   std::vector<std::string> keys;
@@ -145,6 +178,7 @@ std::vector<std::string> bench_variant_names() {
     names.push_back("all-" + key.substr(key.rfind('.') + 1));
   names.push_back("all-bucketing");
   names.push_back("all-overlap");
+  names.push_back("cuda_graph");
   return names;
 }
 
@@ -246,8 +280,8 @@ std::string bench_table_markdown(const std::vector<BenchVariantResult>& results,
                                  const std::vector<BenchSummary>& summaries) {
   std::string text =
       "| variant | median ms | p10 ms | p90 ms | speedup (p10-p90) | compute ms | comm ms | "
-      "exposed ms | ops | allreduces | bytes moved | peak act. mem | final loss |\n"
-      "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
+      "exposed ms | ops | launches/step | allreduces | bytes moved | peak act. mem | final loss |\n"
+      "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   char line[512];
   for (size_t v = 0; v < summaries.size(); ++v) {
     const BenchSummary& s = summaries[v];
@@ -260,12 +294,15 @@ std::string bench_table_markdown(const std::vector<BenchVariantResult>& results,
                     s.speedup_high, s.within_noise ? " within noise" : "");
     char loss[64];
     std::snprintf(loss, sizeof(loss), "%.6f%s", s.final_loss, s.loss_ok ? "" : " LOSS MISMATCH");
-    std::snprintf(line, sizeof(line),
-                  "| %s | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %zu | %.0f | %s | %s | %s "
-                  "|\n",
-                  s.name.c_str(), s.median_ms, s.p10_ms, s.p90_ms, speedup, s.compute_ms, s.comm_ms,
-                  s.exposed_ms, result.ops_per_step, s.allreduces_per_step,
-                  mib(result.bytes_moved).c_str(), mib(result.peak_activation_bytes).c_str(), loss);
+    std::snprintf(
+        line, sizeof(line),
+        "| %s | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %zu | %s | %.0f | %s | %s | "
+        "%s |\n",
+        s.name.c_str(), s.median_ms, s.p10_ms, s.p90_ms, speedup, s.compute_ms, s.comm_ms,
+        s.exposed_ms, result.ops_per_step,
+        format_launches_per_step(result.launches, result.step_ms.size()).c_str(),
+        s.allreduces_per_step, mib(result.bytes_moved).c_str(),
+        mib(result.peak_activation_bytes).c_str(), loss);
     text += line;
   }
   std::snprintf(line, sizeof(line),
@@ -296,6 +333,7 @@ std::string bench_to_json(const BenchRunInfo& info, const std::vector<BenchVaria
                         {"comm_ms", s.comm_ms},
                         {"exposed_comm_ms", s.exposed_ms},
                         {"ops_per_step", result.ops_per_step},
+                        {"launches", launches_json(result.launches, result.step_ms.size())},
                         {"allreduces_per_step", s.allreduces_per_step},
                         {"bytes_moved", result.bytes_moved},
                         {"peak_activation_bytes", result.peak_activation_bytes},

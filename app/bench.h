@@ -8,8 +8,11 @@
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "core/launch_counter.h"
 
 namespace ft {
 
@@ -53,7 +56,14 @@ struct BenchVariantResult {
   double peak_activation_bytes = 0;  // app/plan.h: train-mode peak
   double final_loss = 0;
   nlohmann::json profile;  // rank 0: {"top_ops": [...], "advice": [...]}; null = not profiled
+  // Rank 0 on cuda: the launches of this variant's timed rounds, summed (a delta around each of
+  // its steps, since the rounds interleave variants). Empty on cpu, where nothing is counted.
+  std::optional<LaunchCounts> launches;
 };
+
+// Launches per step (`launches` over `rounds`) as the table shows them: "812 (k 650, gemm 120,
+// conv 0, copy 42)", with one decimal where a count does not divide evenly; "-" when empty.
+std::string format_launches_per_step(const std::optional<LaunchCounts>& launches, size_t rounds);
 
 // The statistics of one variant against the baseline (the first result).
 struct BenchSummary {

@@ -21,6 +21,7 @@
 #include "comm/gather.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/launch_counter.h"
 #include "core/timer.h"
 
 namespace ft {
@@ -158,6 +159,13 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
   FT_CHECK(!configs.empty() && configs.size() == variants.size(), "bench: ", configs.size(),
            " configs for ", variants.size(), " variants");
   FT_CHECK(options.rounds >= 1 && options.warmup >= 0, "--steps must be >= 1 and --warmup >= 0");
+  for (size_t v = 0; v < configs.size(); ++v)
+    FT_REQUIRE(!(configs[v].fusion.enabled && configs[v].fusion.cuda_graph) ||
+                   options.warmup > Trainer::kEagerStepsBeforeCapture,
+               "bench: variant '", variants[v].name, "' replays a CUDA graph captured at its step ",
+               Trainer::kEagerStepsBeforeCapture + 1, ", so --warmup must be at least ",
+               Trainer::kEagerStepsBeforeCapture + 1, " (got ", options.warmup,
+               ") to keep the capture out of the timed rounds");
   const bool is_root = comm == nullptr || comm->rank() == 0;
   BenchRun run;
   run.info.world_size = comm ? comm->size() : 1;
@@ -177,6 +185,7 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
     if (is_root) trainer.executor().set_observer(profilers.back().get());
     BenchVariantResult& result = run.results[v];
     result.variant = variants[v];
+    if (is_root && configs[v].train.device == "cuda") result.launches = LaunchCounts{};
     result.ops_per_step = trainer.executor().graph().ops.size();
     const int batch = configs[v].train.batch_size;
     const Plan plan =
@@ -210,15 +219,17 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
         trainer.executor().set_observer(recorders[v].get());
         if (GradSync* sync = trainer.grad_sync()) sync->set_record_timings(true);
       }
+      BenchVariantResult& result = run.results[v];
       profilers[v]->begin_step();
+      const LaunchCounts launches_before = launch_counts();
       const StepStats stats = trainer.train_step();
+      if (result.launches) *result.launches += launch_counts() - launches_before;
       profilers[v]->end_step(stats.step_ms);
       if (traced) {
         recorders[v]->end_step(stats.comm);
         trainer.executor().set_observer(is_root ? profilers[v].get() : nullptr);
         if (GradSync* sync = trainer.grad_sync()) sync->set_record_timings(false);
       }
-      BenchVariantResult& result = run.results[v];
       result.step_ms.push_back(stats.step_ms);
       result.compute_ms.push_back(stats.compute_ms);
       result.comm_ms.push_back(stats.comm.comm_ms);

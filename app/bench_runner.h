@@ -4,6 +4,8 @@
 // rounds on rank 0 (ops of that variant's executed graph), and with a trace path every variant's
 // first (up to) three timed rounds go into one Chrome trace-event file: one process per
 // (variant, rank), pid = variant index x world size + rank, named "<variant> rank <r>".
+// On cuda rank 0 also counts each variant's launches (core/launch_counter.h) around each of its
+// timed steps, for the table's launches per step.
 // Under mpirun every rank must call with the same configs; rank 0's step times are broadcast so
 // every rank sees the same results and a caller deciding on them (tune) decides alike.
 // Thread safety: one thread per rank.

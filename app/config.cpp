@@ -162,6 +162,13 @@ class Reader {
     require(c.comm.backend != "nccl" || c.train.device == "cuda",
             show("comm.backend") + " requires train.device = cuda, got " + show("train.device") +
                 "; NCCL reduces GPU memory only: use comm.backend auto or mpi on the cpu");
+    require(!c.fusion.cuda_graph || c.train.device == "cuda",
+            show("fusion.cuda_graph") + " requires train.device = cuda, got " +
+                show("train.device") + "; a CUDA graph replays GPU work only");
+    require(!c.fusion.cuda_graph || c.train.grad_accum == 1,
+            show("fusion.cuda_graph") + " requires train.grad_accum = 1, got " +
+                show("train.grad_accum") +
+                "; the graph captures one micro-batch's forward and backward per step");
     require(!c.train.tf32 || c.train.device == "cuda",
             show("train.tf32") + " requires train.device = cuda, got " + show("train.device") +
                 "; the CPU GEMMs are fp32 only");

@@ -72,6 +72,8 @@ Trainer::Trainer(const Config& config, Communicator* comm) : config_(config), co
     grad_sync_ = std::make_unique<GradSync>(*grad_comm, params_, executor().grad_ready_order(),
                                             grad_sync_options(config.comm), comm);
   }
+  graph_steps_ = config.fusion.enabled && config.fusion.cuda_graph;
+  if (graph_steps_) check_graph_steps_supported();
   if (!config.train.resume.empty()) load_checkpoint(config.train.resume);
 }
 
@@ -82,6 +84,7 @@ int64_t Trainer::items_per_step() const {
 }
 
 StepStats Trainer::train_step() {
+  if (graph_steps_ && eager_steps_ >= kEagerStepsBeforeCapture) return graph_train_step();
   const double start_ms = now_ms();
   Workspace& ws = train_run_->workspace;
   Executor& executor = *train_run_->executor;
@@ -125,38 +128,43 @@ StepStats Trainer::train_step() {
   stats.loss = static_cast<float>(loss_sum / micro_batches);
   const bool locally_finite = std::isfinite(stats.loss) && std::isfinite(stats.grad_norm);
   if (any_rank_diverged(locally_finite)) {
-    // Parameters and optimizer state stay those of the last good step.
-    stats.skipped = true;
-    std::ostringstream what;
-    what << "step " << step_ + 1 << ": ";
-    if (locally_finite)
-      what << "the loss or gradient norm of another rank is not finite (here loss " << stats.loss
-           << ", gradient norm " << stats.grad_norm << ")";
-    else if (!std::isfinite(stats.loss))
-      what << "loss is " << stats.loss << " (gradient norm " << stats.grad_norm << ")";
-    else
-      what << "gradient norm is " << stats.grad_norm << " (loss " << stats.loss << ")";
-    if (config_.train.nan_policy != "skip_step")
-      FT_FAIL(what.str(),
-              "; stopping the run (train.nan_policy: stop; skip_step skips such steps); ",
-              last_checkpoint_text());
-    ++skipped_steps_;
-    if (may_skip && buffers.numel() > 0) {
-      buffers.copy_from(buffers_before_step_);
-      params_.mark_changed();
-    }
-    if (skipped_steps_ > config_.train.max_skipped_steps)
-      FT_FAIL(what.str(), "; stopping the run: ", skipped_steps_,
-              " steps skipped, more than train.max_skipped_steps = ",
-              config_.train.max_skipped_steps, "; ", last_checkpoint_text());
+    skip_diverged_step(stats, locally_finite);
   } else {
     optimizer_->step(params_, stats.lr);
   }
   ++step_;
+  ++eager_steps_;
   stats.step = step_;
   stats.step_ms = now_ms() - start_ms;
   stats.compute_ms = stats.step_ms - stats.comm.exposed_ms;
   return stats;
+}
+
+void Trainer::skip_diverged_step(StepStats& stats, bool locally_finite) {
+  // Parameters and optimizer state stay those of the last good step.
+  stats.skipped = true;
+  std::ostringstream what;
+  what << "step " << step_ + 1 << ": ";
+  if (locally_finite)
+    what << "the loss or gradient norm of another rank is not finite (here loss " << stats.loss
+         << ", gradient norm " << stats.grad_norm << ")";
+  else if (!std::isfinite(stats.loss))
+    what << "loss is " << stats.loss << " (gradient norm " << stats.grad_norm << ")";
+  else
+    what << "gradient norm is " << stats.grad_norm << " (loss " << stats.loss << ")";
+  if (config_.train.nan_policy != "skip_step")
+    FT_FAIL(what.str(), "; stopping the run (train.nan_policy: stop; skip_step skips such steps); ",
+            last_checkpoint_text());
+  ++skipped_steps_;
+  Tensor& buffers = params_.flat_buffers();
+  if (buffers.numel() > 0) {  // BatchNorm's running statistics as they were before the step
+    buffers.copy_from(buffers_before_step_);
+    params_.mark_changed();
+  }
+  if (skipped_steps_ > config_.train.max_skipped_steps)
+    FT_FAIL(what.str(), "; stopping the run: ", skipped_steps_,
+            " steps skipped, more than train.max_skipped_steps = ", config_.train.max_skipped_steps,
+            "; ", last_checkpoint_text());
 }
 
 bool Trainer::any_rank_diverged(bool locally_finite) {

@@ -57,6 +57,10 @@ class Trainer {
   // (0 <= optimizer_steps <= step <= train.steps).
   void load_checkpoint(const std::string& path);
 
+  // fusion.cuda_graph: this many ordinary steps (which allocate every buffer, choose cuDNN
+  // algorithms and settle the bucket order) come before the step that is captured.
+  static constexpr int kEagerStepsBeforeCapture = 2;
+
   int step() const { return step_; }
   int skipped_steps() const { return skipped_steps_; }  // over the whole run, resumes included
   // Where the last save went ("" before the first); "last good checkpoint: ..." for messages.
@@ -92,6 +96,23 @@ class Trainer {
 
   // True when `locally_finite` is false on any rank (collective under a communicator).
   bool any_rank_diverged(bool locally_finite);
+  // A step that diverged: stats.skipped, BatchNorm buffers restored, or ft::Error by
+  // train.nan_policy and train.max_skipped_steps. `locally_finite`: only another rank diverged.
+  void skip_diverged_step(StepStats& stats, bool locally_finite);
+
+  // fusion.cuda_graph (app/trainer_graph.cpp): after kEagerStepsBeforeCapture ordinary steps the
+  // next step is captured as one CUDA graph, and every step from then on replays it.
+  struct GraphStep;  // the graph and its device step control; defined in trainer_graph.cpp
+  struct GraphStepDeleter {
+    void operator()(GraphStep* step) const;
+  };
+  bool graph_steps_ = false;
+  int eager_steps_ = 0;  // ordinary steps taken by this Trainer
+  std::unique_ptr<GraphStep, GraphStepDeleter> graph_step_;
+  // Throws ft::Error when cuda_graph cannot work with this run's gradient reduction.
+  void check_graph_steps_supported() const;
+  StepStats graph_train_step();
+  void capture_graph_step();
   // What a checkpoint holds, on the host: the flat buffers themselves on cpu, copies on cuda.
   struct HostState {
     Tensor values, buffers;

@@ -58,9 +58,37 @@ void CachingAllocator::release(void* ptr, size_t bytes) {
   if (ptr == nullptr) return;
   const size_t rounded = round_up(bytes == 0 ? 1 : bytes);
   std::lock_guard<std::mutex> lock(mutex_);
+  if (holding_) {
+    held_.emplace_back(ptr, rounded);
+    return;
+  }
   free_blocks_.emplace(rounded, ptr);
   stats_.bytes_in_use -= rounded;
   stats_.bytes_cached += rounded;
+}
+
+void CachingAllocator::begin_hold() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  FT_CHECK(!holding_, "CachingAllocator::begin_hold while already holding");
+  holding_ = true;
+}
+
+CachingAllocator::HeldBlocks CachingAllocator::end_hold() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  FT_CHECK(holding_, "CachingAllocator::end_hold without begin_hold");
+  holding_ = false;
+  HeldBlocks blocks;
+  blocks.swap(held_);
+  return blocks;
+}
+
+void CachingAllocator::return_held(const HeldBlocks& blocks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [ptr, rounded] : blocks) {
+    free_blocks_.emplace(rounded, ptr);
+    stats_.bytes_in_use -= rounded;
+    stats_.bytes_cached += rounded;
+  }
 }
 
 void CachingAllocator::trim() {

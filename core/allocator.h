@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <map>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 namespace ft {
 
@@ -30,6 +32,17 @@ class CachingAllocator {
   void release(void* ptr, size_t bytes);
   // Returns every cached block to the OS.
   void trim();
+
+  // A captured CUDA graph (core/cuda/cuda_graph.h) replays with the addresses it was captured
+  // with, so a temporary block freed during capture is still the graph's: were it cached, a later
+  // allocation could be handed memory that every replay overwrites. Between begin_hold() and
+  // end_hold() released blocks are set aside (still counted in use) instead of cached; end_hold()
+  // hands them to the caller, who gives them back with return_held() once the graph is gone.
+  // REQUIRES: holds do not nest.
+  using HeldBlocks = std::vector<std::pair<void*, size_t>>;  // block, rounded size
+  void begin_hold();
+  HeldBlocks end_hold();
+  void return_held(const HeldBlocks& blocks);
   AllocatorStats stats() const;
 
   using RawAllocate = void* (*)(size_t bytes);  // never returns null; throws on failure
@@ -46,6 +59,8 @@ class CachingAllocator {
   RawRelease raw_release_;
   mutable std::mutex mutex_;
   std::multimap<size_t, void*> free_blocks_;  // rounded size -> block
+  bool holding_ = false;
+  HeldBlocks held_;
   AllocatorStats stats_;
 };
 

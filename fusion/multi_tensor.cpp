@@ -165,7 +165,7 @@ void MultiTensorSweep::adamw(ParamStore& params, Tensor& exp_avg, Tensor& exp_av
     return multi_tensor_adamw_cuda(packed(adamw_pass_, params,
                                           {params.flat_values().data(), params.flat_grads().data(),
                                            exp_avg.data(), exp_avg_sq.data()}),
-                                   step, compute_stream());
+                                   step, device_control(), compute_stream());
 #endif
   multi_tensor_adamw(plan_, params.flat_values().data(), exp_avg.data(), exp_avg_sq.data(),
                      params.flat_grads().data(), step);
@@ -179,7 +179,7 @@ void MultiTensorSweep::sgd(ParamStore& params, Tensor& momentum_buffer, const Sg
     return multi_tensor_sgd_cuda(
         packed(sgd_pass_, params,
                {params.flat_values().data(), params.flat_grads().data(), momentum_buffer.data()}),
-        step, compute_stream());
+        step, device_control(), compute_stream());
 #endif
   multi_tensor_sgd(plan_, params.flat_values().data(), momentum_buffer.data(),
                    params.flat_grads().data(), step);
@@ -189,20 +189,42 @@ double MultiTensorSweep::square_sum(ParamStore& params) {
   check_store(params);
 #if defined(FT_HAVE_CUDA)
   if (params.device() == Device::kCuda) {
-    const auto& launches = packed(grad_pass_, params, {params.flat_grads().data()});
-    const int64_t partial_count = multi_tensor_block_count(launches);
+    const int64_t partial_count = square_sum_partials(params);
     if (partial_count == 0) return 0.0;
-    // Doubles in a float tensor (cudaMalloc'd blocks are 256-byte aligned): partials, then total.
-    if (norm_scratch_.numel() < 2 * (partial_count + 1))
-      norm_scratch_ = Tensor::empty({2 * (partial_count + 1)}, Device::kCuda);
     double* partials = reinterpret_cast<double*>(norm_scratch_.data());
-    multi_tensor_square_sum_partials_cuda(partials, launches, compute_stream());
     return square_sum_total_cuda(partials + partial_count, partials, partial_count,
                                  compute_stream());
   }
 #endif
   return multi_tensor_square_sum(params.flat_grads().data(), plan_.numel);
 }
+
+void MultiTensorSweep::square_sum_on_device(ParamStore& params, double* device_total) {
+  check_store(params);
+  FT_CHECK(params.device() == Device::kCuda, "square_sum_on_device on cpu parameters");
+#if defined(FT_HAVE_CUDA)
+  const int64_t partial_count = square_sum_partials(params);
+  square_sum_total_on_device_cuda(device_total, reinterpret_cast<double*>(norm_scratch_.data()),
+                                  partial_count, compute_stream());
+#else
+  static_cast<void>(device_total);
+#endif
+}
+
+#if defined(FT_HAVE_CUDA)
+int64_t MultiTensorSweep::square_sum_partials(ParamStore& params) {
+  const auto& launches = packed(grad_pass_, params, {params.flat_grads().data()});
+  const int64_t partial_count = multi_tensor_block_count(launches);
+  // Doubles in a float tensor (cudaMalloc'd blocks are 256-byte aligned): partials, then total.
+  // Grown before a CUDA graph captures the pass, never inside it (the graph keeps the address).
+  if (norm_scratch_.numel() < 2 * (partial_count + 1))
+    norm_scratch_ = Tensor::empty({2 * (partial_count + 1)}, Device::kCuda);
+  if (partial_count > 0)
+    multi_tensor_square_sum_partials_cuda(reinterpret_cast<double*>(norm_scratch_.data()), launches,
+                                          compute_stream());
+  return partial_count;
+}
+#endif
 
 void MultiTensorSweep::scale(ParamStore& params, float scale) {
   check_store(params);

@@ -5,6 +5,7 @@
 #include "core/cuda/cuda_check.h"
 #include "fusion/multi_tensor_launch.h"
 #include "model/optimizer_math.h"
+#include "model/step_control.h"
 
 namespace ft {
 namespace {
@@ -15,8 +16,12 @@ constexpr int kMultiTensorThreads = kSquareSumThreads;
 
 // __grid_constant__: the table stays in the kernel-parameter space; the block reads its entries
 // from there instead of copying ~4 KB into each thread's local memory.
+// With a control (a CUDA-graph step, model/step_control.h) the constants, the clip scale and the
+// skip decision come from device memory; without one, from the arguments.
 __global__ void multi_tensor_adamw_kernel(const __grid_constant__ MultiTensorLaunch<4> launch,
-                                          AdamWStep step) {
+                                          AdamWStep step, const DeviceStepControl* control) {
+  float grad_scale = 1.0f;
+  if (!apply_step_control(control, &step, &grad_scale)) return;
   const MultiTensorBlockRange range = multi_tensor_block_range(launch, blockIdx.x);
   float* value = launch.addresses[0][range.tensor] + range.begin;
   const float* grad = launch.addresses[1][range.tensor] + range.begin;
@@ -24,18 +29,20 @@ __global__ void multi_tensor_adamw_kernel(const __grid_constant__ MultiTensorLau
   float* exp_avg_sq = launch.addresses[3][range.tensor] + range.begin;
   const float decay = launch.weight_decay[range.tensor] ? step.decay : 0.0f;
   for (int64_t i = threadIdx.x; i < range.count; i += kMultiTensorThreads)
-    adamw_element(value[i], exp_avg[i], exp_avg_sq[i], grad[i], step, decay);
+    adamw_element(value[i], exp_avg[i], exp_avg_sq[i], grad[i] * grad_scale, step, decay);
 }
 
 __global__ void multi_tensor_sgd_kernel(const __grid_constant__ MultiTensorLaunch<3> launch,
-                                        SgdStep step) {
+                                        SgdStep step, const DeviceStepControl* control) {
+  float grad_scale = 1.0f;
+  if (!apply_step_control(control, &step, &grad_scale)) return;
   const MultiTensorBlockRange range = multi_tensor_block_range(launch, blockIdx.x);
   float* value = launch.addresses[0][range.tensor] + range.begin;
   const float* grad = launch.addresses[1][range.tensor] + range.begin;
   float* momentum_buffer = launch.addresses[2][range.tensor] + range.begin;
   const float decay = launch.weight_decay[range.tensor] ? step.weight_decay : 0.0f;
   for (int64_t i = threadIdx.x; i < range.count; i += kMultiTensorThreads)
-    sgd_element(value[i], momentum_buffer[i], grad[i], step, decay);
+    sgd_element(value[i], momentum_buffer[i], grad[i] * grad_scale, step, decay);
 }
 
 __global__ void multi_tensor_scale_kernel(const __grid_constant__ MultiTensorLaunch<1> launch,
@@ -63,17 +70,20 @@ __global__ void multi_tensor_square_sum_kernel(
 }  // namespace
 
 void multi_tensor_adamw_cuda(const std::vector<MultiTensorLaunch<4>>& launches,
-                             const AdamWStep& step, CudaStream stream) {
+                             const AdamWStep& step, const DeviceStepControl* control,
+                             CudaStream stream) {
   for (const MultiTensorLaunch<4>& launch : launches) {
-    multi_tensor_adamw_kernel<<<launch.num_blocks, kMultiTensorThreads, 0, stream>>>(launch, step);
+    multi_tensor_adamw_kernel<<<launch.num_blocks, kMultiTensorThreads, 0, stream>>>(launch, step,
+                                                                                     control);
     FT_CUDA_CHECK_LAUNCH();
   }
 }
 
 void multi_tensor_sgd_cuda(const std::vector<MultiTensorLaunch<3>>& launches, const SgdStep& step,
-                           CudaStream stream) {
+                           const DeviceStepControl* control, CudaStream stream) {
   for (const MultiTensorLaunch<3>& launch : launches) {
-    multi_tensor_sgd_kernel<<<launch.num_blocks, kMultiTensorThreads, 0, stream>>>(launch, step);
+    multi_tensor_sgd_kernel<<<launch.num_blocks, kMultiTensorThreads, 0, stream>>>(launch, step,
+                                                                                   control);
     FT_CUDA_CHECK_LAUNCH();
   }
 }

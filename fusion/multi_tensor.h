@@ -67,6 +67,7 @@ class MultiTensorSweep : public ParamSweep {
   double square_sum(ParamStore& params) override;
   void scale(ParamStore& params, float scale) override;
   void zero(ParamStore& params) override;
+  void square_sum_on_device(ParamStore& params, double* device_total) override;
 
   const MultiTensorPlan& plan() const { return plan_; }
 
@@ -80,6 +81,8 @@ class MultiTensorSweep : public ParamSweep {
   };
 
   void check_store(const ParamStore& params) const;
+  // cuda: enqueues the norm's partials into norm_scratch_ (grown as needed); returns their count.
+  int64_t square_sum_partials(ParamStore& params);
   template <int Depth>
   const std::vector<MultiTensorLaunch<Depth>>& packed(PackedPass<Depth>& pass,
                                                       const ParamStore& params,

@@ -105,11 +105,14 @@ namespace ft {
 
 // The multi-tensor kernels (multi_tensor.cu; CUDA builds only), one launch per table, enqueued
 // on `stream`. Array order in the tables: AdamW {value, grad, exp_avg, exp_avg_sq}; SGD {value,
-// grad, momentum_buffer}; zero, scale and the norm {grad}.
+// grad, momentum_buffer}; zero, scale and the norm {grad}. A non-null `control` (device memory,
+// model/step_control.h) overrides `step` and supplies the clip scale and the skip decision.
+struct DeviceStepControl;
 void multi_tensor_adamw_cuda(const std::vector<MultiTensorLaunch<4>>& launches,
-                             const AdamWStep& step, CudaStream stream);
+                             const AdamWStep& step, const DeviceStepControl* control,
+                             CudaStream stream);
 void multi_tensor_sgd_cuda(const std::vector<MultiTensorLaunch<3>>& launches, const SgdStep& step,
-                           CudaStream stream);
+                           const DeviceStepControl* control, CudaStream stream);
 void multi_tensor_zero_cuda(const std::vector<MultiTensorLaunch<1>>& launches, CudaStream stream);
 void multi_tensor_scale_cuda(const std::vector<MultiTensorLaunch<1>>& launches, float scale,
                              CudaStream stream);

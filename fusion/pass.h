@@ -28,6 +28,9 @@ struct FusionOptions {
     bool conv_shortcut = true;           // stride-2 3x3 conv + 1x1 shortcut -> one conv
     double max_padding_overhead = 0.25;  // conv_shortcut: extra FLOPs / useful FLOPs allowed
   } horizontal;
+  // The whole training step as one captured CUDA graph, replayed each step (train.device cuda;
+  // app/trainer_graph.cpp): the limit of horizontal launch fusion. Not a graph pass.
+  bool cuda_graph = false;
   int max_ops = 4;    // eager ops one fused op may absorb; 1 fuses nothing
   int tile_kb = 256;  // live intermediates per row tile of a fused row-tiled op
 };

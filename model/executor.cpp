@@ -133,13 +133,25 @@ float Executor::loss(const Workspace& ws) const {
   return loss.to_host_vector()[0];
 }
 
-void Executor::forward(Workspace& ws) {
+void Executor::stage_inputs(Workspace& ws) {
   FT_CHECK(ws.device == params_.device(), "workspace on ", device_name(ws.device),
            ", parameters on ", device_name(params_.device()));
   if (ws.device == Device::kCuda) {
     upload_ids(ws, ws.tokens_on_device, ws.tokens);
     upload_ids(ws, ws.targets_on_device, ws.targets);
+    static_assert(sizeof(uint64_t) == 2 * sizeof(float), "the seed travels in two floats");
+    if (!ws.dropout_seed_on_device.defined())
+      ws.dropout_seed_on_device = Tensor::empty({2}, Device::kCuda);
+    upload_to_workspace(ws, ws.dropout_seed_on_device,
+                        reinterpret_cast<const float*>(&ws.dropout_seed), 2);
   }
+  for (const auto& op : graph_.ops) op->stage(ws, params_);
+  ws.inputs_staged = true;
+}
+
+void Executor::forward(Workspace& ws) {
+  if (!ws.inputs_staged) stage_inputs(ws);
+  ws.inputs_staged = false;
   // A train forward updates BatchNorm running statistics.
   if (graph_.mode == GraphMode::kTrain) params_.mark_changed();
   const bool timed = profiling_ || observer_ != nullptr;

@@ -35,6 +35,10 @@ class Executor {
   // device; eval graphs and values that need no gradient get no gradient buffer.
   Workspace make_workspace() const;
 
+  // Copies the batch in ws (tokens, targets, the step's dropout seed) to the device and runs every
+  // op's stage() on it. forward() does this itself unless it was done since the last forward; a
+  // CUDA-graph step does it before each replay, outside the graph.
+  void stage_inputs(Workspace& ws);
   void forward(Workspace& ws);
   // Seeds d(loss) = 1 and runs backward ops in reverse. Each activation gradient is first written
   // by the backward of its last reader in forward order: just before that op runs, the gradient

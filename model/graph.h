@@ -99,6 +99,12 @@ struct Workspace {
   // (upload_to_workspace in model/executor.h), grown as needed.
   Tensor pinned_staging;
   uint64_t dropout_seed = 0;  // changes every step; masks are a pure function of it
+  // cuda: dropout_seed on the device (its 8 bytes in two floats), so a replayed CUDA graph draws
+  // each step's masks; read it through device_dropout_seed().
+  Tensor dropout_seed_on_device;
+  // Set by Executor::stage_inputs, cleared by the forward that follows: the batch is already on
+  // the device, and forward must not stage it again (it may be being captured into a CUDA graph).
+  bool inputs_staged = false;
   // Per value, set by the executor only for an op that overwrites_fresh_input_grads(): the
   // gradient buffer holds stale data, and that op's backward must write (=) all of it.
   std::vector<uint8_t> grad_fresh;
@@ -113,6 +119,9 @@ struct Workspace {
   const int32_t* device_targets() const {
     return reinterpret_cast<const int32_t*>(targets_on_device.data());
   }
+  const uint64_t* device_dropout_seed() const {
+    return reinterpret_cast<const uint64_t*>(dropout_seed_on_device.data());
+  }
 };
 
 class Graph;
@@ -124,6 +133,14 @@ class Op {
   const char* kind() const { return op_kind_name(op_kind()); }
   // Writes (=) every output value.
   virtual void forward(Workspace& ws, ParamStore& params) = 0;
+  // Host work on this step's batch that forward and backward need, run by
+  // Executor::stage_inputs before forward: checks of ws.tokens, tables derived from them and
+  // uploaded to the device. Afterwards forward and backward only enqueue device work on cuda, so
+  // a CUDA graph can capture and replay them. Default: nothing.
+  virtual void stage(Workspace& ws, ParamStore& params) {
+    static_cast<void>(ws);
+    static_cast<void>(params);
+  }
   // Accumulates (+=) into the gradients of inputs and parameters, reading output gradients;
   // writes (=) instead into every input gradient that ws.grad_is_fresh(), if
   // overwrites_fresh_input_grads(). Never called on an eval graph.

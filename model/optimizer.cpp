@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "model/step_control.h"
 #if defined(FT_HAVE_CUDA)
 #include "core/cuda/cuda_context.h"
 #endif
@@ -103,37 +104,38 @@ void check_state_device(const ParamStore& params, const Tensor& state, const cha
 // The per-tensor sweep on cuda: the CPU sweep's loops, one kernel launch per tensor.
 class PerTensorCudaSweep {
  public:
-  static void adamw(ParamStore& params, Tensor& exp_avg, Tensor& exp_avg_sq,
-                    const AdamWStep& step) {
+  static void adamw(ParamStore& params, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWStep& step,
+                    const DeviceStepControl* control) {
     const CudaStream stream = cuda_context().compute_stream();
     for (ParamId id = 0; id < params.size(); ++id) {
       Param& param = params[id];
       if (!param.trainable) continue;
       adamw_update_cuda(param.value.data(), exp_avg.data() + param.offset,
                         exp_avg_sq.data() + param.offset, param.grad.data(), param.value.numel(),
-                        step, param.weight_decay, stream);
+                        step, param.weight_decay, control, stream);
     }
   }
 
-  static void sgd(ParamStore& params, Tensor& momentum_buffer, const SgdStep& step) {
+  static void sgd(ParamStore& params, Tensor& momentum_buffer, const SgdStep& step,
+                  const DeviceStepControl* control) {
     const CudaStream stream = cuda_context().compute_stream();
     for (ParamId id = 0; id < params.size(); ++id) {
       Param& param = params[id];
       if (!param.trainable) continue;
       sgd_update_cuda(param.value.data(), momentum_buffer.data() + param.offset, param.grad.data(),
-                      param.value.numel(), step, param.weight_decay, stream);
+                      param.value.numel(), step, param.weight_decay, control, stream);
     }
   }
 
   // A partial per (tensor, chunk of the tensor) in offset order, then one reduction: the blocks
   // and their order are those of fusion/multi_tensor.cu, so the two cuda norms agree bitwise.
-  static double square_sum(ParamStore& params) {
+  // With device_total the total stays on the device (returns 0); else it is copied back.
+  static double square_sum(ParamStore& params, double* device_total = nullptr) {
     const CudaStream stream = cuda_context().compute_stream();
     int64_t partial_count = 0;
     for (ParamId id = 0; id < params.size(); ++id)
       if (params[id].trainable)
         partial_count += (params[id].grad.numel() + kSweepChunk - 1) / kSweepChunk;
-    if (partial_count == 0) return 0.0;
     // Doubles in a float tensor (the allocator aligns to 256 bytes): the partials, then the total.
     Tensor scratch = Tensor::empty({2 * (partial_count + 1)}, Device::kCuda);
     double* partials = reinterpret_cast<double*>(scratch.data());
@@ -144,6 +146,11 @@ class PerTensorCudaSweep {
       square_sum_partials_cuda(partials + at, param.grad.data(), param.grad.numel(), stream);
       at += (param.grad.numel() + kSweepChunk - 1) / kSweepChunk;
     }
+    if (device_total != nullptr) {
+      square_sum_total_on_device_cuda(device_total, partials, partial_count, stream);
+      return 0.0;
+    }
+    if (partial_count == 0) return 0.0;
     return square_sum_total_cuda(partials + partial_count, partials, partial_count, stream);
   }
 
@@ -167,7 +174,7 @@ class PerTensorSweep : public ParamSweep {
     check_state_device(params, exp_avg_sq, "exp_avg_sq");
 #if defined(FT_HAVE_CUDA)
     if (params.device() == Device::kCuda)
-      return PerTensorCudaSweep::adamw(params, exp_avg, exp_avg_sq, step);
+      return PerTensorCudaSweep::adamw(params, exp_avg, exp_avg_sq, step, device_control());
 #endif
     for_each_tensor(params, [&](Param& param, int64_t begin, int64_t count) {
       const int64_t at = param.offset + begin;
@@ -180,7 +187,7 @@ class PerTensorSweep : public ParamSweep {
     check_state_device(params, momentum_buffer, "momentum_buffer");
 #if defined(FT_HAVE_CUDA)
     if (params.device() == Device::kCuda)
-      return PerTensorCudaSweep::sgd(params, momentum_buffer, step);
+      return PerTensorCudaSweep::sgd(params, momentum_buffer, step, device_control());
 #endif
     for_each_tensor(params, [&](Param& param, int64_t begin, int64_t count) {
       sgd_update(param.value.data() + begin, momentum_buffer.data() + param.offset + begin,
@@ -221,6 +228,15 @@ class PerTensorSweep : public ParamSweep {
     });
   }
 
+  void square_sum_on_device(ParamStore& params, double* device_total) override {
+    FT_CHECK(params.device() == Device::kCuda, "square_sum_on_device on cpu parameters");
+#if defined(FT_HAVE_CUDA)
+    PerTensorCudaSweep::square_sum(params, device_total);
+#else
+    static_cast<void>(device_total);
+#endif
+  }
+
   void zero(ParamStore& params) override {
     params.zero_grads();
   }
@@ -238,6 +254,10 @@ class AdamW : public Optimizer {
     ++steps_taken_;
     sweep_->adamw(params, exp_avg_, exp_avg_sq_, adamw_step_constants(options_, steps_taken_, lr));
     params.mark_changed();
+  }
+
+  void next_step_constants(float lr, DeviceStepControl* control) const override {
+    control->adamw = adamw_step_constants(options_, steps_taken_ + 1, lr);
   }
 
   std::vector<std::pair<std::string, Tensor*>> state_slots() override {
@@ -258,15 +278,14 @@ class Sgd : public Optimizer {
         momentum_buffer_(Tensor::zeros({params.num_trainable_floats()}, params.device())) {}
 
   void step(ParamStore& params, float lr) override {
-    SgdStep constants;
-    constants.lr = lr;
-    constants.momentum = options_.momentum;
-    constants.weight_decay = options_.weight_decay;
-    constants.nesterov = options_.nesterov;
-    constants.first_step = steps_taken_ == 0;
+    const SgdStep constants = constants_at(lr);
     ++steps_taken_;
     sweep_->sgd(params, momentum_buffer_, constants);
     params.mark_changed();
+  }
+
+  void next_step_constants(float lr, DeviceStepControl* control) const override {
+    control->sgd = constants_at(lr);
   }
 
   std::vector<std::pair<std::string, Tensor*>> state_slots() override {
@@ -274,6 +293,16 @@ class Sgd : public Optimizer {
   }
 
  private:
+  SgdStep constants_at(float lr) const {
+    SgdStep constants;
+    constants.lr = lr;
+    constants.momentum = options_.momentum;
+    constants.weight_decay = options_.weight_decay;
+    constants.nesterov = options_.nesterov;
+    constants.first_step = steps_taken_ == 0;
+    return constants;
+  }
+
   OptimizerOptions options_;
   std::shared_ptr<ParamSweep> sweep_;
   Tensor momentum_buffer_;
@@ -304,7 +333,8 @@ float LrSchedule::at(int step) const {
 
 float clip_grad_norm(ParamStore& params, float max_norm, ParamSweep& sweep) {
   const float norm = static_cast<float>(std::sqrt(sweep.square_sum(params)));
-  if (max_norm > 0.0f && norm > max_norm) sweep.scale(params, max_norm / (norm + 1e-6f));
+  const float scale = clip_grad_scale(norm, max_norm);  // the CUDA-graph step's formula too
+  if (scale != 1.0f) sweep.scale(params, scale);
   return norm;
 }
 

@@ -5,22 +5,38 @@
 #include "core/cuda/launch.h"
 #include "model/optimizer.h"
 #include "model/optimizer_math.h"
+#include "model/step_control.h"
 
 namespace ft {
 namespace {
 
+// With a control (a CUDA-graph step, model/step_control.h) the constants, the clip scale and the
+// skip decision come from device memory; without one, from the arguments.
 __global__ void adamw_update_kernel(float* value, float* exp_avg, float* exp_avg_sq,
-                                    const float* grad, int64_t count, AdamWStep step, float decay) {
+                                    const float* grad, int64_t count, AdamWStep step,
+                                    bool weight_decay, const DeviceStepControl* control) {
+  float grad_scale = 1.0f;
+  if (!apply_step_control(control, &step, &grad_scale)) return;
+  const float decay = weight_decay ? step.decay : 0.0f;
   FT_GRID_STRIDE_LOOP(i, count) {
-    adamw_element(value[i], exp_avg[i], exp_avg_sq[i], grad[i], step, decay);
+    adamw_element(value[i], exp_avg[i], exp_avg_sq[i], grad[i] * grad_scale, step, decay);
   }
 }
 
 __global__ void sgd_update_kernel(float* value, float* momentum_buffer, const float* grad,
-                                  int64_t count, SgdStep step, float decay) {
+                                  int64_t count, SgdStep step, bool weight_decay,
+                                  const DeviceStepControl* control) {
+  float grad_scale = 1.0f;
+  if (!apply_step_control(control, &step, &grad_scale)) return;
+  const float decay = weight_decay ? step.weight_decay : 0.0f;
   FT_GRID_STRIDE_LOOP(i, count) {
-    sgd_element(value[i], momentum_buffer[i], grad[i], step, decay);
+    sgd_element(value[i], momentum_buffer[i], grad[i] * grad_scale, step, decay);
   }
+}
+
+__global__ void finish_step_control_kernel(DeviceStepControl* control, const float* loss) {
+  control->loss = *loss;
+  finish_step_control(*control);
 }
 
 __global__ void scale_kernel(float* data, int64_t count, float scale) {
@@ -48,18 +64,20 @@ __global__ void square_sum_total_kernel(double* total, const double* partials, i
 }  // namespace
 
 void adamw_update_cuda(float* value, float* exp_avg, float* exp_avg_sq, const float* grad,
-                       int64_t count, const AdamWStep& step, bool weight_decay, CudaStream stream) {
+                       int64_t count, const AdamWStep& step, bool weight_decay,
+                       const DeviceStepControl* control, CudaStream stream) {
   if (count <= 0) return;
   adamw_update_kernel<<<cuda_grid_stride_blocks(count), kCudaThreadsPerBlock, 0, stream>>>(
-      value, exp_avg, exp_avg_sq, grad, count, step, weight_decay ? step.decay : 0.0f);
+      value, exp_avg, exp_avg_sq, grad, count, step, weight_decay, control);
   FT_CUDA_CHECK_LAUNCH();
 }
 
 void sgd_update_cuda(float* value, float* momentum_buffer, const float* grad, int64_t count,
-                     const SgdStep& step, bool weight_decay, CudaStream stream) {
+                     const SgdStep& step, bool weight_decay, const DeviceStepControl* control,
+                     CudaStream stream) {
   if (count <= 0) return;
   sgd_update_kernel<<<cuda_grid_stride_blocks(count), kCudaThreadsPerBlock, 0, stream>>>(
-      value, momentum_buffer, grad, count, step, weight_decay ? step.weight_decay : 0.0f);
+      value, momentum_buffer, grad, count, step, weight_decay, control);
   FT_CUDA_CHECK_LAUNCH();
 }
 
@@ -80,17 +98,33 @@ void square_sum_partials_cuda(double* partials, const float* data, int64_t count
   FT_CUDA_CHECK_LAUNCH();
 }
 
+void square_sum_total_on_device_cuda(double* total, const double* partials, int64_t count,
+                                     CudaStream stream) {
+  if (count <= 0) {
+    FT_CUDA_CHECK(cudaMemsetAsync(total, 0, sizeof(double), stream));
+    count_launch(LaunchKind::kCopy);
+    return;
+  }
+  square_sum_total_kernel<<<1, kSquareSumThreads, 0, stream>>>(total, partials, count);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
 double square_sum_total_cuda(double* total, const double* partials, int64_t count,
                              CudaStream stream) {
   if (count <= 0) return 0.0;
-  square_sum_total_kernel<<<1, kSquareSumThreads, 0, stream>>>(total, partials, count);
-  FT_CUDA_CHECK_LAUNCH();
+  square_sum_total_on_device_cuda(total, partials, count, stream);
   double host_total = 0.0;
   // Waits for the stream: the sweep's one synchronisation (the caller needs the norm's value).
   FT_CUDA_CHECK(
       cudaMemcpyAsync(&host_total, total, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  count_launch(LaunchKind::kCopy);
   FT_CUDA_CHECK(cudaStreamSynchronize(stream));
   return host_total;
+}
+
+void finish_step_control_cuda(DeviceStepControl* control, const float* loss, CudaStream stream) {
+  finish_step_control_kernel<<<1, 1, 0, stream>>>(control, loss);
+  FT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace ft

@@ -50,12 +50,17 @@ using NormLanes = std::array<double, kNormLanes>;
 void accumulate_squares(NormLanes& lanes, const float* grad, int64_t flat_index, int64_t count);
 double sum_chunk_lanes(const std::vector<NormLanes>& chunk_lanes);
 
+struct DeviceStepControl;  // model/step_control.h
+
 // The same on device pointers, one launch per call, enqueued on `stream` (optimizer.cu; CUDA
-// builds only). They are the per-tensor sweep's kernels on cuda.
+// builds only). They are the per-tensor sweep's kernels on cuda. A non-null `control` (device
+// memory) overrides `step` and supplies the clip scale and the skip decision (step_control.h).
 void adamw_update_cuda(float* value, float* exp_avg, float* exp_avg_sq, const float* grad,
-                       int64_t count, const AdamWStep& step, bool weight_decay, CudaStream stream);
+                       int64_t count, const AdamWStep& step, bool weight_decay,
+                       const DeviceStepControl* control, CudaStream stream);
 void sgd_update_cuda(float* value, float* momentum_buffer, const float* grad, int64_t count,
-                     const SgdStep& step, bool weight_decay, CudaStream stream);
+                     const SgdStep& step, bool weight_decay, const DeviceStepControl* control,
+                     CudaStream stream);
 void scale_cuda(float* data, int64_t count, float scale, CudaStream stream);
 // The norm on cuda sums in double too, but in its own deterministic order (not the CPU lane order
 // above, so cuda and cpu norms agree to rounding, not bitwise): each (tensor, chunk of
@@ -68,6 +73,9 @@ void square_sum_partials_cuda(double* partials, const float* data, int64_t count
 // REQUIRES: total is one device double, distinct from partials[0, count).
 double square_sum_total_cuda(double* total, const double* partials, int64_t count,
                              CudaStream stream);
+// The same without the copy to the host: *total is written on the device (0 when count is 0).
+void square_sum_total_on_device_cuda(double* total, const double* partials, int64_t count,
+                                     CudaStream stream);
 
 // How a sweep over the flat parameter buffers is carried out: what the optimizers, clipping and
 // zeroing need. State tensors are laid out like ParamStore::flat_values(), on params.device().
@@ -91,6 +99,18 @@ class ParamSweep {
   virtual void scale(ParamStore& params, float scale) = 0;
   // Sets every trainable gradient to zero.
   virtual void zero(ParamStore& params) = 0;
+  // cuda only: square_sum written to *device_total (one device double), with no host
+  // synchronisation, so a CUDA graph can capture it.
+  virtual void square_sum_on_device(ParamStore& params, double* device_total) = 0;
+
+  // While set (a CUDA-graph step), the cuda adamw and sgd passes read their constants, the clip
+  // scale and the skip decision from `control` (device memory, model/step_control.h) instead of
+  // their `step` argument. Null clears it. REQUIRES: control outlives its use.
+  void set_device_control(const DeviceStepControl* control) { device_control_ = control; }
+  const DeviceStepControl* device_control() const { return device_control_; }
+
+ private:
+  const DeviceStepControl* device_control_ = nullptr;
 };
 
 // Tensor by tensor, in offset order (on cuda: one launch per tensor); holds no state, so one
@@ -105,6 +125,9 @@ class Optimizer {
   // Named state slots ("exp_avg", ...), each laid out like ParamStore::flat_values() and on its
   // device (params.device() at construction).
   virtual std::vector<std::pair<std::string, Tensor*>> state_slots() = 0;
+  // The constants step() would use at `lr` for the step after steps_taken(), into the host copy
+  // of a CUDA-graph step's control (model/step_control.h); step() itself is then replayed.
+  virtual void next_step_constants(float lr, DeviceStepControl* control) const = 0;
   int64_t steps_taken() const { return steps_taken_; }
   void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
 

@@ -3,7 +3,8 @@
 # default): builds with FT_CUDA=ON into build-gpu, runs every test with the ctest label `gpu`
 # (each CUDA kernel against its CPU kernel, training on cuda against cpu, the cuda export) and the
 # NCCL test as one rank, then `bandwidth` on NCCL with 1 rank and MPI-staged with 2 ranks, then
-# `bench` of gpt_tiny, gpt_small and resnet8 on cuda (unfused, each strategy, all). Everything
+# `bench` of gpt_tiny, gpt_small and resnet8 on cuda (unfused, each strategy, all, cuda_graph:
+# the whole step replayed as one CUDA graph, captured after two eager steps). Everything
 # is written under $OUT (./gpu_check_out when OUT is unset): logs, gtest and bench JSON, and
 # gpu_check.json, the summary. Sized to end within 8 minutes; GPU_CHECK_QUICK=1 skips the bench.
 # Exit status: 0 only when every step exited 0 and no GPU test was skipped (a skip on a GPU
@@ -48,8 +49,8 @@ if step configure cmake -S . -B "$BUILD" -DFT_CUDA=ON \
   if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     for config in gpt_tiny gpt_small resnet8; do
       step "bench_$config" "$FT" bench --config "configs/$config.yaml" \
-        --set train.device=cuda --variants unfused,horizontal,vertical,all --steps 20 \
-        --warmup 3 --json "$OUT_DIR/bench_$config.json"
+        --set train.device=cuda --variants unfused,horizontal,vertical,all,cuda_graph \
+        --steps 20 --warmup 3 --json "$OUT_DIR/bench_$config.json"
     done
   fi
 fi

@@ -1,7 +1,8 @@
 // `fusiontrain bench`: the variant expansion and statistics of app/bench.h, and the binary on a
 // one-layer GPT: every default variant runs, the final losses agree within the stated tolerance,
 // the JSON has every column and the interleaving order documented in app/bench_job.cpp, --sweep
-// makes one variant per value, and bad input fails naming the flag and the allowed values.
+// makes one variant per value, and bad input fails naming the flag and the allowed values; the
+// launches-per-step column reads counts on cuda and "-" (JSON null) on cpu.
 #include "app/bench.h"
 
 #include <gtest/gtest.h>
@@ -140,6 +141,36 @@ TEST(BenchStats, SpeedupIsTheMedianOfPerRoundRatios) {
   EXPECT_NE(table.find("tolerance: relative 1e-03"), std::string::npos) << table;
 }
 
+TEST(BenchLaunches, PerStepCountsInTheTableAndJson) {
+  EXPECT_EQ(format_launches_per_step(std::nullopt, 3), "-");
+  LaunchCounts counted;
+  counted.kernels = 1950;
+  counted.gemms = 360;
+  counted.copies = 126;
+  EXPECT_EQ(format_launches_per_step(counted, 3), "812 (k 650, gemm 120, conv 0, copy 42)");
+  LaunchCounts uneven;
+  uneven.kernels = 5;
+  uneven.convolutions = 2;
+  EXPECT_EQ(format_launches_per_step(uneven, 2), "3.5 (k 2.5, gemm 0, conv 1, copy 0)");
+
+  // A cuda variant shows its counts per round; a cpu one (nothing counted) shows "-" and null.
+  std::vector<BenchVariantResult> results = {result_with("cpu", {10, 10, 10}, 3.0),
+                                             result_with("cuda", {5, 5, 5}, 3.0)};
+  results[1].launches = counted;
+  const std::vector<BenchSummary> summaries = summarize_bench(results);
+  const std::string table = bench_table_markdown(results, summaries);
+  EXPECT_NE(table.find("| ops | launches/step | allreduces |"), std::string::npos) << table;
+  EXPECT_NE(table.find(" | - | "), std::string::npos) << table;
+  EXPECT_NE(table.find(" | 812 (k 650, gemm 120, conv 0, copy 42) | "), std::string::npos) << table;
+  const nlohmann::json json = nlohmann::json::parse(bench_to_json({}, results, summaries));
+  EXPECT_TRUE(json["variants"][0]["launches"].is_null());
+  const nlohmann::json& launches = json["variants"][1]["launches"];
+  EXPECT_DOUBLE_EQ(launches["kernels"].get<double>(), 650.0);
+  EXPECT_DOUBLE_EQ(launches["gemms"].get<double>(), 120.0);
+  EXPECT_DOUBLE_EQ(launches["convolutions"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(launches["copies"].get<double>(), 42.0);
+}
+
 using test::RunResult;
 
 RunResult run(const std::string& args) {
@@ -162,6 +193,7 @@ TEST(BenchBinary, DefaultVariantsRunInterleavedAndAgree) {
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("ETA"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("tolerance: relative 1e-03"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("| launches/step |"), std::string::npos) << result.output;
   for (const std::string& name : kDefaultNames)
     EXPECT_NE(result.output.find("| " + name + " |"), std::string::npos) << result.output;
 
@@ -181,8 +213,9 @@ TEST(BenchBinary, DefaultVariantsRunInterleavedAndAgree) {
     for (const char* column :
          {"median_ms", "p10_ms", "p90_ms", "speedup", "speedup_p10", "speedup_p90", "within_noise",
           "compute_ms", "comm_ms", "exposed_comm_ms", "ops_per_step", "allreduces_per_step",
-          "bytes_moved", "peak_activation_bytes", "final_loss", "loss_ok", "step_ms"})
+          "bytes_moved", "peak_activation_bytes", "final_loss", "loss_ok", "step_ms", "launches"})
       EXPECT_TRUE(variant.contains(column)) << kDefaultNames[v] << " lacks " << column;
+    EXPECT_TRUE(variant["launches"].is_null()) << "cpu counts no launches";
     EXPECT_EQ(variant["step_ms"].size(), 3u);
     EXPECT_GT(variant["median_ms"].get<double>(), 0.0);
     EXPECT_GT(variant["ops_per_step"].get<int>(), 0);

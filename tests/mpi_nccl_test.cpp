@@ -1,6 +1,7 @@
 // NCCL communicator tests over real MPI ranks (one GPU per rank). ctest runs this file under
-// mpirun with 2 and 3 ranks; on a machine with fewer GPUs than ranks per node every rank skips
-// together. scripts/gpu_check.sh also runs it as a single rank, which works on one GPU.
+// mpirun with 2 and 3 ranks; on a machine with fewer GPUs than ranks per node the communicator
+// tests skip on every rank together, and NcclSharedGpu checks the error such a run gets instead.
+// scripts/gpu_check.sh also runs it as a single rank, which works on one GPU.
 // Own main(): MPI must be initialised before the communicator and finalised after the tests.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -19,9 +20,11 @@ TEST(Nccl, Skipped) {
 #include <string>
 #include <vector>
 
+#include "comm/mpi/mpi_communicator.h"
 #include "comm/nccl/nccl_communicator.h"
 #include "core/check.h"
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_context.h"
 
 namespace ft {
 namespace {
@@ -38,45 +41,58 @@ int world_rank() {
   return rank;
 }
 
-// Why this run cannot test NCCL, agreed by all ranks (so none waits in a collective alone);
-// empty when it can.
+// True when `local` holds on every rank, so that all ranks take the same branch into the
+// collectives that follow (none waits in one alone).
+bool on_every_rank(bool local) {
+  int ok = local ? 1 : 0, all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all_ok == 1;
+}
+
+int ranks_on_node() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int ranks = 0;
+  MPI_Comm_size(node, &ranks);
+  MPI_Comm_free(&node);
+  return ranks;
+}
+
+int device_count() {
+  int devices = 0;
+  FT_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  return devices;
+}
+
+// Why this run cannot test NCCL, agreed by all ranks; empty when it can.
 std::string skip_reason() {
   std::string reason;
   if (!cuda_device_available()) {
     reason = "no usable CUDA device: " + cuda_unavailable_reason();
-  } else {
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    int ranks_on_node = 0;
-    MPI_Comm_size(node, &ranks_on_node);
-    MPI_Comm_free(&node);
-    int devices = 0;
-    FT_CUDA_CHECK(cudaGetDeviceCount(&devices));
-    if (ranks_on_node > devices) {
-      reason = detail::concat(ranks_on_node, " ranks share ", devices,
-                              " GPU(s) on this node; NCCL needs one GPU per rank");
-    }
+  } else if (ranks_on_node() > device_count()) {
+    reason = detail::concat(ranks_on_node(), " ranks share ", device_count(),
+                            " GPU(s) on this node; NCCL needs one GPU per rank");
   }
-  int ok = reason.empty() ? 1 : 0, all_ok = 0;
-  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (all_ok == 0 && reason.empty()) reason = "another rank cannot run NCCL";
+  if (!on_every_rank(reason.empty()) && reason.empty()) reason = "another rank cannot run NCCL";
   return reason;
 }
 
 class NcclCommunicatorTest : public ::testing::Test {
  protected:
+  // The trainer's path: the host communicator's local rank picks the device (setup_device), the
+  // CUDA context is made on it, and NCCL runs on the context's device and compute stream.
   static void SetUpTestSuite() {
     skip_reason_ = new std::string(skip_reason());
     if (!skip_reason_->empty()) return;
-    select_local_cuda_device();
-    FT_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_stream_, cudaStreamNonBlocking));
+    local_rank_ = MpiCommunicator().local_rank();
+    select_cuda_device(local_rank_);
+    compute_stream_ = cuda_context().compute_stream();
     communicator_ = make_nccl_communicator(compute_stream_).release();
   }
   static void TearDownTestSuite() {
     delete communicator_;
     communicator_ = nullptr;
-    if (compute_stream_ != nullptr) cudaStreamDestroy(compute_stream_);
-    compute_stream_ = nullptr;
+    compute_stream_ = nullptr;  // the context's, never destroyed
     delete skip_reason_;
     skip_reason_ = nullptr;
   }
@@ -108,11 +124,13 @@ class NcclCommunicatorTest : public ::testing::Test {
   }
 
   static std::string* skip_reason_;
+  static int local_rank_;
   static cudaStream_t compute_stream_;
   static Communicator* communicator_;
 };
 
 std::string* NcclCommunicatorTest::skip_reason_ = nullptr;
+int NcclCommunicatorTest::local_rank_ = 0;
 cudaStream_t NcclCommunicatorTest::compute_stream_ = nullptr;
 Communicator* NcclCommunicatorTest::communicator_ = nullptr;
 
@@ -120,9 +138,12 @@ TEST_F(NcclCommunicatorTest, ReportsWorldShape) {
   EXPECT_EQ(communicator_->rank(), world_rank());
   EXPECT_EQ(communicator_->size(), world_size());
   EXPECT_STREQ(communicator_->backend_name(), "nccl");
+  EXPECT_EQ(communicator_->local_rank(), local_rank_);
+  // One device-selection path: NCCL drives the context's device, which the local rank chose.
   int device = -1;
   FT_CUDA_CHECK(cudaGetDevice(&device));
-  EXPECT_EQ(device, communicator_->local_rank());
+  EXPECT_EQ(device, cuda_context().device_index());
+  EXPECT_EQ(device, local_rank_);  // skip_reason() ensured a GPU per rank of this machine
 }
 
 TEST_F(NcclCommunicatorTest, AllreduceSumsAcrossRanks) {
@@ -170,6 +191,24 @@ TEST_F(NcclCommunicatorTest, RejectsHostBuffersAndBadRoots) {
   EXPECT_THROW(communicator_->broadcast(device, host.size(), world_size()), Error);
   cudaFree(device);
   EXPECT_NO_THROW(communicator_->barrier());
+}
+
+// More ranks than GPUs on a machine (ctest's 2 and 3 ranks on a one-GPU machine): the ranks pick
+// their devices as the trainer does, so some share one, and creating the communicator fails on
+// every rank with the reason rather than with NCCL's own error, or a hang.
+TEST(NcclSharedGpu, FailsOnEveryRankWithTheReason) {
+  const bool shared = cuda_device_available() && ranks_on_node() > device_count();
+  if (!on_every_rank(shared)) GTEST_SKIP() << "every rank has a GPU of its own, or none is usable";
+  select_cuda_device(MpiCommunicator().local_rank());
+  std::string message;
+  try {
+    make_nccl_communicator(cuda_context().compute_stream());
+  } catch (const Error& error) {
+    message = error.what();
+  }
+  EXPECT_TRUE(message.find("NCCL needs one GPU per rank") != std::string::npos ||
+              message.find("another rank failed during device selection") != std::string::npos)
+      << "rank " << world_rank() << ": '" << message << "'";
 }
 
 }  // namespace

@@ -173,14 +173,14 @@ TEST(DropoutMath, KeepIsTheHashThresholdAndScaleIsInverse) {
   EXPECT_GT(differs, 400) << "another seed should draw another mask";
 }
 
-TEST(EmbeddingRowsByToken, GroupsRowsAscendingByToken) {
+TEST(EmbeddingRowsByToken, GroupsRowsAscendingByTokenInAFixedLayout) {
   const int64_t vocab = 11;
   const std::vector<int32_t> tokens = {3, 0, 3, 10, 7, 3, 0, 10, 5, 3, 7, 7};
   const int64_t rows = static_cast<int64_t>(tokens.size());
-  int distinct = -1;
-  const std::vector<int32_t> grouped =
-      embedding_rows_by_token(tokens.data(), rows, vocab, &distinct);
-  // Brute force: every token id with its rows in ascending order.
+  const int64_t capacity = embedding_token_capacity(rows, vocab);
+  ASSERT_EQ(capacity, vocab);
+  const std::vector<int32_t> grouped = embedding_rows_by_token(tokens.data(), rows, vocab);
+  // Brute force: every token id with its rows in ascending order, slots past distinct zero.
   std::vector<int32_t> ids, starts, sorted_rows;
   for (int32_t token = 0; token < vocab; ++token) {
     const size_t first = sorted_rows.size();
@@ -191,18 +191,21 @@ TEST(EmbeddingRowsByToken, GroupsRowsAscendingByToken) {
       starts.push_back(static_cast<int32_t>(first));
     }
   }
+  const int32_t distinct = static_cast<int32_t>(ids.size());
   starts.push_back(static_cast<int32_t>(rows));
-  ASSERT_EQ(distinct, static_cast<int>(ids.size()));
-  std::vector<int32_t> expected = ids;
+  ids.resize(capacity, 0);
+  starts.resize(capacity + 1, 0);
+  std::vector<int32_t> expected = {distinct};
+  expected.insert(expected.end(), ids.begin(), ids.end());
   expected.insert(expected.end(), starts.begin(), starts.end());
   expected.insert(expected.end(), sorted_rows.begin(), sorted_rows.end());
   EXPECT_EQ(grouped, expected);
 
+  // The size depends only on (rows, vocab): another batch of the same shape fits the same buffer.
   const std::vector<int32_t> one_token(5, 4);
-  const std::vector<int32_t> single =
-      embedding_rows_by_token(one_token.data(), 5, vocab, &distinct);
-  EXPECT_EQ(distinct, 1);
-  EXPECT_EQ(single, (std::vector<int32_t>{4, 0, 5, 0, 1, 2, 3, 4}));
+  const std::vector<int32_t> single = embedding_rows_by_token(one_token.data(), 5, vocab);
+  EXPECT_EQ(embedding_token_capacity(5, vocab), 5);
+  EXPECT_EQ(single, (std::vector<int32_t>{1, 4, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 1, 2, 3, 4}));
 }
 
 }  // namespace

@@ -5,12 +5,12 @@
 #include <mpi.h>
 #include <nccl.h>
 
-#include <cerrno>
-#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "core/check.h"
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_context.h"
 
 namespace ft {
 namespace {
@@ -33,6 +33,47 @@ void agree_or_throw(bool local_ok, const std::string& local_error, const char* s
   if (all_ok == 1) return;
   if (!local_ok) throw Error(local_error);
   FT_FAIL("NCCL communicator: another rank failed during ", step, "; see its error");
+}
+
+// The PCI bus id names a physical GPU, whichever CUDA_VISIBLE_DEVICES each rank was given.
+constexpr int kBusIdLength = 32;
+struct DeviceChoice {
+  int device = 0;
+  char bus_id[kBusIdLength] = {};
+};
+
+// This process's GPU: its CUDA context's device, made current on this thread for NCCL.
+DeviceChoice context_device() {
+  DeviceChoice choice;
+  choice.device = cuda_context().device_index();
+  FT_CUDA_CHECK(cudaSetDevice(choice.device));
+  FT_CUDA_CHECK(cudaDeviceGetPCIBusId(choice.bus_id, kBusIdLength, choice.device));
+  return choice;
+}
+
+// This rank's index among the ranks of its machine; `error` is set when another of them drives
+// the same GPU, which NCCL rejects with a less helpful message. Collective over MPI_COMM_WORLD.
+int node_local_rank(const DeviceChoice& choice, std::string* error) {
+  const int rank = world_rank();
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local_rank = 0, local_size = 1;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_size(node, &local_size);
+  std::vector<char> bus_ids(static_cast<size_t>(local_size) * kBusIdLength);
+  MPI_Allgather(choice.bus_id, kBusIdLength, MPI_CHAR, bus_ids.data(), kBusIdLength, MPI_CHAR,
+                node);
+  MPI_Comm_free(&node);
+  for (int other = 0; other < local_size; ++other) {
+    const std::string other_bus(&bus_ids[static_cast<size_t>(other) * kBusIdLength]);
+    if (other == local_rank || other_bus != choice.bus_id) continue;
+    *error = detail::concat("rank ", rank, " (local rank ", local_rank, ") and local rank ", other,
+                            " both drive GPU ", other_bus, " (CUDA device ", choice.device, "); ",
+                            local_size, " ranks share this machine's GPUs, but NCCL needs one GPU ",
+                            "per rank: run at most one rank per GPU or use comm.backend: mpi");
+    break;
+  }
+  return local_rank;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
@@ -141,11 +182,14 @@ class NcclCommunicator : public Communicator {
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
 
     std::string error;
+    DeviceChoice choice;
     try {
-      local_rank_ = select_local_cuda_device();
+      choice = context_device();
     } catch (const std::exception& caught) {
       error = caught.what();
     }
+    agree_or_throw(error.empty(), error, "device selection");
+    local_rank_ = node_local_rank(choice, &error);
     agree_or_throw(error.empty(), error, "device selection");
 
     // The id is a plain byte blob; a status rides along so a failure on rank 0 reaches everyone.
@@ -225,26 +269,6 @@ class NcclCommunicator : public Communicator {
 };
 
 }  // namespace
-
-int select_local_cuda_device() {
-  const int rank = world_rank();
-  int device_count = 0;
-  FT_CUDA_CHECK(cudaGetDeviceCount(&device_count));
-  FT_CHECK(device_count > 0, "rank ", rank, ": the CUDA runtime found no devices");
-  int device = rank % device_count;
-  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) {
-    char* end = nullptr;
-    errno = 0;
-    const long parsed = std::strtol(local, &end, 10);
-    FT_CHECK(errno == 0 && end != local && *end == '\0' && parsed >= 0,
-             "OMPI_COMM_WORLD_LOCAL_RANK='", local, "' is not a non-negative integer");
-    FT_CHECK(parsed < device_count, "rank ", rank, ": local rank ", parsed, " needs GPU ", parsed,
-             " but only ", device_count, " are visible; run at most one rank per GPU");
-    device = static_cast<int>(parsed);
-  }
-  FT_CUDA_CHECK(cudaSetDevice(device));
-  return device;
-}
 
 std::unique_ptr<Communicator> make_nccl_communicator(cudaStream_t compute_stream) {
   return std::make_unique<NcclCommunicator>(compute_stream);

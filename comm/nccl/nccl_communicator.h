@@ -1,5 +1,6 @@
 // NCCL backend of ft::Communicator, for float buffers in CUDA device memory. One process drives
-// one GPU; the NCCL unique id travels from rank 0 to the others over MPI_COMM_WORLD.
+// one GPU, its CUDA context's; the NCCL unique id travels from rank 0 to the others over
+// MPI_COMM_WORLD.
 // Collectives run on the communicator's own non-blocking stream, ordered after the work already
 // enqueued on the compute stream (via an event), so gradient buckets can reduce while the
 // backward pass keeps computing.
@@ -20,17 +21,13 @@
 
 namespace ft {
 
-// Picks this process's GPU and makes it current (cudaSetDevice): OMPI_COMM_WORLD_LOCAL_RANK when
-// mpirun sets it, else the MPI world rank modulo the device count. Call it before creating the
-// compute stream. Returns the device index. Throws ft::Error when no device fits.
-// REQUIRES: MPI is initialised.
-int select_local_cuda_device();
-
-// Selects the device as above, creates the NCCL communicator over all MPI ranks (collective:
-// every rank must call it) and its communication stream.
-// REQUIRES: MPI is initialised; compute_stream (null = legacy default stream) belongs to the
-//           device select_local_cuda_device() picks; one rank per GPU (NCCL rejects two ranks on
-//           one device).
+// Creates the NCCL communicator over all MPI ranks (collective: every rank must call it) and its
+// communication stream, on the GPU of this process's cuda_context() (core/cuda/cuda_context.h),
+// the one device-selection path: select_cuda_device(local rank) before the first cuda_context(),
+// as setup_device does. Throws ft::Error on every rank when any rank's context cannot be made, or
+// when two ranks of one machine drive the same GPU (NCCL needs one GPU per rank).
+// REQUIRES: MPI is initialised; compute_stream (null = legacy default stream) belongs to
+//           cuda_context()'s device (normally it is cuda_context().compute_stream()).
 std::unique_ptr<Communicator> make_nccl_communicator(cudaStream_t compute_stream);
 
 }  // namespace ft

@@ -84,6 +84,24 @@ __global__ void row_sums_kernel(float* sums, const float* x, int64_t rows, int64
   }
 }
 
+using EpilogueForwardKernel = decltype(&epilogue_forward_kernel<Activation::kIdentity>);
+
+// The instantiation for a forward epilogue, so the launcher has one launch site (and one
+// FT_CUDA_CHECK_LAUNCH, which counts it).
+EpilogueForwardKernel epilogue_forward_kernel_for(Epilogue epilogue) {
+  switch (epilogue) {
+    case Epilogue::kNone:
+      return epilogue_forward_kernel<Activation::kIdentity>;
+    case Epilogue::kRelu:
+      return epilogue_forward_kernel<Activation::kRelu>;
+    case Epilogue::kGeluTanh:
+    case Epilogue::kGeluTanhAux:
+      return epilogue_forward_kernel<Activation::kGelu>;
+    default:
+      FT_FAIL("epilogue_forward_cuda: ", epilogue_name(epilogue), " is not a forward epilogue");
+  }
+}
+
 }  // namespace
 
 void epilogue_forward_cuda(float* c, float* aux, const float* bias, Epilogue epilogue,
@@ -96,25 +114,9 @@ void epilogue_forward_cuda(float* c, float* aux, const float* bias, Epilogue epi
       "epilogue_forward_cuda: aux must be given exactly for gelu_tanh_aux, with batch 1");
   const int64_t total = batch * rows * cols;
   if (total == 0 || (bias == nullptr && epilogue == Epilogue::kNone)) return;
-  const unsigned int blocks = cuda_grid_stride_blocks(total);
-  switch (epilogue) {
-    case Epilogue::kNone:
-      epilogue_forward_kernel<Activation::kIdentity><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
-          c, aux, bias, batch, rows, cols, ldc, batch_stride_c, ld_aux);
-      break;
-    case Epilogue::kRelu:
-      epilogue_forward_kernel<Activation::kRelu><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
-          c, aux, bias, batch, rows, cols, ldc, batch_stride_c, ld_aux);
-      break;
-    case Epilogue::kGeluTanh:
-    case Epilogue::kGeluTanhAux:
-      epilogue_forward_kernel<Activation::kGelu><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
-          c, aux, bias, batch, rows, cols, ldc, batch_stride_c, ld_aux);
-      break;
-    default:
-      FT_CHECK(false, "epilogue_forward_cuda: ", epilogue_name(epilogue),
-               " is not a forward epilogue");
-  }
+  const EpilogueForwardKernel kernel = epilogue_forward_kernel_for(epilogue);
+  kernel<<<cuda_grid_stride_blocks(total), kCudaThreadsPerBlock, 0, stream>>>(
+      c, aux, bias, batch, rows, cols, ldc, batch_stride_c, ld_aux);
   FT_CUDA_CHECK_LAUNCH();
 }
 

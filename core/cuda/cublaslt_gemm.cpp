@@ -17,6 +17,7 @@
 
 #include "core/cuda/bias_activation_kernel.h"
 #include "core/cuda/cuda_check.h"
+#include "core/launch_counter.h"
 
 namespace ft {
 namespace {
@@ -314,6 +315,7 @@ void CublasLtGemm::run(float* c, const float* a, const float* b, const GemmArgs&
   FT_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, plan.matmul, &alpha, b, plan.layout_a, a,
                                  plan.layout_b, &beta, c, plan.layout_c, c, plan.layout_c,
                                  &plan.algo, impl_->workspace, impl_->workspace_bytes, stream));
+  count_launch(LaunchKind::kGemm);
   if (needs_epilogue && !plan.epilogue_fused) {
     run_unfused_epilogue(c, a, r, stream);
     ++unfused_epilogue_calls_;

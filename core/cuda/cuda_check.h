@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/launch_counter.h"
 
 namespace ft {
 
@@ -38,6 +39,12 @@ std::string cuda_unavailable_reason();
 #define FT_CUDNN_CHECK(expr) FT_CUDA_LIBRARY_CHECK_(::ft::CudaLibrary::kCudnn, expr)
 #define FT_NCCL_CHECK(expr) FT_CUDA_LIBRARY_CHECK_(::ft::CudaLibrary::kNccl, expr)
 
-// Checks the launch of the kernel just issued (bad configuration, no device); execution errors
-// surface at the next synchronising call.
-#define FT_CUDA_CHECK_LAUNCH() FT_CUDA_CHECK(cudaGetLastError())
+// Checks the launch of the kernel just issued (bad configuration, no device) and counts it for
+// `fusiontrain bench` (core/launch_counter.h); execution errors surface at the next synchronising
+// call. Every `<<<...>>>` is followed by its own FT_CUDA_CHECK_LAUNCH() before the next launch,
+// so the count is exact (tests/launch_count_convention_test.cpp holds every .cu file to it).
+#define FT_CUDA_CHECK_LAUNCH()                     \
+  do {                                             \
+    FT_CUDA_CHECK(cudaGetLastError());             \
+    ::ft::count_launch(::ft::LaunchKind::kKernel); \
+  } while (0)

@@ -8,6 +8,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/launch.h"
+#include "core/launch_counter.h"
 
 namespace ft {
 
@@ -40,6 +41,7 @@ void cuda_fill(float* data, int64_t count, float value, CudaStream stream) {
   if (count <= 0) return;
   if (value == 0.0f && !std::signbit(value)) {
     FT_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<size_t>(count) * sizeof(float), stream));
+    count_launch(LaunchKind::kCopy);
     return;
   }
   fill_kernel<<<cuda_grid_stride_blocks(count), kCudaThreadsPerBlock, 0, stream>>>(data, count,
@@ -88,6 +90,7 @@ void cuda_pinned_free(void* ptr) {
 void cuda_copy(void* destination, const void* source, size_t bytes, CudaStream stream) {
   if (bytes == 0) return;
   FT_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, stream));
+  count_launch(LaunchKind::kCopy);
   cudaPointerAttributes destination_attributes{}, source_attributes{};
   FT_CUDA_CHECK(cudaPointerGetAttributes(&destination_attributes, destination));
   FT_CUDA_CHECK(cudaPointerGetAttributes(&source_attributes, source));

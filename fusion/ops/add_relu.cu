@@ -38,19 +38,12 @@ void add_relu_forward_cuda(float* y, const float* a, const float* b, int64_t num
 void add_relu_backward_cuda(float* da, float* db, const float* dy, const float* y, int64_t numel,
                             bool da_fresh, bool db_fresh, CudaStream stream) {
   if (numel <= 0) return;
-  const unsigned int blocks = cuda_grid_stride_blocks(numel);
-  if (da_fresh && db_fresh)
-    add_relu_backward_kernel<true, true>
-        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(da, db, dy, y, numel);
-  else if (da_fresh)
-    add_relu_backward_kernel<true, false>
-        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(da, db, dy, y, numel);
-  else if (db_fresh)
-    add_relu_backward_kernel<false, true>
-        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(da, db, dy, y, numel);
-  else
-    add_relu_backward_kernel<false, false>
-        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(da, db, dy, y, numel);
+  // One launch site for the four instantiations, so its check counts exactly one launch.
+  const auto kernel = da_fresh ? (db_fresh ? add_relu_backward_kernel<true, true>
+                                           : add_relu_backward_kernel<true, false>)
+                               : (db_fresh ? add_relu_backward_kernel<false, true>
+                                           : add_relu_backward_kernel<false, false>);
+  kernel<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(da, db, dy, y, numel);
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -30,19 +30,15 @@ void conv_bias_epilogue_cuda(float* y, const float* bias, const float* residual,
                              int channels, bool relu, CudaStream stream) {
   const int64_t numel = rows * channels;
   if (numel <= 0) return;
-  const unsigned int blocks = cuda_grid_stride_blocks(numel);
-  if (residual != nullptr && relu)
-    conv_bias_epilogue_kernel<true, true>
-        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(y, bias, residual, numel, channels);
-  else if (residual != nullptr)
-    conv_bias_epilogue_kernel<true, false>
-        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(y, bias, residual, numel, channels);
-  else if (relu)
-    conv_bias_epilogue_kernel<false, true>
-        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(y, bias, residual, numel, channels);
-  else
-    conv_bias_epilogue_kernel<false, false>
-        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(y, bias, residual, numel, channels);
+  // One launch site for the four instantiations, so its check counts exactly one launch.
+  const bool with_residual = residual != nullptr;
+  const auto kernel =
+      with_residual
+          ? (relu ? conv_bias_epilogue_kernel<true, true> : conv_bias_epilogue_kernel<true, false>)
+          : (relu ? conv_bias_epilogue_kernel<false, true>
+                  : conv_bias_epilogue_kernel<false, false>);
+  kernel<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(y, bias, residual,
+                                                                              numel, channels);
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -134,10 +134,10 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
   const float* bias = params[this->params[1]].value.data();
   const float p = dropout_p_, scale = dropout_scale(dropout_p_);
   const uint64_t seed = ws.dropout_seed ^ dropout_salt_;
-  FT_RUN_ON_CUDA(
-      ws, residual_layernorm_forward_cuda(out, normed, keep_mask, mean, rstd, residual_in, branch,
-                                          weight, bias, p, seed, rows_, C, out_stride,
-                                          normed_stride, in_stride, branch_stride, ws.stream));
+  FT_RUN_ON_CUDA(ws, residual_layernorm_forward_cuda(
+                         out, normed, keep_mask, mean, rstd, residual_in, branch, weight, bias, p,
+                         ws.device_dropout_seed(), dropout_salt_, rows_, C, out_stride,
+                         normed_stride, in_stride, branch_stride, ws.stream));
   const int64_t num_tiles = (rows_ + tile_rows_ - 1) / tile_rows_;
 #pragma omp parallel for if (rows_ * C > 65536)
   for (int64_t tile = 0; tile < num_tiles; ++tile) {

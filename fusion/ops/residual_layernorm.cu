@@ -31,10 +31,12 @@ __global__ void residual_layernorm_forward_kernel(float* out, float* normed, uin
                                                   float* mean, float* rstd,
                                                   const float* residual_in, const float* branch,
                                                   const float* weight, const float* bias, float p,
-                                                  float scale, uint64_t seed, int64_t rows,
-                                                  int64_t channels, RowStrides strides) {
+                                                  float scale, const uint64_t* step_seed,
+                                                  uint64_t salt, int64_t rows, int64_t channels,
+                                                  RowStrides strides) {
   const int64_t row = warp_row();
   if (row >= rows) return;
+  const uint64_t seed = kMasked ? *step_seed ^ salt : 0;
   const int lane = threadIdx.x % kLayerNormWarp;
   float* out_row = out + row * strides.out;
   const float* in_row = residual_in + row * strides.in;
@@ -116,20 +118,22 @@ unsigned int row_blocks(int64_t rows) {
 void residual_layernorm_forward_cuda(float* out, float* normed, uint8_t* keep_mask, float* mean,
                                      float* rstd, const float* residual_in, const float* branch,
                                      const float* weight, const float* bias, float dropout_p,
-                                     uint64_t seed, int64_t rows, int64_t channels,
-                                     int64_t out_stride, int64_t normed_stride, int64_t in_stride,
-                                     int64_t branch_stride, CudaStream stream) {
+                                     const uint64_t* step_seed, uint64_t salt, int64_t rows,
+                                     int64_t channels, int64_t out_stride, int64_t normed_stride,
+                                     int64_t in_stride, int64_t branch_stride, CudaStream stream) {
   const RowStrides strides{out_stride, normed_stride, in_stride, branch_stride};
   const unsigned int blocks = row_blocks(rows);
-  if (dropout_p > 0.0f)
+  if (dropout_p > 0.0f) {
     residual_layernorm_forward_kernel<true><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
         out, normed, keep_mask, mean, rstd, residual_in, branch, weight, bias, dropout_p,
-        dropout_scale(dropout_p), seed, rows, channels, strides);
-  else
+        dropout_scale(dropout_p), step_seed, salt, rows, channels, strides);
+    FT_CUDA_CHECK_LAUNCH();
+  } else {
     residual_layernorm_forward_kernel<false><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
-        out, normed, nullptr, mean, rstd, residual_in, branch, weight, bias, 0.0f, 1.0f, seed, rows,
-        channels, strides);
-  FT_CUDA_CHECK_LAUNCH();
+        out, normed, nullptr, mean, rstd, residual_in, branch, weight, bias, 0.0f, 1.0f, nullptr, 0,
+        rows, channels, strides);
+    FT_CUDA_CHECK_LAUNCH();
+  }
 }
 
 void residual_layernorm_backward_input_cuda(float* d_in, float* d_branch, const float* d_out,

@@ -27,13 +27,14 @@ namespace ft {
 
 // CUDA launchers (residual_layernorm.cu; CUDA builds only), on device pointers, enqueued on
 // `stream`. Strides are floats between rows of each tensor; gradients share their value's.
-// keep_mask [rows * C] bytes is written (forward) and read (backward) only when dropout_p > 0.
+// keep_mask [rows * C] bytes is written (forward) and read (backward) only when dropout_p > 0,
+// with the seed *step_seed ^ salt (step_seed: Workspace::device_dropout_seed, read only then).
 void residual_layernorm_forward_cuda(float* out, float* normed, uint8_t* keep_mask, float* mean,
                                      float* rstd, const float* residual_in, const float* branch,
                                      const float* weight, const float* bias, float dropout_p,
-                                     uint64_t seed, int64_t rows, int64_t channels,
-                                     int64_t out_stride, int64_t normed_stride, int64_t in_stride,
-                                     int64_t branch_stride, CudaStream stream);
+                                     const uint64_t* step_seed, uint64_t salt, int64_t rows,
+                                     int64_t channels, int64_t out_stride, int64_t normed_stride,
+                                     int64_t in_stride, int64_t branch_stride, CudaStream stream);
 // d_in (+)= total and d_branch (+)= masked, scaled total (see residual_layernorm.cpp); `=` where
 // fresh_in / fresh_branch. The weight and bias gradients are not touched here.
 void residual_layernorm_backward_input_cuda(float* d_in, float* d_branch, const float* d_out,

@@ -197,13 +197,10 @@ void batchnorm_forward_train_cuda(float* y, float* saved_mean, float* saved_invs
       chunk_count(rows), rows, channels, momentum, eps);
   FT_CUDA_CHECK_LAUNCH();
   const int64_t numel = rows * channels;
-  const unsigned int blocks = cuda_grid_stride_blocks(numel);
-  if (activation == BatchNormActivation::kRelu)
-    scale_shift_kernel<true><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
-        y, x, coefficients, coefficients + channels, numel, channels);
-  else
-    scale_shift_kernel<false><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
-        y, x, coefficients, coefficients + channels, numel, channels);
+  const auto scale_shift = activation == BatchNormActivation::kRelu ? scale_shift_kernel<true>
+                                                                    : scale_shift_kernel<false>;
+  scale_shift<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(
+      y, x, coefficients, coefficients + channels, numel, channels);
   FT_CUDA_CHECK_LAUNCH();
 }
 
@@ -215,31 +212,24 @@ void batchnorm_backward_cuda(float* dx, float* dgamma, float* dbeta, float* part
   if (rows <= 0 || channels <= 0) return;
   const bool masked = relu_output != nullptr;
   const dim3 grid = partial_sums_grid(rows, channels);
-  if (masked)
-    partial_sums_kernel<true, true><<<grid, kPartialSumsBlock, 0, stream>>>(
-        partials, x, dy, relu_output, saved_mean, rows, channels);
-  else
-    partial_sums_kernel<true, false><<<grid, kPartialSumsBlock, 0, stream>>>(
-        partials, x, dy, nullptr, saved_mean, rows, channels);
+  // One launch site per kernel, so each FT_CUDA_CHECK_LAUNCH counts one launch; the
+  // instantiations take the same arguments, relu_output being null exactly when unmasked.
+  const auto partial_sums =
+      masked ? partial_sums_kernel<true, true> : partial_sums_kernel<true, false>;
+  partial_sums<<<grid, kPartialSumsBlock, 0, stream>>>(partials, x, dy, relu_output, saved_mean,
+                                                       rows, channels);
   FT_CUDA_CHECK_LAUNCH();
   backward_coefficients_kernel<<<channels, kChannelThreads, 0, stream>>>(
       dgamma, dbeta, coefficients, partials, gamma, saved_invstd, chunk_count(rows), rows,
       channels);
   FT_CUDA_CHECK_LAUNCH();
   const int64_t numel = rows * channels;
-  const unsigned int blocks = cuda_grid_stride_blocks(numel);
-  if (masked && dx_fresh)
-    input_gradient_kernel<true, true><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
-        dx, dy, relu_output, x, saved_mean, coefficients, numel, channels);
-  else if (masked)
-    input_gradient_kernel<true, false><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
-        dx, dy, relu_output, x, saved_mean, coefficients, numel, channels);
-  else if (dx_fresh)
-    input_gradient_kernel<false, true><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
-        dx, dy, nullptr, x, saved_mean, coefficients, numel, channels);
-  else
-    input_gradient_kernel<false, false><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
-        dx, dy, nullptr, x, saved_mean, coefficients, numel, channels);
+  const auto input_gradient =
+      masked
+          ? (dx_fresh ? input_gradient_kernel<true, true> : input_gradient_kernel<true, false>)
+          : (dx_fresh ? input_gradient_kernel<false, true> : input_gradient_kernel<false, false>);
+  input_gradient<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(
+      dx, dy, relu_output, x, saved_mean, coefficients, numel, channels);
   FT_CUDA_CHECK_LAUNCH();
 }
 
@@ -250,13 +240,10 @@ void batchnorm_forward_inference_cuda(float* y, const float* x, const float* gam
                                       CudaStream stream) {
   const int64_t numel = rows * channels;
   if (numel <= 0) return;
-  const unsigned int blocks = cuda_grid_stride_blocks(numel);
-  if (activation == BatchNormActivation::kRelu)
-    inference_kernel<true><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
-        y, x, gamma, beta, running_mean, running_var, numel, channels, eps);
-  else
-    inference_kernel<false><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
-        y, x, gamma, beta, running_mean, running_var, numel, channels, eps);
+  const auto inference =
+      activation == BatchNormActivation::kRelu ? inference_kernel<true> : inference_kernel<false>;
+  inference<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(
+      y, x, gamma, beta, running_mean, running_var, numel, channels, eps);
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -20,6 +20,7 @@
 #include "core/check.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cuda_context.h"
+#include "core/launch_counter.h"
 #include "model/ops/conv2d.h"
 #include "model/ops/conv_algo_key.h"
 
@@ -211,6 +212,7 @@ void conv2d_forward_cuda(float* y, const float* x, const float* weight, CudnnCon
       cudnnConvolutionForward(handle, &one, conv.x, x, conv.w, weight, conv.conv,
                               static_cast<cudnnConvolutionFwdAlgo_t>(conv.forward.algorithm),
                               workspace.data(), conv.forward.workspace_bytes, &zero, conv.y, y));
+  count_launch(LaunchKind::kConvolution);
 }
 
 void conv2d_backward_cuda(float* dx, float* dweight, const float* dy, const float* x,
@@ -225,11 +227,13 @@ void conv2d_backward_cuda(float* dx, float* dweight, const float* dy, const floa
       handle, &one, conv.x, x, conv.y, dy, conv.conv,
       static_cast<cudnnConvolutionBwdFilterAlgo_t>(conv.backward_filter.algorithm),
       workspace.data(), conv.backward_filter.workspace_bytes, &one, conv.w, dweight));
+  count_launch(LaunchKind::kConvolution);
   if (dx == nullptr) return;
   FT_CUDNN_CHECK(cudnnConvolutionBackwardData(
       handle, &one, conv.w, weight, conv.y, dy, conv.conv,
       static_cast<cudnnConvolutionBwdDataAlgo_t>(conv.backward_data.algorithm), workspace.data(),
       conv.backward_data.workspace_bytes, dx_fresh ? &zero : &one, conv.x, dx));
+  count_launch(LaunchKind::kConvolution);
 }
 
 }  // namespace ft

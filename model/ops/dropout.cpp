@@ -51,8 +51,8 @@ void DropoutOp::forward(Workspace& ws, ParamStore&) {
   }
   if (keep_mask_.numel() != (numel_ + 3) / 4 || keep_mask_.device() != ws.device)
     keep_mask_ = Tensor::empty({(numel_ + 3) / 4}, ws.device);
-  FT_RUN_ON_CUDA(ws, dropout_forward_cuda(y, keep_mask_bytes(), x, p_, ws.dropout_seed ^ salt_,
-                                          numel_, ws.stream));
+  FT_RUN_ON_CUDA(ws, dropout_forward_cuda(y, keep_mask_bytes(), x, p_, ws.device_dropout_seed(),
+                                          salt_, numel_, ws.stream));
   dropout_forward(y, keep_mask_bytes(), x, p_, ws.dropout_seed ^ salt_, numel_);
 }
 

@@ -1,6 +1,7 @@
 // Inverted dropout on CUDA: the kernels, then their launchers. The keep test is
 // core/math/dropout.h's, which the CPU loop also calls, so the mask is the same bits on both
-// devices for the same (seed, element index).
+// devices for the same (seed, element index). The kernel reads the step's seed from device memory
+// (Workspace::device_dropout_seed), so a replayed CUDA graph draws each step's mask.
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
 #include "core/math/dropout.h"
@@ -10,7 +11,9 @@ namespace ft {
 namespace {
 
 __global__ void dropout_forward_kernel(float* y, uint8_t* keep_mask, const float* x, float p,
-                                       float scale, uint64_t seed, int64_t numel) {
+                                       float scale, const uint64_t* step_seed, uint64_t salt,
+                                       int64_t numel) {
+  const uint64_t seed = *step_seed ^ salt;
   FT_GRID_STRIDE_LOOP(i, numel) {
     const bool keep = dropout_keep(seed, static_cast<uint64_t>(i), p);
     keep_mask[i] = keep ? 1 : 0;
@@ -29,11 +32,12 @@ __global__ void dropout_backward_kernel(float* dx, const float* dy, const uint8_
 
 }  // namespace
 
-void dropout_forward_cuda(float* y, uint8_t* keep_mask, const float* x, float p, uint64_t seed,
-                          int64_t numel, CudaStream stream) {
+void dropout_forward_cuda(float* y, uint8_t* keep_mask, const float* x, float p,
+                          const uint64_t* step_seed, uint64_t salt, int64_t numel,
+                          CudaStream stream) {
   if (numel <= 0) return;
   dropout_forward_kernel<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(
-      y, keep_mask, x, p, dropout_scale(p), seed, numel);
+      y, keep_mask, x, p, dropout_scale(p), step_seed, salt, numel);
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -21,9 +21,11 @@ void dropout_forward(float* y, uint8_t* keep_mask, const float* x, float p, uint
 // dx += dy * keep / (1 - p).
 void dropout_backward(float* dx, const float* dy, const uint8_t* keep_mask, float p, int64_t numel);
 // The same on device pointers, enqueued on `stream` (dropout.cu; CUDA builds only). In backward a
-// null keep_mask means p == 0: dx += dy.
-void dropout_forward_cuda(float* y, uint8_t* keep_mask, const float* x, float p, uint64_t seed,
-                          int64_t numel, CudaStream stream);
+// null keep_mask means p == 0: dx += dy. The mask's seed is *step_seed ^ salt, step_seed a device
+// pointer (Workspace::device_dropout_seed).
+void dropout_forward_cuda(float* y, uint8_t* keep_mask, const float* x, float p,
+                          const uint64_t* step_seed, uint64_t salt, int64_t numel,
+                          CudaStream stream);
 void dropout_backward_cuda(float* dx, const float* dy, const uint8_t* keep_mask, float p,
                            int64_t numel, CudaStream stream);
 

@@ -42,30 +42,32 @@ void embedding_backward(float* dwte, float* dwpe, const float* dx, const int32_t
   }
 }
 
+int64_t embedding_token_capacity(int64_t rows, int64_t vocab) {
+  return rows < vocab ? rows : vocab;
+}
+
 // A counting sort by token: stable, so each token's rows stay ascending (the CPU scatter's order).
-std::vector<int32_t> embedding_rows_by_token(const int32_t* tokens, int64_t rows, int64_t vocab,
-                                             int* distinct) {
+std::vector<int32_t> embedding_rows_by_token(const int32_t* tokens, int64_t rows, int64_t vocab) {
+  const int64_t capacity = embedding_token_capacity(rows, vocab);
   std::vector<int32_t> count(static_cast<size_t>(vocab) + 1, 0);
   for (int64_t row = 0; row < rows; ++row) ++count[tokens[row] + 1];
-  int used = 0;
-  for (int64_t token = 0; token < vocab; ++token) used += count[token + 1] > 0 ? 1 : 0;
-  std::vector<int32_t> grouped(2 * static_cast<size_t>(used) + 1 + rows);
-  int32_t* ids = grouped.data();
-  int32_t* starts = ids + used;
-  int32_t* sorted_rows = starts + used + 1;
-  int k = 0;
+  std::vector<int32_t> grouped(2 + 2 * static_cast<size_t>(capacity) + rows, 0);
+  int32_t* ids = grouped.data() + 1;
+  int32_t* starts = ids + capacity;
+  int32_t* sorted_rows = starts + capacity + 1;
+  int32_t used = 0;
   for (int64_t token = 0; token < vocab; ++token) {
     count[token + 1] += count[token];  // count[token] = first slot of token's rows
     if (count[token + 1] > count[token]) {
-      ids[k] = static_cast<int32_t>(token);
-      starts[k] = count[token];
-      ++k;
+      ids[used] = static_cast<int32_t>(token);
+      starts[used] = count[token];
+      ++used;
     }
   }
+  grouped[0] = used;
   starts[used] = static_cast<int32_t>(rows);
   for (int64_t row = 0; row < rows; ++row)
     sorted_rows[count[tokens[row]]++] = static_cast<int32_t>(row);
-  *distinct = used;
   return grouped;
 }
 
@@ -92,9 +94,7 @@ void EmbeddingOp::check_wiring(const Workspace& ws, const ParamStore& params) co
 void EmbeddingOp::forward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
   const Tensor& wte = params[this->params[0]].value;
-  const int64_t rows = static_cast<int64_t>(batch_) * seq_len_;
-  if (ws.device == Device::kCuda)  // the device copy is not readable here; the host copy is
-    embedding_check_tokens(ws.tokens.data(), rows, wte.size(0));
+  // On cuda stage() checked the tokens: a CUDA-graph replay runs no host code here.
   FT_RUN_ON_CUDA(ws, embedding_forward_cuda(ws.values[outputs[0]].data(), ws.device_tokens(),
                                             wte.data(), params[this->params[1]].value.data(),
                                             batch_, seq_len_, channels_, ws.stream));
@@ -110,23 +110,33 @@ void EmbeddingOp::backward(Workspace& ws, ParamStore& params) {
 }
 
 #if defined(FT_HAVE_CUDA)
-void EmbeddingOp::backward_cuda(Workspace& ws, ParamStore& params) {
+void EmbeddingOp::stage(Workspace& ws, ParamStore& params) {
+  if (ws.device != Device::kCuda) return;
+  check_wiring(ws, params);
   const int64_t rows = static_cast<int64_t>(batch_) * seq_len_;
   const int64_t vocab = params[this->params[0]].value.size(0);
   embedding_check_tokens(ws.tokens.data(), rows, vocab);
-  int distinct = 0;
-  rows_by_token_ = embedding_rows_by_token(ws.tokens.data(), rows, vocab, &distinct);
+  rows_by_token_ = embedding_rows_by_token(ws.tokens.data(), rows, vocab);
   const int64_t count = static_cast<int64_t>(rows_by_token_.size());
-  const int64_t capacity = 3 * rows + 1;  // distinct <= rows
-  if (rows_by_token_on_device_.numel() != capacity)
-    rows_by_token_on_device_ = Tensor::empty({capacity}, Device::kCuda);
-  Tensor used = rows_by_token_on_device_.rows(0, count);
-  upload_to_workspace(ws, used, reinterpret_cast<const float*>(rows_by_token_.data()), count);
+  if (rows_by_token_on_device_.numel() != count)
+    rows_by_token_on_device_ = Tensor::empty({count}, Device::kCuda);
+  upload_to_workspace(ws, rows_by_token_on_device_,
+                      reinterpret_cast<const float*>(rows_by_token_.data()), count);
+}
+
+void EmbeddingOp::backward_cuda(Workspace& ws, ParamStore& params) {
+  const int64_t rows = static_cast<int64_t>(batch_) * seq_len_;
+  const int64_t vocab = params[this->params[0]].value.size(0);
+  FT_CHECK(rows_by_token_on_device_.numel() == 2 + 2 * embedding_token_capacity(rows, vocab) + rows,
+           "embedding '", name, "': backward before its batch was staged");
   embedding_backward_cuda(params[this->params[0]].grad.data(), params[this->params[1]].grad.data(),
                           ws.grads[outputs[0]].data(),
                           reinterpret_cast<const int32_t*>(rows_by_token_on_device_.data()),
-                          distinct, batch_, seq_len_, channels_, ws.stream);
+                          static_cast<int>(embedding_token_capacity(rows, vocab)), batch_, seq_len_,
+                          channels_, ws.stream);
 }
+#else
+void EmbeddingOp::stage(Workspace&, ParamStore&) {}
 #endif  // defined(FT_HAVE_CUDA)
 
 OpCost EmbeddingOp::cost(const Graph& graph) const {

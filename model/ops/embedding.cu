@@ -1,7 +1,7 @@
 // Token + position embedding on CUDA: the kernels, then their launchers.
 // Backward has no atomics (see embedding.h): the table rows a batch touches are known from the
-// host's token ids, grouped by token, so each output element is owned by one thread that adds its
-// contributions in the CPU loop's order, and the result is the CPU's bits on every run.
+// host's token ids, grouped by token in stage(), so each output element is owned by one thread that
+// adds its contributions in the CPU loop's order, and the result is the CPU's bits on every run.
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
 #include "model/ops/embedding.h"
@@ -21,17 +21,18 @@ __global__ void embedding_forward_kernel(float* x, const int32_t* tokens, const 
   }
 }
 
-// Grid (distinct tokens, column blocks): dwte[d_k, c] += dx[r, c] for token d_k's rows r in
-// ascending order (rows_by_token's layout is in embedding.h).
+// Grid (capacity, column blocks): dwte[d_k, c] += dx[r, c] for token d_k's rows r in ascending
+// order (rows_by_token's layout is in embedding.h); blocks k >= distinct have no token.
 __global__ void embedding_token_grad_kernel(float* dwte, const float* dx,
-                                            const int32_t* rows_by_token, int distinct,
+                                            const int32_t* rows_by_token, int capacity,
                                             int channels) {
   const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
-  const int32_t* starts = rows_by_token + distinct;
-  const int32_t* rows = starts + distinct + 1;
   const int k = blockIdx.x;
-  float* target = dwte + static_cast<int64_t>(rows_by_token[k]) * channels + c;
+  if (c >= channels || k >= rows_by_token[0]) return;
+  const int32_t* ids = rows_by_token + 1;
+  const int32_t* starts = ids + capacity;
+  const int32_t* rows = starts + capacity + 1;
+  float* target = dwte + static_cast<int64_t>(ids[k]) * channels + c;
   float sum = *target;
   for (int32_t j = starts[k]; j < starts[k + 1]; ++j)
     sum += dx[static_cast<int64_t>(rows[j]) * channels + c];
@@ -61,15 +62,15 @@ void embedding_forward_cuda(float* x, const int32_t* tokens, const float* wte, c
 }
 
 void embedding_backward_cuda(float* dwte, float* dwpe, const float* dx,
-                             const int32_t* rows_by_token, int distinct, int batch, int seq_len,
+                             const int32_t* rows_by_token, int capacity, int batch, int seq_len,
                              int channels, CudaStream stream) {
   if (batch <= 0 || seq_len <= 0 || channels <= 0) return;
-  if (distinct > 0) {
+  if (capacity > 0) {
     const dim3 grid(
-        static_cast<unsigned int>(distinct),
+        static_cast<unsigned int>(capacity),
         static_cast<unsigned int>((channels + kCudaThreadsPerBlock - 1) / kCudaThreadsPerBlock));
     embedding_token_grad_kernel<<<grid, kCudaThreadsPerBlock, 0, stream>>>(dwte, dx, rows_by_token,
-                                                                           distinct, channels);
+                                                                           capacity, channels);
     FT_CUDA_CHECK_LAUNCH();
   }
   const int64_t position_elements = static_cast<int64_t>(seq_len) * channels;

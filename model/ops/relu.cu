@@ -34,11 +34,8 @@ void relu_forward_cuda(float* y, const float* x, int64_t numel, CudaStream strea
 void relu_backward_cuda(float* dx, const float* dy, const float* y, int64_t numel, bool dx_fresh,
                         CudaStream stream) {
   if (numel <= 0) return;
-  const unsigned int blocks = cuda_grid_stride_blocks(numel);
-  if (dx_fresh)
-    relu_backward_kernel<true><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(dx, dy, y, numel);
-  else
-    relu_backward_kernel<false><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(dx, dy, y, numel);
+  const auto kernel = dx_fresh ? relu_backward_kernel<true> : relu_backward_kernel<false>;
+  kernel<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(dx, dy, y, numel);
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -36,19 +36,13 @@ void residual_forward_cuda(float* out, const float* a, const float* b, int64_t n
 void residual_backward_cuda(float* da, float* db, const float* dout, int64_t numel, bool fresh_a,
                             bool fresh_b, CudaStream stream) {
   if (numel <= 0) return;
-  const unsigned int blocks = cuda_grid_stride_blocks(numel);
-  if (fresh_a && fresh_b)
-    residual_backward_kernel<true, true>
-        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(da, db, dout, numel);
-  else if (fresh_a)
-    residual_backward_kernel<true, false>
-        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(da, db, dout, numel);
-  else if (fresh_b)
-    residual_backward_kernel<false, true>
-        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(da, db, dout, numel);
-  else
-    residual_backward_kernel<false, false>
-        <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(da, db, dout, numel);
+  // One launch site for the four instantiations, so its check counts exactly one launch.
+  const auto kernel =
+      fresh_a
+          ? (fresh_b ? residual_backward_kernel<true, true> : residual_backward_kernel<true, false>)
+          : (fresh_b ? residual_backward_kernel<false, true>
+                     : residual_backward_kernel<false, false>);
+  kernel<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(da, db, dout, numel);
   FT_CUDA_CHECK_LAUNCH();
 }
 
