@@ -70,5 +70,38 @@ INSTANTIATE_TEST_SUITE_P(Widths, FreshGradients, ::testing::Values(16, 4),
                            return "width" + std::to_string(info.param);
                          });
 
+// Counts the executor's stage() and forward() calls of one op.
+class StageCountingOp : public Op {
+ public:
+  OpKind op_kind() const override { return OpKind::kRelu; }
+  void stage(Workspace&, ParamStore&) override { ++stages; }
+  void forward(Workspace&, ParamStore&) override { ++forwards; }
+  void backward(Workspace&, ParamStore&) override {}
+  int stages = 0, forwards = 0;
+};
+
+// A CUDA-graph step stages its batch before the replay, and the captured forward must not stage
+// it again: forward stages only when stage_inputs has not run since the last forward.
+TEST(ExecutorStaging, ForwardStagesItsBatchUnlessStagedSinceTheLastForward) {
+  Graph graph;
+  graph.mode = GraphMode::kEval;
+  graph.input = graph.add_value("x", {2, 4});
+  graph.output = graph.loss = graph.add_value("y", {1});
+  StageCountingOp& op = graph.add_op<StageCountingOp>("count", {graph.input}, {graph.loss}, {});
+  ParamStore params;
+  params.allocate();
+  Executor executor(graph, params);
+  Workspace ws = executor.make_workspace();
+  executor.forward(ws);
+  EXPECT_EQ(op.stages, 1);
+  executor.stage_inputs(ws);
+  executor.forward(ws);
+  EXPECT_EQ(op.stages, 2) << "a staged batch was staged again by forward";
+  EXPECT_FALSE(ws.inputs_staged);
+  executor.forward(ws);
+  EXPECT_EQ(op.stages, 3) << "the next forward must stage its own batch";
+  EXPECT_EQ(op.forwards, 3);
+}
+
 }  // namespace
 }  // namespace ft

@@ -115,6 +115,13 @@ void ClassifierOp::check_wiring(const Workspace& ws, const ParamStore& params) c
            "': ", ws.targets.size(), " targets in the workspace, expected ", rows_);
 }
 
+// Before forward, so a replayed CUDA graph (which runs no host code in forward) is covered too.
+void ClassifierOp::stage(Workspace& ws, ParamStore& params) {
+  if (ws.device == Device::kCpu) return;  // the CPU kernel checks as it reads
+  check_wiring(ws, params);
+  check_class_targets("classifier", ws.targets.data(), rows_, vocab_);
+}
+
 void ClassifierOp::forward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
   float* dlogits = nullptr;
@@ -124,8 +131,6 @@ void ClassifierOp::forward(Workspace& ws, ParamStore& params) {
     dlogits = dlogits_.data();
   }
   if (ws.device != Device::kCpu) {
-    // The kernels index with targets the host checked here (ws.device_targets() is their copy).
-    check_class_targets("classifier", ws.targets.data(), rows_, vocab_);
     if (row_losses_.numel() != rows_ || row_losses_.device() != ws.device)
       row_losses_ = Tensor::empty({rows_}, ws.device);
   }

@@ -66,6 +66,8 @@ class ClassifierOp : public Op {
   ClassifierOp(int64_t rows, int64_t channels, int64_t vocab, int tile_rows,
                ClassifierForward forward_kind = ClassifierForward::kLossAndDlogits);
   OpKind op_kind() const override { return OpKind::kClassifier; }
+  // cuda: checks ws.targets on the host, which the kernels index with through their device copy.
+  void stage(Workspace& ws, ParamStore& params) override;
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }

@@ -66,13 +66,18 @@ void SoftmaxCrossEntropyOp::check_wiring(const Workspace& ws) const {
            "': ", ws.targets.size(), " targets in the workspace, expected ", rows_);
 }
 
+// Before forward, so a replayed CUDA graph (which runs no host code in forward) is covered too.
+void SoftmaxCrossEntropyOp::stage(Workspace& ws, ParamStore&) {
+  if (ws.device == Device::kCpu) return;  // the CPU kernel checks as it reads
+  check_wiring(ws);
+  check_class_targets("cross_entropy", ws.targets.data(), rows_, classes_);
+}
+
 void SoftmaxCrossEntropyOp::forward(Workspace& ws, ParamStore&) {
   check_wiring(ws);
   if (probs_.numel() != rows_ * classes_ || probs_.device() != ws.device)
     probs_ = Tensor::empty({rows_, classes_}, ws.device);
   if (ws.device != Device::kCpu) {
-    // The kernels index with targets the host checked here (ws.device_targets() is their copy).
-    check_class_targets("cross_entropy", ws.targets.data(), rows_, classes_);
     if (row_losses_.numel() != rows_ || row_losses_.device() != ws.device)
       row_losses_ = Tensor::empty({rows_}, ws.device);
   }

@@ -39,6 +39,8 @@ class SoftmaxCrossEntropyOp : public Op {
  public:
   SoftmaxCrossEntropyOp(int64_t rows, int64_t classes);
   OpKind op_kind() const override { return OpKind::kCrossEntropy; }
+  // cuda: checks ws.targets on the host, which the kernels index with through their device copy.
+  void stage(Workspace& ws, ParamStore& params) override;
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
   OpCost cost(const Graph& graph) const override;
