@@ -15,18 +15,29 @@
 
 namespace ft {
 
-Device setup_device(const Config& config, int local_rank) {
-  if (config.train.device != "cuda") return Device::kCpu;
-  const std::string reason = cuda_unusable_reason("train.device: cuda");
-  FT_REQUIRE(reason.empty(), reason, "; use train.device: cpu on this machine");
+Device setup_device(const std::string& device, const std::string& setting,
+                    const std::string& instead, int local_rank) {
+  FT_REQUIRE(device == "cpu" || device == "cuda", setting, " '", device,
+             "' is not a device (allowed: cpu, cuda)");
+  if (device != "cuda") return Device::kCpu;
+  const std::string reason = cuda_unusable_reason(setting + " cuda");
+  FT_REQUIRE(reason.empty(), reason, "; use ", instead, " on this machine");
 #if defined(FT_HAVE_CUDA)
   select_cuda_device(local_rank);
   cuda_context();  // creates the streams and handles on this rank's GPU now, not mid-step
-  set_gemm_tf32(config.train.tf32);
 #else
   static_cast<void>(local_rank);
 #endif
   return Device::kCuda;
+}
+
+Device setup_device(const Config& config, int local_rank) {
+  const Device device =
+      setup_device(config.train.device, "train.device:", "train.device: cpu", local_rank);
+#if defined(FT_HAVE_CUDA)
+  if (device == Device::kCuda) set_gemm_tf32(config.train.tf32);
+#endif
+  return device;
 }
 
 std::string gradient_backend(const Config& config, Communicator& comm) {

@@ -16,6 +16,11 @@ namespace ft {
 // cpu: nothing to do. cuda: throws a user error (no source path) when no device can be used;
 // otherwise selects this rank's GPU (local_rank modulo the devices) and applies train.tf32.
 Device setup_device(const Config& config, int local_rank);
+// The same for a job without a config: `device` is "cpu" or "cuda" as `setting` names it
+// ("infer --device"); `instead` is what the error suggests ("--device cpu"). Throws a user error
+// for any other name.
+Device setup_device(const std::string& device, const std::string& setting,
+                    const std::string& instead, int local_rank);
 
 // The backend the gradient buckets are reduced with, "mpi" or "nccl". comm.backend auto picks
 // nccl for cuda when every rank on a machine has a GPU of its own (NCCL refuses two ranks on one

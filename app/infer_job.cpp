@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/bench.h"
+#include "app/device_setup.h"
 #include "app/inference_model.h"
 #include "app/jobs.h"
 #include "app/task.h"
@@ -59,7 +60,7 @@ struct UnfoldedModel {
 };
 
 std::unique_ptr<UnfoldedModel> load_unfolded(const std::string& checkpoint,
-                                             const ResnetShape& exported) {
+                                             const ResnetShape& exported, Device device) {
   auto model = std::make_unique<UnfoldedModel>();
   model->config = checkpoint_config(checkpoint, {});
   FT_REQUIRE(model->config.model.arch == "resnet", checkpoint, ": --compare-unfolded needs a ",
@@ -71,7 +72,7 @@ std::unique_ptr<UnfoldedModel> load_unfolded(const std::string& checkpoint,
              shape.blocks_per_stage, " blocks per stage and width ", shape.width,
              "; the export has ", exported.blocks_per_stage, " and ", exported.width);
   model->ids = register_resnet_params(shape, model->params);
-  model->params.allocate();
+  model->params.allocate(device);
   load_checkpoint_params(checkpoint, model->params);
   FusionOptions unfused;
   unfused.enabled = false;
@@ -84,14 +85,20 @@ std::unique_ptr<UnfoldedModel> load_unfolded(const std::string& checkpoint,
   return model;
 }
 
-// Copies `batch` into a graph's input and targets and times one forward.
-double timed_forward(Executor& executor, Workspace& ws, const Graph& graph,
-                     const ImageBatch& batch) {
+// Copies `batch` into a graph's input and targets, runs one forward and copies the logits to
+// `logits` (on cuda that waits for the forward); returns the milliseconds all of it took.
+double timed_forward(Executor& executor, Workspace& ws, const Graph& graph, const ImageBatch& batch,
+                     std::vector<float>* logits) {
   const double start = now_ms();
-  std::memcpy(ws.values[graph.input].data(), batch.images.data(),
-              batch.images.size() * sizeof(float));
+  Tensor& input = ws.values[graph.input];
+  upload_to_workspace(ws, input, batch.images.data(), input.numel());
   ws.targets = batch.labels;
   executor.forward(ws);
+  const Tensor& output = ws.values[graph.output];
+  if (output.device() == Device::kCpu)
+    logits->assign(output.data(), output.data() + output.numel());
+  else
+    *logits = output.to_host_vector();
   return now_ms() - start;
 }
 
@@ -132,14 +139,15 @@ int run_infer(const InferArgs& args) {
              "' goes with --data PATH (an IDX images file); the test set brings its own labels");
   const int threads = args.threads > 0 ? args.threads : resolve_threads(0);
   omp_set_num_threads(threads);
-  ExportedResnet model(args.model_path);
+  const Device device = setup_device(args.device, "infer --device", "--device cpu", 0);
+  ExportedResnet model(args.model_path, device);
   bool has_labels = false;
   std::string source;
   const ImageDataset data = load_images(args, &has_labels, &source);
   const int total = args.limit > 0 ? std::min(args.limit, data.size()) : data.size();
   std::unique_ptr<UnfoldedModel> unfolded;
   if (!args.compare_checkpoint.empty())
-    unfolded = load_unfolded(args.compare_checkpoint, model.shape());
+    unfolded = load_unfolded(args.compare_checkpoint, model.shape(), device);
 
   const int classes = model.shape().classes;
   std::vector<double> folded_ms, unfolded_ms, ratios;
@@ -147,15 +155,16 @@ int run_infer(const InferArgs& args) {
   double loss_sum = 0;
   int64_t correct = 0;
   ImageBatch batch;
+  std::vector<float> logits, other_logits;
   // One untimed batch first: the export folds nothing, but primitives and transformed weights are
   // built on the first forward of each graph.
   image_eval_batch(data, model.image_stats(), 0, std::min(args.batch, total), &batch);
   {
     ExportedResnet::Run& run = model.run(batch.batch);
-    timed_forward(*run.executor, run.ws, run.graph, batch);
+    timed_forward(*run.executor, run.ws, run.graph, batch, &logits);
     if (unfolded) {
       GraphRun& other = unfolded->graphs->get(batch.batch, GraphMode::kEval);
-      timed_forward(*other.executor, other.workspace, other.graph, batch);
+      timed_forward(*other.executor, other.workspace, other.graph, batch, &other_logits);
     }
   }
   for (int first = 0, index = 0; first < total; first += args.batch, ++index) {
@@ -165,21 +174,21 @@ int run_infer(const InferArgs& args) {
     double other_ms = 0;
     const bool other_first = other != nullptr && index % 2 == 1;
     if (other_first)
-      other_ms = timed_forward(*other->executor, other->workspace, other->graph, batch);
-    const double ms = timed_forward(*run.executor, run.ws, run.graph, batch);
+      other_ms =
+          timed_forward(*other->executor, other->workspace, other->graph, batch, &other_logits);
+    const double ms = timed_forward(*run.executor, run.ws, run.graph, batch, &logits);
     if (other != nullptr && !other_first)
-      other_ms = timed_forward(*other->executor, other->workspace, other->graph, batch);
+      other_ms =
+          timed_forward(*other->executor, other->workspace, other->graph, batch, &other_logits);
     folded_ms.push_back(ms);
-    const float* logits = run.ws.values[run.graph.output].data();
     if (other != nullptr) {
       unfolded_ms.push_back(other_ms);
       ratios.push_back(other_ms / ms);
-      compare_logits(logits, other->workspace.values[other->graph.output].data(), batch.batch,
-                     classes, &diff);
+      compare_logits(logits.data(), other_logits.data(), batch.batch, classes, &diff);
     }
     loss_sum += static_cast<double>(run.executor->loss(run.ws)) * batch.batch;
     for (int r = 0; r < batch.batch; ++r) {
-      const float* row = logits + static_cast<int64_t>(r) * classes;
+      const float* row = logits.data() + static_cast<int64_t>(r) * classes;
       correct += std::max_element(row, row + classes) - row == batch.labels[r];
     }
     progress(first + batch.batch, total);
@@ -189,17 +198,16 @@ int run_infer(const InferArgs& args) {
   for (double ms : folded_ms) folded_total += ms;
   const double median = bench_percentile(folded_ms, 0.5), p90 = bench_percentile(folded_ms, 0.9);
   const double images_per_s = 1000.0 * total / folded_total;
-  std::printf("infer %s on %s: %d images, batch %d, %d thread%s\n", args.model_path.c_str(),
-              source.c_str(), total, args.batch, threads, threads == 1 ? "" : "s");
-  nlohmann::json row = {{"type", "infer"},
-                        {"model", args.model_path},
-                        {"data", source},
-                        {"images", total},
-                        {"batch", args.batch},
-                        {"threads", threads},
-                        {"latency_median_ms", median},
-                        {"latency_p90_ms", p90},
-                        {"images_per_s", images_per_s}};
+  std::printf("infer %s on %s: %d images, batch %d, %s\n", args.model_path.c_str(), source.c_str(),
+              total, args.batch,
+              device == Device::kCuda
+                  ? "cuda"
+                  : (std::to_string(threads) + (threads == 1 ? " thread" : " threads")).c_str());
+  nlohmann::json row = {{"type", "infer"},       {"model", args.model_path},
+                        {"data", source},        {"images", total},
+                        {"batch", args.batch},   {"threads", threads},
+                        {"device", args.device}, {"latency_median_ms", median},
+                        {"latency_p90_ms", p90}, {"images_per_s", images_per_s}};
   if (has_labels) {
     row["accuracy"] = static_cast<double>(correct) / total;
     row["loss"] = loss_sum / total;

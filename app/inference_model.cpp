@@ -213,7 +213,7 @@ void export_model(const std::string& checkpoint_path, const Config& config,
   save_safetensors(out_path, out);
 }
 
-ExportedResnet::ExportedResnet(const std::string& path) : path_(path) {
+ExportedResnet::ExportedResnet(const std::string& path, Device device) : path_(path) {
   SafetensorsFile file = load_safetensors(path);
   metadata_ = file.metadata;
   auto format = metadata_.find("format");
@@ -257,10 +257,10 @@ ExportedResnet::ExportedResnet(const std::string& path) : path_(path) {
   }
   FT_REQUIRE(file.tensors.size() == layout.size(), path, ": export holds ", file.tensors.size(),
              " tensors; a ResNet of this shape has ", layout.size());
-  tensors_.allocate();
+  tensors_.allocate(device);
   for (const auto& [name, shape] : layout) {
-    const std::vector<float>& data = file.tensors[name].data;
-    std::copy(data.begin(), data.end(), tensors_[tensors_.find(name)].value.data());
+    std::vector<float>& data = file.tensors[name].data;
+    tensors_[tensors_.find(name)].value.copy_from(Tensor::wrap(data.data(), shape));
   }
   tensors_.mark_changed();
 }

@@ -51,8 +51,9 @@ void export_model(const std::string& checkpoint_path, const Config& config,
 class ExportedResnet {
  public:
   // Throws ft::Error naming `path` when the file is unreadable, truncated, corrupt, not an export,
-  // a GPT export, or its tensors do not match its own metadata.
-  explicit ExportedResnet(const std::string& path);
+  // a GPT export, or its tensors do not match its own metadata. The tensors, and every run's
+  // workspace, live on `device` (cuda: REQUIRES setup_device already chose the GPU).
+  explicit ExportedResnet(const std::string& path, Device device = Device::kCpu);
   ExportedResnet(const ExportedResnet&) = delete;
   ExportedResnet& operator=(const ExportedResnet&) = delete;
 

@@ -94,6 +94,7 @@ struct InferArgs {
   int limit = 0;                   // images; 0 = all
   std::string compare_checkpoint;  // also run the unfolded eval model of this checkpoint
   std::string json_path;
+  std::string device = "cpu";  // cpu | cuda: where the model and every batch run
 };
 // Runs an export over a dataset: accuracy, loss, latency per batch, images/s.
 int run_infer(const InferArgs& args);

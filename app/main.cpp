@@ -143,6 +143,8 @@ int main(int argc, char** argv) {
   infer->add_option("--compare-unfolded", infer_args.compare_checkpoint,
                     "checkpoint whose unfolded eval model runs on the same batches, interleaved");
   infer->add_option("--json", infer_args.json_path, "write the result as JSON");
+  infer->add_option("--device", infer_args.device,
+                    "cpu or cuda: where the model runs (cuda needs a GPU; default cpu)");
 
   ft::SimulateArgs simulate_args;
   simulate_args.config_path = kDefaultConfig;

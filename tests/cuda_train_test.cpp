@@ -85,6 +85,13 @@ TEST(CudaTrainCheckpoint, ACudaTrainedResnetExportsAndInfers) {
   ASSERT_EQ(infer_run.exit_code, 0) << infer_run.output;
   EXPECT_NE(infer_run.output.find("predictions agree 256/256"), std::string::npos)
       << infer_run.output;
+  // The same export and checkpoint run on the GPU: the same predictions as the unfolded model.
+  const test::RunResult cuda_infer = test::run_fusiontrain(
+      "infer --device cuda --model " + exported + " --limit 256 --compare-unfolded " + checkpoint,
+      120);
+  ASSERT_EQ(cuda_infer.exit_code, 0) << cuda_infer.output;
+  EXPECT_NE(cuda_infer.output.find("predictions agree 256/256"), std::string::npos)
+      << cuda_infer.output;
   std::filesystem::remove(checkpoint);
   std::filesystem::remove(exported);
 }

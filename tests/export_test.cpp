@@ -15,6 +15,7 @@
 #include "app/inference_model.h"
 #include "app/task.h"
 #include "core/atomic_file.h"
+#include "core/device.h"
 #include "model/gpt.h"
 #include "tests/fold_test_util.h"
 #include "tests/run_command.h"
@@ -114,6 +115,27 @@ TEST(Export, InferMatchesTheUnfoldedEvalModel) {
   const nlohmann::json& compare = row.at("compare");
   EXPECT_LT(compare.at("max_rel_logit_diff").get<double>(), 1e-4);
   EXPECT_EQ(compare.at("prediction_agreement").get<double>(), 1.0);
+}
+
+// --device names where the model runs: anything but cpu or cuda is refused by name, and cuda
+// without a usable GPU stops before reading data with the reason and what to use instead.
+TEST(Export, InferDeviceIsCheckedUpFront) {
+  const std::string common = "infer --model " + resnet_export() + " --limit 8";
+  const test::RunResult unknown = run_fusiontrain(common + " --device tpu", 60);
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_NE(unknown.output.find("infer --device 'tpu' is not a device (allowed: cpu, cuda)"),
+            std::string::npos)
+      << unknown.output;
+  if (!cuda_unusable_reason("infer --device cuda").empty()) {
+    const test::RunResult cuda = run_fusiontrain(common + " --device cuda", 60);
+    EXPECT_EQ(cuda.exit_code, 1);
+    EXPECT_NE(cuda.output.find("infer --device cuda needs "), std::string::npos) << cuda.output;
+    EXPECT_NE(cuda.output.find("use --device cpu on this machine"), std::string::npos)
+        << cuda.output;
+    EXPECT_EQ(cuda.output.find(".cpp"), std::string::npos) << "a source path: " << cuda.output;
+  }
+  const test::RunResult cpu = run_fusiontrain(common + " --device cpu", 60);
+  EXPECT_EQ(cpu.exit_code, 0) << cpu.output;
 }
 
 TEST(Export, InferReadsIdxFilesWithAndWithoutLabels) {
