@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "app/throughput.h"
 #include "core/check.h"
 
 namespace ft {
@@ -138,6 +139,23 @@ std::string per_step_text(int64_t total, size_t rounds) {
   char text[32];
   std::snprintf(text, sizeof(text), value == std::floor(value) ? "%.0f" : "%.1f", value);
   return text;
+}
+
+StepThroughput median_throughput(const BenchVariantResult& result, const BenchSummary& summary,
+                                 double peak_tflops) {
+  return step_throughput(result.items_per_step, result.model_flops_per_rank,
+                         std::max(summary.median_ms, 1e-9), peak_tflops);
+}
+
+nlohmann::json throughput_json(const BenchVariantResult& result, const BenchSummary& summary,
+                               double peak_tflops) {
+  const StepThroughput throughput = median_throughput(result, summary, peak_tflops);
+  return {{"unit", result.item_unit},
+          {"items_per_s", throughput.items_per_s},
+          {"model_flops_per_rank_step", result.model_flops_per_rank},
+          {"model_tflops_per_rank", throughput.model_tflops_per_rank},
+          {"peak_tflops", peak_tflops > 0 ? nlohmann::json(peak_tflops) : nlohmann::json()},
+          {"mfu", throughput.mfu ? nlohmann::json(*throughput.mfu) : nlohmann::json()}};
 }
 
 // {kernels, gemms, convolutions, copies, graphs} per step; null when nothing was counted (cpu).
@@ -276,6 +294,17 @@ std::vector<BenchSummary> summarize_bench(const std::vector<BenchVariantResult>&
   return summaries;
 }
 
+std::string bench_throughput_text(const std::vector<BenchVariantResult>& results,
+                                  const std::vector<BenchSummary>& summaries, double peak_tflops) {
+  std::string text = "throughput at the median step (model FLOPs: the eager graph's):\n";
+  for (size_t v = 0; v < summaries.size(); ++v)
+    text += "  " + summaries[v].name + ": " +
+            format_throughput(median_throughput(results[v], summaries[v], peak_tflops),
+                              results[v].item_unit, peak_tflops) +
+            "\n";
+  return text;
+}
+
 std::string bench_table_markdown(const std::vector<BenchVariantResult>& results,
                                  const std::vector<BenchSummary>& summaries) {
   std::string text =
@@ -334,6 +363,7 @@ std::string bench_to_json(const BenchRunInfo& info, const std::vector<BenchVaria
                         {"exposed_comm_ms", s.exposed_ms},
                         {"ops_per_step", result.ops_per_step},
                         {"launches", launches_json(result.launches, result.step_ms.size())},
+                        {"throughput", throughput_json(result, s, info.peak_tflops)},
                         {"allreduces_per_step", s.allreduces_per_step},
                         {"bytes_moved", result.bytes_moved},
                         {"peak_activation_bytes", result.peak_activation_bytes},

@@ -59,6 +59,11 @@ struct BenchVariantResult {
   // Rank 0 on cuda: the launches of this variant's timed rounds, summed (a delta around each of
   // its steps, since the rounds interleave variants). Empty on cpu, where nothing is counted.
   std::optional<LaunchCounts> launches;
+  // For throughput (app/throughput.h): items per step over all ranks and micro-batches, their
+  // unit, and the model FLOPs of one rank's step (the eager graph's forward + backward).
+  double items_per_step = 0;
+  std::string item_unit;
+  double model_flops_per_rank = 0;
 };
 
 // Launches per step (`launches` over `rounds`) as the table shows them: "812 (k 650, gemm 120,
@@ -78,6 +83,11 @@ struct BenchSummary {
   bool loss_ok = true;             // within kBenchLossTolerance
 };
 
+// One line per variant: throughput at its median step time ("all: 12.3k tokens/s, 0.45 model
+// TFLOP/s per rank (MFU 0.7% of 67 TFLOP/s)"); peak_tflops <= 0 leaves MFU out.
+std::string bench_throughput_text(const std::vector<BenchVariantResult>& results,
+                                  const std::vector<BenchSummary>& summaries, double peak_tflops);
+
 // REQUIRES: results non-empty, every step_ms of equal non-zero length (one per round).
 std::vector<BenchSummary> summarize_bench(const std::vector<BenchVariantResult>& results);
 
@@ -91,6 +101,7 @@ struct BenchRunInfo {
   std::string config_path;
   std::vector<std::string> overrides;
   int world_size = 1, threads = 1, warmup = 0, rounds = 0;
+  double peak_tflops = 0;                       // per rank, for MFU; 0 = none given
   std::vector<std::vector<std::string>> order;  // one list per timed round
 };
 std::string bench_to_json(const BenchRunInfo& info, const std::vector<BenchVariantResult>& results,

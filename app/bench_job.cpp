@@ -192,6 +192,9 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
         build_plan([&] { return trainer.task().build_graph(batch, GraphMode::kTrain); },
                    trainer.params(), configs[v].fusion);
     result.bytes_moved = plan.after.totals.bytes_moved;
+    result.items_per_step = static_cast<double>(trainer.items_per_step());
+    result.item_unit = trainer.task().item_unit();
+    result.model_flops_per_rank = plan.before.totals.flops * configs[v].train.grad_accum;
     result.peak_activation_bytes = plan.after.totals.memory.peak_bytes;
   }
   std::vector<std::unique_ptr<TraceRecorder>> recorders;
@@ -262,6 +265,8 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
 int run_bench(const BenchArgs& args, Communicator* comm) {
   FT_REQUIRE(args.steps >= 1 && args.warmup >= 0, "--steps must be >= 1 and --warmup >= 0, got ",
              args.steps, " and ", args.warmup);
+  FT_REQUIRE(args.peak_tflops >= 0, "--peak-tflops must be >= 0 (0 = no MFU), got ",
+             args.peak_tflops);
   if (!args.sweep.empty() && (!args.variants.empty() || args.ablation))
     FT_FAIL("--sweep replaces the variant list: drop --variants and --ablation");
   const bool is_root = comm == nullptr || comm->rank() == 0;
@@ -289,6 +294,7 @@ int run_bench(const BenchArgs& args, Communicator* comm) {
   options.trace_path = args.trace_path;
   BenchRun run = run_bench_variants(configs, variants, options, comm);
   run.info.config_path = args.config_path;
+  run.info.peak_tflops = args.peak_tflops;
   run.info.overrides = args.overrides;
   const std::vector<BenchVariantResult>& results = run.results;
 
@@ -299,6 +305,7 @@ int run_bench(const BenchArgs& args, Communicator* comm) {
                 args.steps);
     for (const BenchVariant& variant : variants) std::printf(" %s", variant.name.c_str());
     std::printf("\n\n%s", bench_table_markdown(results, summaries).c_str());
+    std::printf("\n%s", bench_throughput_text(results, summaries, args.peak_tflops).c_str());
     // The two ends of the comparison, when both ran.
     for (const char* name : {"all", "unfused"})
       for (size_t v = 0; v < variants.size(); ++v)

@@ -48,6 +48,7 @@ struct BenchArgs {
   int warmup = 2;     // untimed steps of every variant first
   std::string json_path;
   std::string trace_path;  // Chrome trace of every variant's first timed rounds; empty = none
+  double peak_tflops = 0;  // per-rank peak for MFU; 0 = not reported
 };
 // Times the variants interleaved, prints a Markdown table; non-zero on a final-loss mismatch.
 int run_bench(const BenchArgs& args, Communicator* comm);

@@ -106,6 +106,8 @@ int main(int argc, char** argv) {
   bench->add_option("--json", bench_args.json_path, "write the results as JSON");
   bench->add_option("--trace", bench_args.trace_path,
                     "Chrome trace of every variant's first 3 timed rounds (one process each)");
+  bench->add_option("--peak-tflops", bench_args.peak_tflops,
+                    "per-rank peak TFLOP/s for model FLOP utilisation (MFU); 0 = not reported");
 
   ft::TuneArgs tune_args;
   tune_args.config_path = kDefaultConfig;

@@ -17,6 +17,7 @@
 #include "app/jobs.h"
 #include "app/profiler.h"
 #include "app/run_layout.h"
+#include "app/throughput.h"
 #include "app/trace.h"
 #include "app/trainer.h"
 #include "comm/startup.h"
@@ -26,17 +27,6 @@
 
 namespace ft {
 namespace {
-
-std::string human_rate(double per_second) {
-  char text[32];
-  if (per_second >= 1e6)
-    std::snprintf(text, sizeof(text), "%.2fM", per_second / 1e6);
-  else if (per_second >= 1e3)
-    std::snprintf(text, sizeof(text), "%.1fk", per_second / 1e3);
-  else
-    std::snprintf(text, sizeof(text), "%.0f", per_second);
-  return text;
-}
 
 // Rank 0's progress lines go to stdout and to <run_dir>/log.txt.
 std::FILE* progress_log = nullptr;

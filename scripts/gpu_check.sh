@@ -7,6 +7,8 @@
 # the whole step replayed as one CUDA graph, captured after two eager steps). Everything
 # is written under $OUT (./gpu_check_out when OUT is unset): logs, gtest and bench JSON, and
 # gpu_check.json, the summary. Sized to end within 8 minutes; GPU_CHECK_QUICK=1 skips the bench.
+# MFU is against PEAK_TFLOPS (default 67: an H200 SXM's dense FP32 without tensor cores, which is
+# what train.tf32: false runs).
 # Exit status: 0 only when every step exited 0 and no GPU test was skipped (a skip on a GPU
 # machine means the GPU was not usable, which is a failure here).
 set -uo pipefail
@@ -50,7 +52,8 @@ if step configure cmake -S . -B "$BUILD" -DFT_CUDA=ON \
     for config in gpt_tiny gpt_small resnet8; do
       step "bench_$config" "$FT" bench --config "configs/$config.yaml" \
         --set train.device=cuda --variants unfused,horizontal,vertical,all,cuda_graph \
-        --steps 20 --warmup 3 --json "$OUT_DIR/bench_$config.json"
+        --steps 20 --warmup 3 --peak-tflops "${PEAK_TFLOPS:-67}" \
+        --json "$OUT_DIR/bench_$config.json"
     done
   fi
 fi

@@ -171,6 +171,40 @@ TEST(BenchLaunches, PerStepCountsInTheTableAndJson) {
   EXPECT_DOUBLE_EQ(launches["copies"].get<double>(), 42.0);
 }
 
+// Throughput at each variant's median step: items over all ranks per second, one rank's model
+// FLOPs per second, and MFU only when a peak is given.
+TEST(BenchThroughput, MedianStepRatesAndMfuAgainstTheGivenPeak) {
+  std::vector<BenchVariantResult> results = {result_with("unfused", {20, 20, 20}, 3.0),
+                                             result_with("all", {10, 10, 10}, 3.0)};
+  for (BenchVariantResult& result : results) {
+    result.items_per_step = 512;  // tokens over all ranks
+    result.item_unit = "tokens";
+    result.model_flops_per_rank = 2e9;
+  }
+  const std::vector<BenchSummary> summaries = summarize_bench(results);
+  const std::string plain = bench_throughput_text(results, summaries, 0);
+  EXPECT_NE(plain.find("unfused: 25.6k tokens/s, 0.1 model TFLOP/s per rank\n"), std::string::npos)
+      << plain;
+  EXPECT_NE(plain.find("all: 51.2k tokens/s, 0.2 model TFLOP/s per rank\n"), std::string::npos)
+      << plain;
+  EXPECT_EQ(plain.find("MFU"), std::string::npos) << plain;
+  const std::string with_peak = bench_throughput_text(results, summaries, 0.8);
+  EXPECT_NE(with_peak.find("all: 51.2k tokens/s, 0.2 model TFLOP/s per rank (MFU 25.0% of 0.8 "
+                           "TFLOP/s)"),
+            std::string::npos)
+      << with_peak;
+  BenchRunInfo info;
+  info.peak_tflops = 0.8;
+  const nlohmann::json json = nlohmann::json::parse(bench_to_json(info, results, summaries));
+  const nlohmann::json& all = json["variants"][1]["throughput"];
+  EXPECT_EQ(all["unit"], "tokens");
+  EXPECT_DOUBLE_EQ(all["items_per_s"].get<double>(), 51200.0);
+  EXPECT_DOUBLE_EQ(all["model_tflops_per_rank"].get<double>(), 0.2);
+  EXPECT_DOUBLE_EQ(all["mfu"].get<double>(), 0.25);
+  const nlohmann::json no_peak = nlohmann::json::parse(bench_to_json({}, results, summaries));
+  EXPECT_TRUE(no_peak["variants"][1]["throughput"]["mfu"].is_null());
+}
+
 using test::RunResult;
 
 RunResult run(const std::string& args) {
@@ -305,6 +339,16 @@ TEST(BenchBinary, BadInputNamesTheFlagAndTheAllowedValues) {
   EXPECT_NE(result.output.find("--variants: unknown variant 'turbo'; allowed: unfused, horizontal"),
             std::string::npos)
       << result.output;
+  result = run(kTiny + "--variants unfused,cuda_graph");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("--variants: variant 'cuda_graph': configs/gpt_tiny.yaml: invalid "
+                               "config: fusion.cuda_graph = true"),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("requires train.device = cuda"), std::string::npos) << result.output;
+  result = run(kTiny + "--peak-tflops -1");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("--peak-tflops must be >= 0"), std::string::npos) << result.output;
   result = run(kTiny + "--sweep fusion.max_ops");
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_NE(result.output.find("--sweep 'fusion.max_ops': expected key=v1,v2"), std::string::npos)
