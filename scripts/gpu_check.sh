@@ -2,7 +2,8 @@
 # GPU check of the CUDA path, one prepared run for a lent machine (one H200, 16 cores; sm_90 by
 # default): builds with FT_CUDA=ON into build-gpu, runs every test with the ctest label `gpu`
 # (each CUDA kernel against its CPU kernel, training on cuda against cpu, the cuda export) and the
-# NCCL test as one rank, then `bandwidth` on NCCL with 1 rank and MPI-staged with 2 ranks, then
+# NCCL test as one rank, then `train` of gpt_tiny on cuda (eager and fusion.cuda_graph), then
+# `bandwidth` on NCCL with 1 rank and MPI-staged with 2 ranks, then
 # `bench` of gpt_tiny, gpt_small and resnet8 on cuda (unfused, each strategy, all, cuda_graph:
 # the whole step replayed as one CUDA graph, captured after two eager steps). Everything
 # is written under $OUT (./gpu_check_out when OUT is unset): logs, gtest and bench JSON, and
@@ -48,6 +49,15 @@ if step configure cmake -S . -B "$BUILD" -DFT_CUDA=ON \
     --max-bytes 268435456 --json "$OUT_DIR/bandwidth_nccl_np1.json"
   step bandwidth_mpi_staged_np2 mpirun --oversubscribe -np 2 "$FT" bandwidth --device cuda \
     --max-bytes 67108864 --json "$OUT_DIR/bandwidth_mpi_staged_np2.json"
+  # The train job end to end on the GPU: logging, eval and checkpoints, eager and as CUDA-graph
+  # replays; runs live outside $OUT (checkpoints are large), their metrics are copied in.
+  for graph in false true; do
+    run_dir=$(mktemp -d)/gpt_tiny_cuda_graph_$graph
+    step "train_gpt_tiny_cuda_graph_$graph" "$FT" train --config configs/gpt_tiny.yaml \
+      --set train.device=cuda --set train.steps=60 --set train.eval_every=30 \
+      --set fusion.cuda_graph=$graph --set train.run_dir="$run_dir"
+    cp "$run_dir/metrics.jsonl" "$OUT_DIR/train_gpt_tiny_cuda_graph_$graph.metrics.jsonl" 2>/dev/null
+  done
   if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     for config in gpt_tiny gpt_small resnet8; do
       step "bench_$config" "$FT" bench --config "configs/$config.yaml" \

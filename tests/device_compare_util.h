@@ -40,7 +40,8 @@ struct DeviceRun {
 
 // Builds the graph, initialises parameters from `seed` (normal, std 0.5 for every parameter, so
 // a zero-initialised bias still exercises its kernel), fills graph.input and every other value
-// no op writes with normal noise, runs forward and (train graphs) backward on `device`.
+// no op writes with normal noise, runs forward and (train graphs) backward on `device`, with
+// parameter gradients starting as noise and fresh activation gradients as NaN (see below).
 inline DeviceRun run_on(Device device, const GraphBuilder& build, const BatchIds& ids,
                         uint64_t seed = 7) {
   Graph graph;
@@ -72,6 +73,14 @@ inline DeviceRun run_on(Device device, const GraphBuilder& build, const BatchIds
     for (float& entry : host) entry = rng.normal();
     ws.values[id].copy_from(Tensor::wrap(host.data(), ws.values[id].shape()));
   }
+  // Parameter gradients start as noise (the same on both devices), so a kernel that overwrites
+  // (=) where it must accumulate (+=) disagrees; activation gradients handed out fresh start as
+  // NaN, so one that accumulates into a fresh buffer, or leaves part of it unwritten, poisons it.
+  std::vector<float> grad_noise(static_cast<size_t>(params.flat_grads().numel()));
+  for (float& entry : grad_noise) entry = 0.25f * rng.normal();
+  if (!grad_noise.empty())
+    params.flat_grads().copy_from(Tensor::wrap(grad_noise.data(), params.flat_grads().shape()));
+  executor.set_poison_fresh_gradients(true);
   executor.forward(ws);
   if (graph.mode == GraphMode::kTrain) executor.backward(ws);
   DeviceRun run;

@@ -94,9 +94,13 @@ ConvAlgoChoice choose(const ConvAlgoKey& key, Find&& find, Get&& get) {
   std::vector<Perf> perf(16);
   int count = 0;
   ConvAlgoChoice choice;
-  if (find(static_cast<int>(perf.size()), &count, perf.data()) == CUDNN_STATUS_SUCCESS &&
-      pick(perf.data(), count, &choice))
-    return choice;
+  const cudnnStatus_t found = find(static_cast<int>(perf.size()), &count, perf.data());
+  // Find cudaMallocs its own buffers; one that fails (the whole search, or one algorithm's
+  // workspace, reported as that entry's status) leaves cudaErrorMemoryAllocation as the
+  // runtime's last error, which the next FT_CUDA_CHECK_LAUNCH would report against an unrelated
+  // kernel. Launch errors before this point were all checked, so clearing it hides nothing.
+  cudaGetLastError();
+  if (found == CUDNN_STATUS_SUCCESS && pick(perf.data(), count, &choice)) return choice;
   count = 0;
   FT_CUDNN_CHECK(get(static_cast<int>(perf.size()), &count, perf.data()));
   FT_CHECK(pick(perf.data(), count, &choice), "conv2d: cuDNN offers no fp32 (FMA) algorithm for ",
