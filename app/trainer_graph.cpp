@@ -32,11 +32,13 @@ namespace ft {
 #if defined(FT_HAVE_CUDA)
 
 struct Trainer::GraphStep {
-  CudaGraph graph;
   // One DeviceStepControl each, in floats: on the device (what the graph reads and writes) and
   // its page-locked host copy (what the host writes before and reads after a launch).
   Tensor control_on_device, control_on_host;
   CommStepStats captured_comm;  // the bucket layout of the captured step; no times
+  // Last, so it is destroyed first: its destructor waits for a replay in flight before the
+  // control blocks it reads and writes go back to their allocators.
+  CudaGraph graph;
 
   GraphStep() {
     const int64_t floats = (sizeof(DeviceStepControl) + sizeof(float) - 1) / sizeof(float);

@@ -17,7 +17,8 @@ constexpr int kMultiTensorThreads = kSquareSumThreads;
 // __grid_constant__: the table stays in the kernel-parameter space; the block reads its entries
 // from there instead of copying ~4 KB into each thread's local memory.
 // With a control (a CUDA-graph step, model/step_control.h) the constants, the clip scale and the
-// skip decision come from device memory; without one, from the arguments.
+// skip decision come from device memory; without one, from the arguments. The scaled gradient is
+// __fmul_rn so that it is never contracted into an FMA (see model/optimizer.cu).
 __global__ void multi_tensor_adamw_kernel(const __grid_constant__ MultiTensorLaunch<4> launch,
                                           AdamWStep step, const DeviceStepControl* control) {
   float grad_scale = 1.0f;
@@ -29,7 +30,7 @@ __global__ void multi_tensor_adamw_kernel(const __grid_constant__ MultiTensorLau
   float* exp_avg_sq = launch.addresses[3][range.tensor] + range.begin;
   const float decay = launch.weight_decay[range.tensor] ? step.decay : 0.0f;
   for (int64_t i = threadIdx.x; i < range.count; i += kMultiTensorThreads)
-    adamw_element(value[i], exp_avg[i], exp_avg_sq[i], grad[i] * grad_scale, step, decay);
+    adamw_element(value[i], exp_avg[i], exp_avg_sq[i], __fmul_rn(grad[i], grad_scale), step, decay);
 }
 
 __global__ void multi_tensor_sgd_kernel(const __grid_constant__ MultiTensorLaunch<3> launch,
@@ -42,7 +43,7 @@ __global__ void multi_tensor_sgd_kernel(const __grid_constant__ MultiTensorLaunc
   float* momentum_buffer = launch.addresses[2][range.tensor] + range.begin;
   const float decay = launch.weight_decay[range.tensor] ? step.weight_decay : 0.0f;
   for (int64_t i = threadIdx.x; i < range.count; i += kMultiTensorThreads)
-    sgd_element(value[i], momentum_buffer[i], grad[i] * grad_scale, step, decay);
+    sgd_element(value[i], momentum_buffer[i], __fmul_rn(grad[i], grad_scale), step, decay);
 }
 
 __global__ void multi_tensor_scale_kernel(const __grid_constant__ MultiTensorLaunch<1> launch,

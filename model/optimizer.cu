@@ -11,7 +11,9 @@ namespace ft {
 namespace {
 
 // With a control (a CUDA-graph step, model/step_control.h) the constants, the clip scale and the
-// skip decision come from device memory; without one, from the arguments.
+// skip decision come from device memory; without one, from the arguments. The scaled gradient is
+// __fmul_rn: a plain product may be contracted into the FMA of sgd_element's grad + decay * value,
+// which rounds once where the eager step (clipped in place, then read) rounds twice.
 __global__ void adamw_update_kernel(float* value, float* exp_avg, float* exp_avg_sq,
                                     const float* grad, int64_t count, AdamWStep step,
                                     bool weight_decay, const DeviceStepControl* control) {
@@ -19,7 +21,7 @@ __global__ void adamw_update_kernel(float* value, float* exp_avg, float* exp_avg
   if (!apply_step_control(control, &step, &grad_scale)) return;
   const float decay = weight_decay ? step.decay : 0.0f;
   FT_GRID_STRIDE_LOOP(i, count) {
-    adamw_element(value[i], exp_avg[i], exp_avg_sq[i], grad[i] * grad_scale, step, decay);
+    adamw_element(value[i], exp_avg[i], exp_avg_sq[i], __fmul_rn(grad[i], grad_scale), step, decay);
   }
 }
 
@@ -30,7 +32,7 @@ __global__ void sgd_update_kernel(float* value, float* momentum_buffer, const fl
   if (!apply_step_control(control, &step, &grad_scale)) return;
   const float decay = weight_decay ? step.weight_decay : 0.0f;
   FT_GRID_STRIDE_LOOP(i, count) {
-    sgd_element(value[i], momentum_buffer[i], grad[i] * grad_scale, step, decay);
+    sgd_element(value[i], momentum_buffer[i], __fmul_rn(grad[i], grad_scale), step, decay);
   }
 }
 

@@ -35,6 +35,9 @@ struct StepsRun {
   std::vector<float> values;  // the parameters after the last step
 };
 
+// An evaluation after step 4 (a replay, with the graph captured at step 3) allocates and frees
+// device memory between replays: were a block the graph still writes handed out again, the later
+// replays would differ from the eager run.
 StepsRun run_steps(const Config& config, int steps) {
   Trainer trainer(config, nullptr);
   StepsRun run;
@@ -43,6 +46,7 @@ StepsRun run_steps(const Config& config, int steps) {
     run.losses.push_back(stats.loss);
     run.norms.push_back(stats.grad_norm);
     run.skipped.push_back(stats.skipped);
+    if (i == 3) trainer.evaluate(2);
   }
   run.values = trainer.params().flat_values().to_host_vector();
   return run;

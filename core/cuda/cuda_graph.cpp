@@ -45,7 +45,7 @@ void CudaGraph::begin_capture(cudaStream_t stream) {
   stream_ = stream;
   CachingAllocator::device().begin_hold();
   const cudaError_t status = cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed);
-  if (status != cudaSuccess) held_blocks_ = CachingAllocator::device().end_hold();
+  if (status != cudaSuccess) keep_held(CachingAllocator::device().end_hold());
   FT_CUDA_CHECK(status);
   capturing_ = true;
 }
@@ -54,7 +54,10 @@ void CudaGraph::end_capture() {
   FT_CHECK(capturing_, "CudaGraph::end_capture without begin_capture");
   capturing_ = false;
   const cudaError_t status = cudaStreamEndCapture(stream_, &graph_);
-  held_blocks_ = CachingAllocator::device().end_hold();
+  keep_held(CachingAllocator::device().end_hold());
+  // The failure is reported below; cleared here so the next FT_CUDA_CHECK_LAUNCH does not report
+  // it again against an unrelated kernel.
+  if (status != cudaSuccess) cudaGetLastError();
   FT_REQUIRE(status == cudaSuccess, "fusion.cuda_graph: capturing the training step failed (",
              cudaGetErrorName(status), ": ", cudaGetErrorString(status),
              "); some op synchronised or copied to the host inside the step; set "
@@ -70,7 +73,12 @@ void CudaGraph::abort_capture() noexcept {
   cudaStreamEndCapture(stream_, &partial);
   if (partial != nullptr) cudaGraphDestroy(partial);
   cudaGetLastError();  // the invalidated capture's sticky error
-  held_blocks_ = CachingAllocator::device().end_hold();
+  keep_held(CachingAllocator::device().end_hold());
+}
+
+void CudaGraph::keep_held(const CachingAllocator::HeldBlocks& blocks) {
+  // Appended, not assigned: a capture tried again after a failure must not drop the first one's.
+  held_blocks_.insert(held_blocks_.end(), blocks.begin(), blocks.end());
 }
 
 void CudaGraph::launch(cudaStream_t stream) {

@@ -45,6 +45,8 @@ class CudaGraph {
   const CudaGraphNodes& nodes() const { return nodes_; }
 
  private:
+  void keep_held(const CachingAllocator::HeldBlocks& blocks);
+
   cudaStream_t stream_ = nullptr;
   bool capturing_ = false;
   cudaGraph_t graph_ = nullptr;
