@@ -62,7 +62,7 @@ class AddThroughHostOp : public Op {
 void expect_cuda_matches_cpu(const device_compare::GraphBuilder& build,
                              const device_compare::BatchIds& ids, double rtol, double atol) {
   const DeviceRun cpu = run_on(Device::kCpu, build, ids);
-  const DeviceRun cuda = run_on(Device::kCuda, build, ids);
+  const DeviceRun cuda = run_on(test::kGpu, build, ids);
   expect_runs_close(cuda, cpu, rtol, atol);
 }
 
@@ -151,8 +151,8 @@ TEST(CudaAttention, FlashAttentionAccumulatesIntoAGradientOthersAlsoWrite) {
 }
 
 TEST(CudaAttention, FlashAttentionRefusesHeadsWiderThan128) {
-  FT_SKIP_WITHOUT_GPU();
-  EXPECT_THROW(run_on(Device::kCuda, flash_graph({1, 8, 264, 1}, false), {}), Error);
+  FT_GPU_ONLY();
+  EXPECT_THROW(run_on(test::kGpu, flash_graph({1, 8, 264, 1}, false), {}), Error);
 }
 
 // The y and the q/k/v gradient of a run, looked up by name (the eager graph has more values).
@@ -181,8 +181,8 @@ TEST(CudaAttention, FlashAttentionMatchesTheEagerChainOnCuda) {
     graph.add_op<AttentionMixOp>("mix", {probs, v}, {y}, {}, s.B, s.T, s.C, s.NH);
     add_weighted_sum_loss(graph, y, 8);
   };
-  const DeviceRun fused = run_on(Device::kCuda, flash_graph(s, true), {});
-  const DeviceRun unfused = run_on(Device::kCuda, eager, {});
+  const DeviceRun fused = run_on(test::kGpu, flash_graph(s, true), {});
+  const DeviceRun unfused = run_on(test::kGpu, eager, {});
   ASSERT_EQ(named(fused, "qkv", false), named(unfused, "qkv", false));  // the same inputs
   const double rtol = 1e-4, atol = 1e-5;
   EXPECT_EQ(device_compare::difference("y", named(fused, "y", false), named(unfused, "y", false),
@@ -232,8 +232,8 @@ TEST(CudaAttention, CrossEntropyLossIsTheSameBitsEveryRun) {
   FT_SKIP_WITHOUT_GPU();
   const auto build = cross_entropy_graph(2000, 256, false);
   const auto ids = class_targets(2000, 256);
-  const DeviceRun first = run_on(Device::kCuda, build, ids);
-  const DeviceRun second = run_on(Device::kCuda, build, ids);
+  const DeviceRun first = run_on(test::kGpu, build, ids);
+  const DeviceRun second = run_on(test::kGpu, build, ids);
   EXPECT_EQ(first.loss, second.loss);
   EXPECT_EQ(first.grads, second.grads);
 }
@@ -242,9 +242,9 @@ TEST(CudaAttention, CrossEntropyChecksTargetsOnTheHost) {
   FT_SKIP_WITHOUT_GPU();
   device_compare::BatchIds ids = class_targets(9, 10);
   ids.targets[4] = 10;
-  EXPECT_THROW(run_on(Device::kCuda, cross_entropy_graph(9, 10, false), ids), Error);
+  EXPECT_THROW(run_on(test::kGpu, cross_entropy_graph(9, 10, false), ids), Error);
   ids.targets[4] = -1;
-  EXPECT_THROW(run_on(Device::kCuda, cross_entropy_graph(9, 10, false), ids), Error);
+  EXPECT_THROW(run_on(test::kGpu, cross_entropy_graph(9, 10, false), ids), Error);
 }
 
 struct ClassifierShape {
@@ -301,8 +301,8 @@ TEST(CudaAttention, ClassifierMatchesLmHeadThenCrossEntropyOnCuda) {
   const ClassifierShape s{64, 128, 256};
   const auto ids = class_targets(s.rows, s.vocab);
   for (GraphMode mode : {GraphMode::kTrain, GraphMode::kEval}) {
-    DeviceRun fused = run_on(Device::kCuda, classifier_graph(s, true, mode), ids);
-    DeviceRun unfused = run_on(Device::kCuda, classifier_graph(s, false, mode), ids);
+    DeviceRun fused = run_on(test::kGpu, classifier_graph(s, true, mode), ids);
+    DeviceRun unfused = run_on(test::kGpu, classifier_graph(s, false, mode), ids);
     // The fused op keeps dlogits to itself: nothing reads the logits' gradient after it, so its
     // buffer is never written there, while the unfused chain passes dlogits through it.
     for (DeviceRun* run : {&fused, &unfused})
@@ -316,7 +316,7 @@ TEST(CudaAttention, ClassifierChecksTargetsOnTheHost) {
   FT_SKIP_WITHOUT_GPU();
   device_compare::BatchIds ids = class_targets(8, 20);
   ids.targets[3] = 20;
-  EXPECT_THROW(run_on(Device::kCuda, classifier_graph({8, 16, 20}, true, GraphMode::kTrain), ids),
+  EXPECT_THROW(run_on(test::kGpu, classifier_graph({8, 16, 20}, true, GraphMode::kTrain), ids),
                Error);
 }
 

@@ -33,7 +33,7 @@ constexpr double kRtol = 1e-4, kAtol = 1e-4;
 void expect_cuda_matches_cpu(const GraphBuilder& build) {
   ASSERT_FALSE(gemm_tf32());
   const auto cpu = device_compare::run_on(Device::kCpu, build, {});
-  const auto cuda = device_compare::run_on(Device::kCuda, build, {});
+  const auto cuda = device_compare::run_on(test::kGpu, build, {});
   device_compare::expect_runs_close(cuda, cpu, kRtol, kAtol);
 }
 
@@ -148,9 +148,9 @@ TEST(CudaGemmOps, LinearGeluFusedMatchesUnfusedOnCuda) {
   FT_SKIP_WITHOUT_GPU();
   const LinearShape s{40, 32, 48, true, 0, 2};
   const auto fused =
-      device_compare::run_on(Device::kCuda, linear_gelu_graph(s, true, GraphMode::kTrain), {});
+      device_compare::run_on(test::kGpu, linear_gelu_graph(s, true, GraphMode::kTrain), {});
   const auto unfused =
-      device_compare::run_on(Device::kCuda, linear_gelu_graph(s, false, GraphMode::kTrain), {});
+      device_compare::run_on(test::kGpu, linear_gelu_graph(s, false, GraphMode::kTrain), {});
   std::vector<std::string> differences;
   auto note = [&](std::string text) {
     if (!text.empty()) differences.push_back(std::move(text));

@@ -41,7 +41,7 @@ constexpr double kNormRtol = 1e-4, kNormAtol = 1e-5;
 void expect_devices_agree(const GraphBuilder& build, double rtol, double atol,
                           const device_compare::BatchIds& ids = {}) {
   const DeviceRun cpu = run_on(Device::kCpu, build, ids);
-  const DeviceRun cuda = run_on(Device::kCuda, build, ids);
+  const DeviceRun cuda = run_on(test::kGpu, build, ids);
   expect_runs_close(cuda, cpu, rtol, atol);
 }
 
@@ -111,9 +111,9 @@ TEST(CudaGptOps, EmbeddingRejectsTokensOutsideTheVocabularyOnCuda) {
   device_compare::BatchIds ids;
   ids.tokens = random_tokens(2 * 5, 7, 9);
   ids.tokens[6] = 7;
-  EXPECT_THROW(run_on(Device::kCuda, embedding_graph(2, 5, 8, 7), ids), Error);
+  EXPECT_THROW(run_on(test::kGpu, embedding_graph(2, 5, 8, 7), ids), Error);
   ids.tokens[6] = -1;
-  EXPECT_THROW(run_on(Device::kCuda, embedding_graph(2, 5, 8, 7), ids), Error);
+  EXPECT_THROW(run_on(test::kGpu, embedding_graph(2, 5, 8, 7), ids), Error);
 }
 
 // ---- LayerNorm -------------------------------------------------------------------------------
@@ -228,10 +228,10 @@ TEST(CudaGptOps, DropoutMasksEqualTheCpuMasksBitForBit) {
   for (const float p : {0.1f, 0.5f}) {
     const std::vector<uint8_t> cpu = forward_mask(Device::kCpu, false, rows, channels, p, 77);
     ASSERT_EQ(cpu.size(), static_cast<size_t>(rows * channels));
-    EXPECT_TRUE(forward_mask(Device::kCuda, false, rows, channels, p, 77) == cpu) << "DropoutOp";
-    EXPECT_TRUE(forward_mask(Device::kCuda, true, rows, channels, p, 77) == cpu)
+    EXPECT_TRUE(forward_mask(test::kGpu, false, rows, channels, p, 77) == cpu) << "DropoutOp";
+    EXPECT_TRUE(forward_mask(test::kGpu, true, rows, channels, p, 77) == cpu)
         << "ResidualLayerNormOp";
-    EXPECT_FALSE(forward_mask(Device::kCuda, false, rows, channels, p, 78) == cpu)
+    EXPECT_FALSE(forward_mask(test::kGpu, false, rows, channels, p, 78) == cpu)
         << "another salt should draw another mask";
   }
 }
@@ -317,8 +317,8 @@ TEST(CudaGptOps, ResidualLayerNormMatchesItsUnfusedChainOnCuda) {
   for (const ResidualChain& chain : residual_chains()) {
     if (chain.branch_view) continue;
     SCOPED_TRACE(describe(chain));
-    const DeviceRun fused = run_on(Device::kCuda, residual_chain_graph(chain, true), {});
-    const DeviceRun unfused = run_on(Device::kCuda, residual_chain_graph(chain, false), {});
+    const DeviceRun fused = run_on(test::kGpu, residual_chain_graph(chain, true), {});
+    const DeviceRun unfused = run_on(test::kGpu, residual_chain_graph(chain, false), {});
     // residual_in, branch, sum, normed, next_residual, the loss value. sum's gradient buffer
     // holds only what its later readers sent in the fused graph (the op adds LN' itself), and
     // that plus LN' in the unfused one, where the LayerNorm reads sum as a graph value.
@@ -380,9 +380,8 @@ TEST(CudaGptOps, BatchedLayerNormMatchesUnfusedLayerNormsOnCuda) {
   for (const BatchedShape& s : kBatchedShapes) {
     SCOPED_TRACE("rows " + std::to_string(s.rows) + " head " + std::to_string(s.head) + " count " +
                  std::to_string(s.count));
-    const DeviceRun fused = run_on(Device::kCuda, batched_graph(s.rows, s.head, s.count, true), {});
-    const DeviceRun unfused =
-        run_on(Device::kCuda, batched_graph(s.rows, s.head, s.count, false), {});
+    const DeviceRun fused = run_on(test::kGpu, batched_graph(s.rows, s.head, s.count, true), {});
+    const DeviceRun unfused = run_on(test::kGpu, batched_graph(s.rows, s.head, s.count, false), {});
     // Same kernels and order on both sides: per-row math is identical, and the shared parameters
     // are summed last LayerNorm first by the fused op as by the unfused chain's backward.
     expect_shared_values_close(fused, unfused, kExact, kExactAtol, 3);

@@ -102,7 +102,7 @@ void expect_training_matches_cpu(Layout layout, const OptimizerOptions& options)
   std::vector<float> cuda_norms;
   for (SweepKind kind : {SweepKind::kPerTensor, SweepKind::kMultiTensor}) {
     const std::string name = kind == SweepKind::kMultiTensor ? "multi-tensor" : "per-tensor";
-    Training cuda = train(layout, Device::kCuda, kind, options);
+    Training cuda = train(layout, test::kGpu, kind, options);
     for (size_t s = 0; s < cpu.norms.size(); ++s)
       EXPECT_NEAR(cuda.norms[s], cpu.norms[s], 1e-6 * cpu.norms[s]) << name << " step " << s;
     if (cuda_norms.empty())
@@ -115,7 +115,7 @@ void expect_training_matches_cpu(Layout layout, const OptimizerOptions& options)
     auto cpu_optimizer_slots = cpu.optimizer->state_slots();
     ASSERT_EQ(cuda_slots.size(), cpu_optimizer_slots.size());
     for (size_t k = 0; k < cuda_slots.size(); ++k) {
-      EXPECT_EQ(cuda_slots[k].second->device(), Device::kCuda) << cuda_slots[k].first;
+      EXPECT_EQ(cuda_slots[k].second->device(), test::kGpu) << cuda_slots[k].first;
       expect_close(cuda_slots[k].second->to_host_vector(),
                    cpu_optimizer_slots[k].second->to_host_vector(),
                    name + " " + cuda_slots[k].first);
@@ -163,7 +163,7 @@ TEST(CudaOptimizer, SquareSumMatchesCpuAndBothCudaSweepsAgreeBitwise) {
   FT_SKIP_WITHOUT_GPU();
   for (Layout layout : {Layout::kGptTiny, Layout::kManyTensors}) {
     auto cpu = make_store(layout, Device::kCpu);
-    auto cuda = make_store(layout, Device::kCuda);
+    auto cuda = make_store(layout, test::kGpu);
     set_grads(*cpu, 7);
     set_grads(*cuda, 7);
     const double expected = make_per_tensor_sweep()->square_sum(*cpu);
@@ -183,7 +183,7 @@ TEST(CudaOptimizer, ScaleAndZeroAreExact) {
     make_per_tensor_sweep()->scale(*cpu, 0.37f);
     const std::vector<float> expected = cpu->flat_grads().to_host_vector();
     for (SweepKind kind : {SweepKind::kPerTensor, SweepKind::kMultiTensor}) {
-      auto cuda = make_store(layout, Device::kCuda);
+      auto cuda = make_store(layout, test::kGpu);
       const std::shared_ptr<ParamSweep> sweep = make_sweep(kind, *cuda);
       set_grads(*cuda, 9);
       sweep->scale(*cuda, 0.37f);

@@ -35,7 +35,7 @@ constexpr double kReductionRtol = 1e-4, kReductionAtol = 1e-4;
 
 void expect_cuda_matches_cpu(const GraphBuilder& build, double rtol, double atol) {
   const DeviceRun cpu = device_compare::run_on(Device::kCpu, build, {});
-  const DeviceRun cuda = device_compare::run_on(Device::kCuda, build, {});
+  const DeviceRun cuda = device_compare::run_on(test::kGpu, build, {});
   device_compare::expect_runs_close(cuda, cpu, rtol, atol);
 }
 
@@ -186,7 +186,7 @@ TEST_P(CudaBatchNorm, TrainMatchesCpuAndMovesRunningStatisticsAlike) {
     const DeviceRun cpu =
         device_compare::run_on(Device::kCpu, batchnorm_builder(GetParam(), kind), {});
     const DeviceRun cuda =
-        device_compare::run_on(Device::kCuda, batchnorm_builder(GetParam(), kind), {});
+        device_compare::run_on(test::kGpu, batchnorm_builder(GetParam(), kind), {});
     device_compare::expect_runs_close(cuda, cpu, kReductionRtol, kReductionAtol);
     EXPECT_EQ(
         device_compare::difference("running statistics", cuda.buffers, cpu.buffers, 1e-5, 1e-6),
@@ -206,12 +206,10 @@ TEST_P(CudaBatchNorm, InferenceMatchesCpu) {
 TEST_P(CudaBatchNorm, FusedReluMatchesBatchNormThenReluOnCuda) {
   FT_SKIP_WITHOUT_GPU();
   const BatchNormCase c = GetParam();
-  expect_twins_close(device_compare::run_on(Device::kCuda, batchnorm_builder(c, 1), {}),
-                     device_compare::run_on(Device::kCuda, batchnorm_builder(c, 2), {}), 1e-5,
-                     1e-6);
-  expect_twins_close(device_compare::run_on(Device::kCuda, batchnorm_builder(c, 4), {}),
-                     device_compare::run_on(Device::kCuda, batchnorm_builder(c, 5), {}), 1e-6,
-                     1e-7);
+  expect_twins_close(device_compare::run_on(test::kGpu, batchnorm_builder(c, 1), {}),
+                     device_compare::run_on(test::kGpu, batchnorm_builder(c, 2), {}), 1e-5, 1e-6);
+  expect_twins_close(device_compare::run_on(test::kGpu, batchnorm_builder(c, 4), {}),
+                     device_compare::run_on(test::kGpu, batchnorm_builder(c, 5), {}), 1e-6, 1e-7);
 }
 
 // 3 channels: one partly used 32-channel block; 40: two blocks; 140 rows: a full chunk of 128
@@ -273,8 +271,8 @@ TEST(CudaAddRelu, MatchesResidualAddThenReluOnCuda) {
       add_weighted_sum_loss(graph, y, 7);
     };
   };
-  expect_twins_close(device_compare::run_on(Device::kCuda, build(true), {}),
-                     device_compare::run_on(Device::kCuda, build(false), {}), 1e-6, 1e-7);
+  expect_twins_close(device_compare::run_on(test::kGpu, build(true), {}),
+                     device_compare::run_on(test::kGpu, build(false), {}), 1e-6, 1e-7);
 }
 
 TEST(CudaGlobalAvgPool, MatchesCpu) {
@@ -329,11 +327,10 @@ TEST_P(CudaConvShortcut, MatchesCpuAndTheTwoConvolutionsOnCuda) {
   FT_SKIP_WITHOUT_GPU();
   const DeviceRun cpu =
       device_compare::run_on(Device::kCpu, shortcut_builder(GetParam(), true), {});
-  const DeviceRun cuda =
-      device_compare::run_on(Device::kCuda, shortcut_builder(GetParam(), true), {});
+  const DeviceRun cuda = device_compare::run_on(test::kGpu, shortcut_builder(GetParam(), true), {});
   device_compare::expect_runs_close(cuda, cpu, kReductionRtol, kReductionAtol);
   const DeviceRun unfused =
-      device_compare::run_on(Device::kCuda, shortcut_builder(GetParam(), false), {});
+      device_compare::run_on(test::kGpu, shortcut_builder(GetParam(), false), {});
   device_compare::expect_runs_close(cuda, unfused, kReductionRtol, kReductionAtol);
 }
 
@@ -401,10 +398,10 @@ TEST_P(CudaConvBias, MatchesCpuAndTheUnfusedChainOnCuda) {
   const DeviceRun cpu =
       device_compare::run_on(Device::kCpu, conv_bias_builder(GetParam(), true), {});
   const DeviceRun cuda =
-      device_compare::run_on(Device::kCuda, conv_bias_builder(GetParam(), true), {});
+      device_compare::run_on(test::kGpu, conv_bias_builder(GetParam(), true), {});
   device_compare::expect_runs_close(cuda, cpu, kReductionRtol, kReductionAtol);
   const DeviceRun unfused =
-      device_compare::run_on(Device::kCuda, conv_bias_builder(GetParam(), false), {});
+      device_compare::run_on(test::kGpu, conv_bias_builder(GetParam(), false), {});
   expect_twins_close(cuda, unfused, kReductionRtol, kReductionAtol);
 }
 

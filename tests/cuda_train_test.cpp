@@ -47,7 +47,7 @@ TEST_P(CudaTrain, TwentyStepsMatchTheCpuFusedAndUnfused) {
   for (bool fused : {false, true}) {
     SCOPED_TRACE(fused ? "fused" : "unfused");
     Trainer on_cpu(config_for(GetParam(), "cpu", fused), nullptr);
-    Trainer on_cuda(config_for(GetParam(), "cuda", fused), nullptr);
+    Trainer on_cuda(config_for(GetParam(), test::kGpuName, fused), nullptr);
     expect_losses_match(losses_of(on_cuda, 20), losses_of(on_cpu, 20));
     const double cpu_eval = on_cpu.evaluate(4).loss, cuda_eval = on_cuda.evaluate(4).loss;
     EXPECT_NEAR(cuda_eval, cpu_eval, 2e-3 * std::fabs(cpu_eval));
@@ -59,7 +59,7 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaTrain, testing::Values("gpt_tiny", "resnet8
 TEST(CudaTrainCheckpoint, ACudaCheckpointResumesOnTheCpu) {
   FT_SKIP_WITHOUT_GPU();
   const std::string path = testing::TempDir() + "/ft_cuda_ckpt.safetensors";
-  Trainer on_cuda(config_for("gpt_tiny", "cuda", true), nullptr);
+  Trainer on_cuda(config_for("gpt_tiny", test::kGpuName, true), nullptr);
   losses_of(on_cuda, 3);
   on_cuda.save_checkpoint(path);
   const std::vector<float> cuda_next = losses_of(on_cuda, 2);
@@ -74,7 +74,7 @@ TEST(CudaTrainCheckpoint, ACudaTrainedResnetExportsAndInfers) {
   FT_SKIP_WITHOUT_GPU();
   const std::string checkpoint = testing::TempDir() + "/ft_cuda_resnet.safetensors";
   const std::string exported = testing::TempDir() + "/ft_cuda_resnet_export.safetensors";
-  Trainer on_cuda(config_for("resnet8", "cuda", true), nullptr);
+  Trainer on_cuda(config_for("resnet8", test::kGpuName, true), nullptr);
   losses_of(on_cuda, 3);
   on_cuda.save_checkpoint(checkpoint);
   const test::RunResult export_run =
@@ -86,9 +86,10 @@ TEST(CudaTrainCheckpoint, ACudaTrainedResnetExportsAndInfers) {
   EXPECT_NE(infer_run.output.find("predictions agree 256/256"), std::string::npos)
       << infer_run.output;
   // The same export and checkpoint run on the GPU: the same predictions as the unfolded model.
-  const test::RunResult cuda_infer = test::run_fusiontrain(
-      "infer --device cuda --model " + exported + " --limit 256 --compare-unfolded " + checkpoint,
-      120);
+  const test::RunResult cuda_infer =
+      test::run_fusiontrain(std::string("infer --device ") + test::kGpuName + " --model " +
+                                exported + " --limit 256 --compare-unfolded " + checkpoint,
+                            120);
   ASSERT_EQ(cuda_infer.exit_code, 0) << cuda_infer.output;
   EXPECT_NE(cuda_infer.output.find("predictions agree 256/256"), std::string::npos)
       << cuda_infer.output;
