@@ -229,7 +229,10 @@ int main(int argc, char** argv) {
 
   int rank = 0;
   try {
-    ft::MpiRuntime mpi(&argc, &argv);
+    // A process that no MPI launcher started runs as one rank without MPI (see
+    // MpiRuntime::launched_by_mpi); bandwidth measures MPI itself, so it always initialises it.
+    ft::MpiRuntime mpi(&argc, &argv,
+                       ft::MpiRuntime::launched_by_mpi() || app.got_subcommand(bandwidth));
     rank = mpi.world_rank();
     try {
       std::unique_ptr<ft::MpiCommunicator> comm;

@@ -79,4 +79,23 @@ TEST(Cli, MismatchedConfigAcrossRanksFailsFast) {
   expect_error(result, "differs across ranks");
 }
 
+// A process that no MPI launcher started never initialises MPI, so a machine with the library
+// but no working runtime (Open MPI's singleton start cannot fork its daemon: here, no rsh agent)
+// still trains, plans and infers; bandwidth, which measures MPI, still needs it.
+TEST(Cli, JobsRunWithoutAnMpiRuntimeWhenNotLaunchedByMpirun) {
+  const std::string no_runtime = "env OMPI_MCA_plm_rsh_agent=/nonexistent/ssh ";
+  const RunResult train = ft::test::run_fusiontrain(
+      "train --set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 "
+      "--set train.steps=2 --set train.eval_every=0 --set train.batch_size=2 "
+      "--set train.run_dir=" +
+          ::testing::TempDir() + "/no_mpi_run --set train.overwrite=true",
+      120, no_runtime);
+  EXPECT_EQ(train.exit_code, 0) << train.output;
+  EXPECT_NE(train.output.find("done: 2 steps"), std::string::npos) << train.output;
+  const RunResult bandwidth =
+      ft::test::run_fusiontrain("bandwidth --max-bytes 1024", 60, no_runtime);
+  EXPECT_NE(bandwidth.exit_code, 0) << "bandwidth initialises MPI, which cannot start here:\n"
+                                    << bandwidth.output;
+}
+
 }  // namespace

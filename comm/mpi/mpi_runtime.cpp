@@ -25,7 +25,8 @@ const char* thread_level_name(int level) {
 }
 }  // namespace
 
-MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+MpiRuntime::MpiRuntime(int* argc, char*** argv, bool initialise) {
+  if (!initialise) return;
   int initialized = 0;
   MPI_Initialized(&initialized);
   int provided = MPI_THREAD_SINGLE;
@@ -51,6 +52,14 @@ MpiRuntime::~MpiRuntime() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
+}
+
+bool MpiRuntime::launched_by_mpi() {
+  // Open MPI's mpirun, PMIx launchers, MPICH's hydra and Slurm's PMI, MVAPICH.
+  for (const char* name :
+       {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MV2_COMM_WORLD_RANK"})
+    if (std::getenv(name) != nullptr) return true;
+  return false;
 }
 
 void MpiRuntime::abort(int code) {

@@ -10,8 +10,9 @@ namespace ft {
 class MpiRuntime {
  public:
   // Initialises MPI unless it already is (then this object neither initialises nor finalises).
-  // Throws ft::Error when MPI grants less than MPI_THREAD_SERIALIZED.
-  MpiRuntime(int* argc, char*** argv);
+  // Throws ft::Error when MPI grants less than MPI_THREAD_SERIALIZED. With initialise false, MPI
+  // is never called: one rank (0 of 1), nothing to finalise.
+  MpiRuntime(int* argc, char*** argv, bool initialise = true);
   // Calls MPI_Finalize when this object initialised MPI; never throws.
   ~MpiRuntime();
   MpiRuntime(const MpiRuntime&) = delete;
@@ -23,6 +24,11 @@ class MpiRuntime {
   // Ends every rank of the job now (MPI_Abort on MPI_COMM_WORLD): a rank that hit an error must
   // not leave the others waiting forever inside a collective. Does not return.
   [[noreturn]] static void abort(int code);
+
+  // True when an MPI launcher started this process (mpirun, srun, mpiexec: their rank variables
+  // are set). A plain process need not initialise MPI: Open MPI's singleton start forks a daemon,
+  // which fails on a machine with the library but no runtime (a GPU box without Open MPI).
+  static bool launched_by_mpi();
 
  private:
   bool owns_mpi_ = false;
