@@ -68,7 +68,16 @@ except ImportError:
     pass
 PY
 )
-  local path="" dir
+  # Anything still missing is searched for where images keep libraries.
+  local library found
+  for library in libcudart.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2; do
+    found=0
+    for dir in "${dirs[@]}"; do [ -e "$dir/$library" ] && found=1; done
+    [ "$found" = 1 ] && continue
+    dir=$(find /usr /opt /lib -name "$library" 2>/dev/null | head -n 1)
+    [ -n "$dir" ] && dirs+=("$(dirname "$dir")")
+  done
+  local path=""
   for dir in "${dirs[@]}"; do [ -d "$dir" ] && path="$path${path:+:}$dir"; done
   echo "$path"
 }
