@@ -4,7 +4,8 @@
 # this project's Debian libraries (oneDNN, yaml-cpp, Open MPI, GoogleTest) and no Fashion-MNIST,
 # and it cannot fetch anything, so the project cannot be configured there. The bundle holds the
 # CUDA build made here (fusiontrain and the gpu-labelled tests, sm_90), the shared libraries they
-# load apart from the C runtime and CUDA's own (the image brings those), and the dataset.
+# load apart from the C runtime and CUDA's own (the image brings those), Open MPI's runtime (for
+# mpirun there) and the dataset.
 # gpu_check.sh uses it instead of building when it finds it; pass carry: ["gpu_bundle"] to the
 # device tool's run. Must stay under the tool's 64 MiB (the working tree travels too).
 # Usage: bash scripts/gpu_bundle.sh [BUILD_DIR]   (BUILD_DIR: an FT_CUDA=ON build, default build-cuda)
@@ -33,6 +34,19 @@ for binary in "${binaries[@]}"; do ldd "$binary"; done | awk '$2 == "=>" && $3 ~
     cp -L "$path" "$STAGE/lib/$name"
   done
 cp "$DATA"/*.gz "$STAGE/data/fashion-mnist/"
+
+# Open MPI's runtime, for mpirun there: its launcher and daemon, plugins and help texts, relocated
+# with OPAL_PREFIX; PMIx, whose plugins it finds by their absolute path (gpu_check.sh links it).
+OMPI=$STAGE/ompi/usr
+mkdir -p "$OMPI/bin" "$OMPI/lib/x86_64-linux-gnu/openmpi" "$OMPI/share"
+cp /usr/bin/orterun /usr/bin/orted "$OMPI/bin/" && ln -s orterun "$OMPI/bin/mpirun"
+cp -a /usr/lib/x86_64-linux-gnu/openmpi/lib "$OMPI/lib/x86_64-linux-gnu/openmpi/"
+cp -a /usr/lib/x86_64-linux-gnu/pmix2 "$OMPI/lib/x86_64-linux-gnu/"
+cp -a /usr/share/openmpi "$OMPI/share/"
+for library in libpmix.so.2 libmunge.so.2; do
+  cp -L "/usr/lib/x86_64-linux-gnu/$library" "$STAGE/lib/" 2>/dev/null ||
+    cp -L "/lib/x86_64-linux-gnu/$library" "$STAGE/lib/"
+done
 
 {
   echo "source_dir=$ROOT"    # FT_SOURCE_DIR and FT_BINARY baked into the tests point here
