@@ -152,6 +152,11 @@ TEST(BenchLaunches, PerStepCountsInTheTableAndJson) {
   uneven.kernels = 5;
   uneven.convolutions = 2;
   EXPECT_EQ(format_launches_per_step(uneven, 2), "3.5 (k 2.5, gemm 0, conv 1, copy 0)");
+  // A CUDA-graph replay: one graph launch per step, and the host-issued staging copies.
+  LaunchCounts replayed;
+  replayed.graphs = 3;
+  replayed.copies = 18;
+  EXPECT_EQ(format_launches_per_step(replayed, 3), "7 (k 0, gemm 0, conv 0, copy 6, graph 1)");
 
   // A cuda variant shows its counts per round; a cpu one (nothing counted) shows "-" and null.
   std::vector<BenchVariantResult> results = {result_with("cpu", {10, 10, 10}, 3.0),
