@@ -16,10 +16,9 @@
 # The lent machine's image cannot configure this project (no oneDNN, yaml-cpp, Open MPI or
 # GoogleTest, and nothing can be fetched there). So when gpu_bundle/bundle.tar.xz is there
 # (scripts/gpu_bundle.sh, made here from an FT_CUDA=ON build), the script runs its binaries and
-# libraries (and its Open MPI, when the machine has none) instead of configuring and building;
-# if no Open MPI mpirun works after all, the steps that need it (NCCL test, bandwidth) are
-# recorded as not run (GPU_CHECK_BUNDLE_MPI=1 uses the bundle's even where the machine has one,
-# to try it). Before the device call:
+# libraries and its Open MPI instead of configuring and building; if no Open MPI mpirun works
+# after all, the steps that need it (NCCL test, bandwidth) are recorded as not run. Before the
+# device call:
 #   cmake -S . -B build-cuda -DFT_CUDA=ON && cmake --build build-cuda -j2 &&
 #   bash scripts/gpu_bundle.sh
 # then run `bash scripts/gpu_check.sh` with carry: ["gpu_bundle"].
@@ -101,17 +100,16 @@ use_bundle() {  # unpacks the bundle where its tests expect their sources and bi
     mkdir -p /usr/share/datasets && ln -s "$unpacked/data/fashion-mnist" /usr/share/datasets/
   fi
   export LD_LIBRARY_PATH="$unpacked/lib:$(cuda_library_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  # The bundle's Open MPI, unless the machine has one: relocated by OPAL_PREFIX; PMIx finds its
-  # plugins by the path it was built with; plm isolated starts local ranks without ssh.
-  if [ "${GPU_CHECK_BUNDLE_MPI:-0}" = 1 ] || ! mpirun --version 2>&1 | grep -q "Open MPI"; then
-    export OPAL_PREFIX="$unpacked/ompi/usr" PATH="$unpacked/ompi/usr/bin:$PATH"
-    export OMPI_MCA_plm=isolated
-    if [ ! -e /usr/lib/x86_64-linux-gnu/pmix2 ]; then
-      mkdir -p /usr/lib/x86_64-linux-gnu &&
-        ln -s "$OPAL_PREFIX/lib/x86_64-linux-gnu/pmix2" /usr/lib/x86_64-linux-gnu/pmix2
-    fi
-    echo "mpirun: the bundle's, $(mpirun --version 2>&1 | head -n 1)"
+  # The bundle's Open MPI, the one its libmpi belongs to (another mpirun could not start it):
+  # relocated by OPAL_PREFIX; PMIx finds its plugins by the path it was built with; plm isolated
+  # starts local ranks without ssh.
+  export OPAL_PREFIX="$unpacked/ompi/usr" PATH="$unpacked/ompi/usr/bin:$PATH"
+  export OMPI_MCA_plm=isolated
+  if [ ! -e /usr/lib/x86_64-linux-gnu/pmix2 ]; then
+    mkdir -p /usr/lib/x86_64-linux-gnu &&
+      ln -s "$OPAL_PREFIX/lib/x86_64-linux-gnu/pmix2" /usr/lib/x86_64-linux-gnu/pmix2
   fi
+  echo "mpirun: the bundle's, $(mpirun --version 2>&1 | head -n 1)"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   ! ldd "$BUILD/fusiontrain" "$BUILD"/tests/* | grep "not found"
 }
