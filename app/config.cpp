@@ -165,6 +165,10 @@ class Reader {
     require(!c.fusion.cuda_graph || c.train.device == "cuda",
             show("fusion.cuda_graph") + " requires train.device = cuda, got " +
                 show("train.device") + "; a CUDA graph replays GPU work only");
+    require(!c.fusion.cuda_graph || (!c.train.profile && c.train.trace.empty()),
+            show("fusion.cuda_graph") + " cannot go with train.profile or train.trace: they time " +
+                "each op on the host, and a replayed graph runs no host code per op; turn "
+                "one of them off");
     require(!c.fusion.cuda_graph || c.train.grad_accum == 1,
             show("fusion.cuda_graph") + " requires train.grad_accum = 1, got " +
                 show("train.grad_accum") +

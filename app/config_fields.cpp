@@ -155,7 +155,7 @@ std::vector<Field> build_fields() {
       {FT_KEY(fusion.cuda_graph), true_or_false(),
        "capture the whole training step (forward, backward, bucket allreduces, clipping, "
        "optimizer) as one CUDA graph and replay it every step; needs train.device cuda, "
-       "train.grad_accum 1 and one rank or NCCL"},
+       "train.grad_accum 1, one rank or NCCL, and train.profile and train.trace off"},
       {FT_KEY(fusion.max_ops), in(1, 64),
        "eager ops one fused op may absorb; 1 fuses nothing; longer chains are split greedily"},
       {FT_KEY(fusion.tile_kb), in(4, 65536),

@@ -179,6 +179,13 @@ TEST(CudaGraphConfig, NeedsCudaAndOneMicroBatch) {
   const std::string accumulating =
       config_error({"fusion.cuda_graph=true", "train.device=cuda", "train.grad_accum=2"});
   EXPECT_NE(accumulating.find("requires train.grad_accum = 1"), std::string::npos) << accumulating;
+  const std::string profiled =
+      config_error({"fusion.cuda_graph=true", "train.device=cuda", "train.profile=true"});
+  EXPECT_NE(profiled.find("cannot go with train.profile or train.trace"), std::string::npos)
+      << profiled;
+  EXPECT_NE(config_error({"fusion.cuda_graph=true", "train.device=cuda", "train.trace=t.json"})
+                .find("train.trace"),
+            std::string::npos);
   EXPECT_EQ(config_error({"fusion.cuda_graph=true", "train.device=cuda"}), "");
   EXPECT_EQ(config_error({"fusion.cuda_graph=false", "train.grad_accum=2"}), "");
 }
