@@ -102,9 +102,7 @@ StepStats Trainer::train_step() {
   StepStats stats;
   double loss_sum = 0.0;
   for (int micro = 0; micro < micro_batches; ++micro) {
-    // Masks depend only on (seed, step, micro-batch), so a resumed run draws the same ones.
-    ws.dropout_seed = mix_u64(config_.train.seed ^
-                              mix_u64(static_cast<uint64_t>(step_) * micro_batches + micro + 1));
+    ws.dropout_seed = dropout_seed(micro);
     task_->next_train_batch(ws, train_run_->graph);
     executor.forward(ws);
     loss_sum += executor.loss(ws);
@@ -165,6 +163,12 @@ void Trainer::skip_diverged_step(StepStats& stats, bool locally_finite) {
     FT_FAIL(what.str(), "; stopping the run: ", skipped_steps_,
             " steps skipped, more than train.max_skipped_steps = ", config_.train.max_skipped_steps,
             "; ", last_checkpoint_text());
+}
+
+uint64_t Trainer::dropout_seed(int micro) const {
+  const int micro_batches = config_.train.grad_accum;
+  return mix_u64(config_.train.seed ^
+                 mix_u64(static_cast<uint64_t>(step_) * micro_batches + micro + 1));
 }
 
 bool Trainer::any_rank_diverged(bool locally_finite) {

@@ -94,6 +94,9 @@ class Trainer {
   std::string last_checkpoint_;
   std::set<std::string> cleaned_dirs_;  // directories already rid of stale temp files
 
+  // The dropout seed of micro-batch `micro` of the coming step: a function of (seed, step,
+  // micro-batch) only, so a resumed run draws the same masks.
+  uint64_t dropout_seed(int micro) const;
   // True when `locally_finite` is false on any rank (collective under a communicator).
   bool any_rank_diverged(bool locally_finite);
   // A step that diverged: stats.skipped, BatchNorm buffers restored, or ft::Error by

@@ -17,7 +17,6 @@
 
 #include "app/trainer.h"
 #include "core/check.h"
-#include "core/rng.h"
 #include "core/timer.h"
 #include "model/step_control.h"
 
@@ -113,8 +112,7 @@ StepStats Trainer::graph_train_step() {
   Workspace& ws = train_run_->workspace;
   const cudaStream_t stream = cuda_context().compute_stream();
   StepStats stats;
-  // The eager step's seed for micro-batch 0 of 1.
-  ws.dropout_seed = mix_u64(config_.train.seed ^ mix_u64(static_cast<uint64_t>(step_) + 1));
+  ws.dropout_seed = dropout_seed(0);  // the only micro-batch
   task_->next_train_batch(ws, train_run_->graph);
   train_run_->executor->stage_inputs(ws);
   stats.lr = schedule_.at(step_);

@@ -43,22 +43,10 @@ void conv_bias_epilogue_cuda(float* y, const float* bias, const float* residual,
 }
 
 void ConvBiasOp::forward_cuda(Workspace& ws, ParamStore& params) {
-  if (!cudnn_) {
-    CudnnConvShape shape;
-    shape.batch = spec_.batch;
-    shape.in_channels = spec_.in_channels;
-    shape.out_channels = spec_.out_channels;
-    shape.height = spec_.height;
-    shape.width = spec_.width;
-    shape.kernel = spec_.kernel;
-    shape.stride = spec_.stride;
-    shape.padding = spec_.padding;
-    shape.out_height = out_height_;
-    shape.out_width = out_width_;
-    // As Conv2dOp: with one channel NCHW and NHWC are the same bytes.
-    shape.nchw_input = spec_.input_layout == ActivationLayout::kNchw && spec_.in_channels > 1;
-    cudnn_ = make_cudnn_conv(shape);
-  }
+  if (!cudnn_)
+    cudnn_ = make_cudnn_conv(cudnn_conv_shape(spec_.batch, spec_.in_channels, spec_.out_channels,
+                                              spec_.height, spec_.width, spec_.kernel, spec_.stride,
+                                              spec_.padding, spec_.input_layout));
   if (!cuda_ready_ || cuda_version_ != params.version()) {
     std::vector<float> weight, bias;
     folded(params, &weight, &bias);

@@ -183,20 +183,27 @@ const char* Conv2dOp::forward_impl() const {
   return primitives_ ? primitives_->forward_impl.c_str() : "";
 }
 
-CudnnConvShape Conv2dOp::cudnn_shape() const {
+CudnnConvShape cudnn_conv_shape(int batch, int in_channels, int out_channels, int height, int width,
+                                int kernel, int stride, int padding,
+                                ActivationLayout input_layout) {
   CudnnConvShape shape;
-  shape.batch = batch_;
-  shape.in_channels = in_channels_;
-  shape.out_channels = out_channels_;
-  shape.height = height_;
-  shape.width = width_;
-  shape.kernel = kernel_;
-  shape.stride = stride_;
-  shape.padding = padding_;
-  shape.out_height = out_height_;
-  shape.out_width = out_width_;
-  shape.nchw_input = input_layout == ActivationLayout::kNchw && in_channels_ > 1;
+  shape.batch = batch;
+  shape.in_channels = in_channels;
+  shape.out_channels = out_channels;
+  shape.height = height;
+  shape.width = width;
+  shape.kernel = kernel;
+  shape.stride = stride;
+  shape.padding = padding;
+  shape.out_height = (height + 2 * padding - kernel) / stride + 1;
+  shape.out_width = (width + 2 * padding - kernel) / stride + 1;
+  shape.nchw_input = input_layout == ActivationLayout::kNchw && in_channels > 1;
   return shape;
+}
+
+CudnnConvShape Conv2dOp::cudnn_shape() const {
+  return cudnn_conv_shape(batch_, in_channels_, out_channels_, height_, width_, kernel_, stride_,
+                          padding_, input_layout);
 }
 
 void Conv2dOp::build_primitives() {

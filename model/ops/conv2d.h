@@ -53,6 +53,10 @@ struct CudnnConvShape {
   int kernel = 0, stride = 1, padding = 0, out_height = 0, out_width = 0;
   bool nchw_input = false;
 };
+// The shape of a convolution with these sizes; the output size follows from them, and a one-channel
+// input is NHWC whatever `input_layout` says (NCHW and NHWC are then the same bytes).
+CudnnConvShape cudnn_conv_shape(int batch, int in_channels, int out_channels, int height, int width,
+                                int kernel, int stride, int padding, ActivationLayout input_layout);
 // cuDNN descriptors and the algorithms chosen for one convolution (conv2d.cu; CUDA builds only).
 struct CudnnConv;
 std::shared_ptr<CudnnConv> make_cudnn_conv(const CudnnConvShape& shape);
