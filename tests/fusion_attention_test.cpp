@@ -315,21 +315,26 @@ void expect_same_attention(AttentionGraph& fused, AttentionGraph& chain, const c
 }
 
 TEST(FlashAttentionOpTest, MatchesTheEagerChain) {
-  const int B = 2, C = 64, NH = 2;  // hd = 32, as in the presets
-  for (QkvLayout layout : kLayouts)
-    for (int T : {1, 7, 64, 130}) {
-      AttentionGraph chain(B, T, C, NH, layout, 0);
-      chain.run();
-      for (int tile : {3, 24, 48, 200}) {
-        AttentionGraph fused(B, T, C, NH, layout, tile);
-        fused.run();
-        const std::string label = "T=" + std::to_string(T) + " tile=" + std::to_string(tile) +
-                                  (layout == QkvLayout::kSeparateRoots ? " roots" : " views");
-        expect_same_attention(fused, chain, label.c_str());
-        // The fused op keeps a log-sum-exp per row instead of two T x T matrices.
-        EXPECT_EQ(static_cast<FlashAttentionOp&>(*fused.graph.ops[0]).lse().numel(), B * NH * T);
+  const int B = 2, NH = 2;
+  // hd = 32 as in the presets; 24 pads the packed rows to a vector; 16 is one AVX-512 vector;
+  // 64 takes two column blocks.
+  for (int C : {64, 48, 32, 128})
+    for (QkvLayout layout : kLayouts)
+      for (int T : {1, 7, 64, 130}) {
+        if (C != 64 && T == 130) continue;  // the long case once is enough
+        AttentionGraph chain(B, T, C, NH, layout, 0);
+        chain.run();
+        for (int tile : {3, 24, 48, 200}) {
+          AttentionGraph fused(B, T, C, NH, layout, tile);
+          fused.run();
+          const std::string label = "hd=" + std::to_string(C / NH) + " T=" + std::to_string(T) +
+                                    " tile=" + std::to_string(tile) +
+                                    (layout == QkvLayout::kSeparateRoots ? " roots" : " views");
+          expect_same_attention(fused, chain, label.c_str());
+          // The fused op keeps a log-sum-exp per row instead of two T x T matrices.
+          EXPECT_EQ(static_cast<FlashAttentionOp&>(*fused.graph.ops[0]).lse().numel(), B * NH * T);
+        }
       }
-    }
 }
 
 int apply_attention_pass(Graph& graph, const FusionOptions& options,

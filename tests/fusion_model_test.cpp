@@ -217,7 +217,6 @@ Config gpt_config(bool fused, const std::vector<std::string>& extra = {}) {
       "model.qk_norm=true",
       "train.steps=20",
       "train.batch_size=4",
-      "fusion.vertical.attention=true",  // off in the preset for speed; tested here
       std::string("fusion.enabled=") + (fused ? "true" : "false")};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   return load_config(source_path("configs/gpt_tiny.yaml"), overrides);

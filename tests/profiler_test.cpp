@@ -39,7 +39,6 @@ Config gpt_config(bool fused, const std::vector<std::string>& extra = {}) {
       "train.steps=8",
       "optim.warmup_steps=2",
       "train.batch_size=16",
-      "fusion.vertical.attention=true",
       std::string("fusion.enabled=") + (fused ? "true" : "false")};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   return load_config(source_path("configs/gpt_tiny.yaml"), overrides);

@@ -1,7 +1,9 @@
-// Fused causal attention (see flash_attention.h). One OpenMP task per (b, h); inside it every
-// loop over the tile's keys (s) or the head's channels (d) is a simd loop. Key tiles are packed
-// transposed, kt[d][s], so a score row is hd axpys over contiguous keys; value and key rows are
-// read in place (hd contiguous floats of a strided row).
+// Fused causal attention (see flash_attention.h). One OpenMP task per (b, h). The head's q, k, v
+// (and dY) rows are first packed into contiguous buffers of hd rounded up to a vector, then every
+// product inside a tile (S = Q K^T, Y += P V and the five of backward) is a register-blocked
+// small GEMM (attention_tile_gemm.h) over exactly the causal range its rows can see. Key tiles
+// are packed transposed, kt[d][s], with the softmax scale folded in, so a row block of S is
+// kRowBlock rows by two vectors of accumulators over hd steps.
 #include "fusion/ops/flash_attention.h"
 
 #include <algorithm>
@@ -12,94 +14,107 @@
 #include "core/check.h"
 #include "core/math/fast_exp.h"
 #include "core/math/online_softmax.h"
+#include "fusion/ops/attention_tile_gemm.h"
 #include "model/ops/attention_heads.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
 namespace {
 
-// Keys per register block of a score row: four 8-float accumulators on AVX2.
-constexpr int64_t kKeyBlock = 32;
+using attention_tile::ALayout;
+using attention_tile::aligned_row;
+using attention_tile::gemm_row_block;
+using attention_tile::kColumnBlock;
+using attention_tile::kLanes;
+using attention_tile::kRowBlock;
+using attention_tile::round_up;
+using attention_tile::VectorBuffer;
 
-// kt[d * ld + s] = k_rows[s][d] for the n rows of one key tile.
-void pack_transposed(float* kt, const float* k_rows, int64_t stride, int64_t n, int64_t hd,
-                     int64_t ld) {
-  for (int64_t s = 0; s < n; ++s)
-    for (int64_t d = 0; d < hd; ++d) kt[d * ld + s] = k_rows[s * stride + d];
-}
-
-// scores[s] = sum_d q_scaled[d] kt[d][s] for s < count, in blocks of kKeyBlock keys kept in
-// registers across the d loop. REQUIRES: scores and every kt row hold count rounded up to
-// kKeyBlock floats (the tail of the last block is computed from padding and ignored).
-void score_row(float* scores, const float* q_scaled, const float* kt, int64_t count, int64_t hd,
-               int64_t ld) {
-  for (int64_t s0 = 0; s0 < count; s0 += kKeyBlock) {
-    float acc[kKeyBlock] = {};
-    for (int64_t d = 0; d < hd; ++d) {
-      const float qd = q_scaled[d];
-      const float* kt_row = kt + d * ld + s0;
+// packed[t * width + d] = rows[t * stride + d] for d < hd, and 0 for hd <= d < width. Plain
+// loops: std::copy of one short row is a memmove call.
+void pack_rows(float* packed, const float* rows, int64_t stride, int64_t count, int64_t hd,
+               int64_t width) {
+  for (int64_t t = 0; t < count; ++t) {
+    const float* from = rows + t * stride;
+    float* to = packed + t * width;
 #pragma omp simd
-      for (int64_t s = 0; s < kKeyBlock; ++s) acc[s] += qd * kt_row[s];
-    }
-    std::copy(acc, acc + kKeyBlock, scores + s0);
+    for (int64_t d = 0; d < hd; ++d) to[d] = from[d];
+    for (int64_t d = hd; d < width; ++d) to[d] = 0.0f;
   }
 }
 
-// out[d] += sum_{s < count} weights[s] rows[s * stride + d] for d < hd. With the head width a
-// constant the row stays in registers, split over two accumulators to halve the FMA chain.
-template <int kHd>
-void accumulate_rows(float* out, const float* weights, const float* rows, int64_t stride,
-                     int64_t count, int64_t) {
-  float even[kHd], odd[kHd];
-#pragma omp simd
-  for (int d = 0; d < kHd; ++d) even[d] = out[d], odd[d] = 0.0f;
-  int64_t s = 0;
-  for (; s + 1 < count; s += 2) {
-    const float w0 = weights[s], w1 = weights[s + 1];
-    const float* row0 = rows + s * stride;
-    const float* row1 = row0 + stride;
-#pragma omp simd
-    for (int d = 0; d < kHd; ++d) {
-      even[d] += w0 * row0[d];
-      odd[d] += w1 * row1[d];
-    }
-  }
-  if (s < count) {
-    const float w = weights[s];
-    const float* row = rows + s * stride;
-#pragma omp simd
-    for (int d = 0; d < kHd; ++d) even[d] += w * row[d];
-  }
-#pragma omp simd
-  for (int d = 0; d < kHd; ++d) out[d] = even[d] + odd[d];
-}
-
-void accumulate_rows_any(float* out, const float* weights, const float* rows, int64_t stride,
-                         int64_t count, int64_t hd) {
-  for (int64_t s = 0; s < count; ++s) {
-    const float w = weights[s];
-    const float* row = rows + s * stride;
-#pragma omp simd
-    for (int64_t d = 0; d < hd; ++d) out[d] += w * row[d];
+// kt[d * ld + s] = factor * packed[s * width + d] for s < count, and 0 for count <= s < ld.
+void pack_transposed(float* kt, const float* packed, int64_t count, int64_t width, int64_t ld,
+                     float factor) {
+  // Contiguous stores, strided loads: scattered stores cost several times more.
+  for (int64_t d = 0; d < width; ++d) {
+    float* kt_row = kt + d * ld;
+    for (int64_t s = 0; s < count; ++s) kt_row[s] = factor * packed[s * width + d];
+    for (int64_t s = count; s < ld; ++s) kt_row[s] = 0.0f;
   }
 }
 
-using AccumulateRowsFn = void (*)(float*, const float*, const float*, int64_t, int64_t, int64_t);
-AccumulateRowsFn accumulate_rows_for(int64_t hd) {
-  switch (hd) {
-    case 16:
-      return accumulate_rows<16>;
-    case 32:
-      return accumulate_rows<32>;
-    case 64:
-      return accumulate_rows<64>;
-    default:
-      return accumulate_rows_any;
+// rows[t * stride + d] += packed[t * width + d] for t < count, d < hd.
+void add_rows(float* rows, int64_t stride, const float* packed, int64_t count, int64_t hd,
+              int64_t width) {
+  for (int64_t t = 0; t < count; ++t) {
+    float* row = rows + t * stride;
+    const float* from = packed + t * width;
+#pragma omp simd
+    for (int64_t d = 0; d < hd; ++d) row[d] += from[d];
   }
 }
 
-int64_t round_up(int64_t n, int64_t multiple) {
-  return (n + multiple - 1) / multiple * multiple;
+constexpr float kMasked = -std::numeric_limits<float>::infinity();
+
+// Sets row[s] = kMasked for count <= s < round_up(count, kLanes) and returns that bound.
+int64_t mask_invisible(float* row, int64_t count) {
+  const int64_t lanes = round_up(count, kLanes);
+  std::fill(row + count, row + lanes, kMasked);
+  return lanes;
+}
+
+// One (query tile, key tile) pair of one head. Query rows [i0, i0 + rows) of the tile against keys
+// [j0, j0 + keys); tiles are aligned, so j0 <= i0 and every query row sees at least key j0.
+struct TilePair {
+  int64_t i0, rows, j0, keys;
+  // Keys of the tile that query row i0 + r (tile-relative r) sees: s <= t.
+  int64_t visible(int64_t r) const { return std::min(keys, i0 + r + 1 - j0); }
+};
+
+// out[r][s] = sum_d a[r][d] bt[d][s] for every row block of the pair, over the columns each block
+// sees (rounded up to a vector; bt's padding columns are zero).
+void causal_scores(float* out, int64_t ld, const float* a, int64_t width, const float* bt,
+                   const TilePair& pair) {
+  for (int64_t r0 = 0; r0 < pair.rows; r0 += kRowBlock) {
+    const int64_t block_rows = std::min<int64_t>(kRowBlock, pair.rows - r0);
+    const int64_t columns = round_up(pair.visible(r0 + block_rows - 1), kLanes);
+    gemm_row_block<ALayout::kRows>(out + r0 * ld, ld, a + r0 * width, width, bt, ld, block_rows,
+                                   columns, 0, width, false);
+  }
+}
+
+// out[r][.] += sum_{s visible to r} weights[r][s] rows[s][.]  (Y += P V and dQ += dS K).
+void causal_mix(float* out, const float* weights, int64_t ld, const float* rows, int64_t width,
+                const TilePair& pair) {
+  for (int64_t r0 = 0; r0 < pair.rows; r0 += kRowBlock) {
+    const int64_t block_rows = std::min<int64_t>(kRowBlock, pair.rows - r0);
+    gemm_row_block<ALayout::kRows>(out + r0 * width, width, weights + r0 * ld, ld, rows, width,
+                                   block_rows, width, 0, pair.visible(r0 + block_rows - 1), true);
+  }
+}
+
+// out[s][.] += sum_{r that sees s} weights[r][s] rows[r][.]  (dV += P^T dY and dK += dS^T Q):
+// query row r sees key s when i0 + r >= j0 + s, so a key block starting at s0 skips the rows
+// before j0 + s0 - i0.
+void causal_mix_transposed(float* out, const float* weights, int64_t ld, const float* rows,
+                           int64_t width, const TilePair& pair) {
+  for (int64_t s0 = 0; s0 < pair.keys; s0 += kRowBlock) {
+    const int64_t block_keys = std::min<int64_t>(kRowBlock, pair.keys - s0);
+    const int64_t first_row = std::max<int64_t>(0, pair.j0 + s0 - pair.i0);
+    gemm_row_block<ALayout::kColumns>(out + s0 * width, width, weights + s0, ld, rows, width,
+                                      block_keys, width, first_row, pair.rows, true);
+  }
 }
 
 }  // namespace
@@ -108,40 +123,43 @@ void flash_attention_forward(float* y, float* lse, const float* q, const float* 
                              const AttentionStrides& strides, int batch, int seq_len, int channels,
                              int n_head, int tile) {
   const int64_t T = seq_len, hd = channels / n_head, heads = static_cast<int64_t>(batch) * n_head;
-  const int64_t tile_rows = std::min<int64_t>(tile, T), ld = round_up(tile_rows, kKeyBlock);
+  const int64_t width = round_up(hd, kLanes);
+  const int64_t tile_rows = std::min<int64_t>(tile, T), ld = round_up(tile_rows, kColumnBlock);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const AccumulateRowsFn accumulate = accumulate_rows_for(hd);
 #pragma omp parallel if (heads > 1)
   {
-    std::vector<float> kt(hd * ld), scores(ld), q_scaled(hd);
-    std::vector<float> out(tile_rows * hd);
+    std::vector<float> q_rows(T * width), k_rows(T * width), v_rows(T * width);
+    std::vector<float> kt(width * ld), out(tile_rows * width);
+    VectorBuffer probs(tile_rows * ld);
     std::vector<OnlineSoftmax> row_state(tile_rows);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh) {
       const int64_t b = bh / n_head, h = bh % n_head;
-      const float* qh = q + b * T * strides.q + h * hd;
-      const float* kh = k + b * T * strides.k + h * hd;
-      const float* vh = v + b * T * strides.v + h * hd;
+      pack_rows(q_rows.data(), q + b * T * strides.q + h * hd, strides.q, T, hd, width);
+      pack_rows(k_rows.data(), k + b * T * strides.k + h * hd, strides.k, T, hd, width);
+      pack_rows(v_rows.data(), v + b * T * strides.v + h * hd, strides.v, T, hd, width);
       float* yh = y + b * T * strides.y + h * hd;
       for (int64_t i0 = 0; i0 < T; i0 += tile_rows) {
-        const int64_t i1 = std::min(i0 + tile_rows, T);
+        const int64_t rows = std::min(i0 + tile_rows, T) - i0;
         std::fill(row_state.begin(), row_state.end(), OnlineSoftmax{});
         std::fill(out.begin(), out.end(), 0.0f);
         // Causal: key tiles starting after the query tile's last row contribute nothing.
-        for (int64_t j0 = 0; j0 < i1; j0 += tile_rows) {
-          const int64_t j1 = std::min(j0 + tile_rows, T);
-          pack_transposed(kt.data(), kh + j0 * strides.k, strides.k, j1 - j0, hd, ld);
-          for (int64_t t = std::max(i0, j0); t < i1; ++t) {
-            const int64_t r = t - i0, count = std::min(j1, t + 1) - j0;
-            const float* q_row = qh + t * strides.q;
-#pragma omp simd
-            for (int64_t d = 0; d < hd; ++d) q_scaled[d] = scale * q_row[d];
-            score_row(scores.data(), q_scaled.data(), kt.data(), count, hd, ld);
-            // A select, not std::max, so the reduction vectorises.
+        for (int64_t j0 = 0; j0 < i0 + rows; j0 += tile_rows) {
+          const TilePair pair{i0, rows, j0, std::min(j0 + tile_rows, T) - j0};
+          pack_transposed(kt.data(), k_rows.data() + j0 * width, pair.keys, width, ld, scale);
+          causal_scores(probs.data(), ld, q_rows.data() + i0 * width, width, kt.data(), pair);
+          for (int64_t r = 0; r < rows; ++r) {
+            float* row = aligned_row(probs.data() + r * ld);
+            const int64_t count = pair.visible(r);
+            // Whole vectors, the keys the row cannot see (causal_scores computed them, from
+            // later keys or the zero padding) masked to -inf and selected away by value: a scalar
+            // tail loop would cost more than the masked lanes, and a select on s < count would
+            // be split by GCC into two loops again. Selects, not std::max, so the loops
+            // vectorise.
+            const int64_t lanes = mask_invisible(row, count);
             float tile_max = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : tile_max)
-            for (int64_t s = 0; s < count; ++s)
-              tile_max = scores[s] > tile_max ? scores[s] : tile_max;
+            for (int64_t s = 0; s < lanes; ++s) tile_max = row[s] > tile_max ? row[s] : tile_max;
             // Online softmax (core/math/online_softmax.h): with m' = max(m, tile max), the
             // earlier terms of l and of the output were weighted by exp(S - m) and are rescaled
             // by exp(m - m').
@@ -150,25 +168,26 @@ void flash_attention_forward(float* y, float* lse, const float* q, const float* 
             const float new_max = state.max;
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-            for (int64_t s = 0; s < count; ++s) {
-              scores[s] = online_softmax_weight(scores[s], new_max);
-              sum += scores[s];
+            for (int64_t s = 0; s < lanes; ++s) {
+              row[s] = row[s] == kMasked ? 0.0f : online_softmax_weight(row[s], new_max);
+              sum += row[s];
             }
+            // Keys the row cannot see weigh 0 in its row block's product below.
+            if (lanes < pair.keys) std::fill(row + lanes, row + pair.keys, 0.0f);
             online_softmax_accumulate(state, rescale, sum);
-            float* out_row = out.data() + r * hd;
+            float* out_row = out.data() + r * width;
 #pragma omp simd
-            for (int64_t d = 0; d < hd; ++d) out_row[d] *= rescale;
-            accumulate(out_row, scores.data(), vh + j0 * strides.v, strides.v, count, hd);
+            for (int64_t d = 0; d < width; ++d) out_row[d] *= rescale;
           }
+          causal_mix(out.data(), probs.data(), ld, v_rows.data() + j0 * width, width, pair);
         }
-        for (int64_t t = i0; t < i1; ++t) {
-          const int64_t r = t - i0;
+        for (int64_t r = 0; r < rows; ++r) {
           const float inv_sum = 1.0f / row_state[r].sum;
-          const float* out_row = out.data() + r * hd;
-          float* y_row = yh + t * strides.y;
+          const float* out_row = out.data() + r * width;
+          float* y_row = yh + (i0 + r) * strides.y;
 #pragma omp simd
           for (int64_t d = 0; d < hd; ++d) y_row[d] = out_row[d] * inv_sum;
-          lse[bh * T + t] = online_softmax_log_sum_exp(row_state[r]);
+          lse[bh * T + i0 + r] = online_softmax_log_sum_exp(row_state[r]);
         }
       }
     }
@@ -180,19 +199,26 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dy, 
                               const AttentionStrides& strides, int batch, int seq_len, int channels,
                               int n_head, int tile) {
   const int64_t T = seq_len, hd = channels / n_head, heads = static_cast<int64_t>(batch) * n_head;
-  const int64_t tile_rows = std::min<int64_t>(tile, T), ld = round_up(tile_rows, kKeyBlock);
+  const int64_t width = round_up(hd, kLanes);
+  const int64_t tile_rows = std::min<int64_t>(tile, T), ld = round_up(tile_rows, kColumnBlock);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const AccumulateRowsFn accumulate = accumulate_rows_for(hd);
 #pragma omp parallel if (heads > 1)
   {
-    std::vector<float> kt(hd * ld), vt(hd * ld), q_scaled(hd), dot_dy_y(T);
-    std::vector<float> probs(ld), dprobs(ld), probs1(ld), dprobs1(ld);
-    std::vector<float> dk_tile(tile_rows * hd), dv_tile(tile_rows * hd);
+    std::vector<float> q_rows(T * width), k_rows(T * width), v_rows(T * width);
+    std::vector<float> dy_rows(T * width), dq_rows(T * width), dot_dy_y(T);
+    std::vector<float> kt(width * ld), vt(width * ld);
+    VectorBuffer probs(tile_rows * ld), dscores(tile_rows * ld);
+    std::vector<float> dk_tile(tile_rows * width), dv_tile(tile_rows * width);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh) {
       const int64_t b = bh / n_head, h = bh % n_head;
       const int64_t q_at = b * T * strides.q + h * hd, k_at = b * T * strides.k + h * hd;
       const int64_t v_at = b * T * strides.v + h * hd, y_at = b * T * strides.y + h * hd;
+      pack_rows(q_rows.data(), q + q_at, strides.q, T, hd, width);
+      pack_rows(k_rows.data(), k + k_at, strides.k, T, hd, width);
+      pack_rows(v_rows.data(), v + v_at, strides.v, T, hd, width);
+      pack_rows(dy_rows.data(), dy + y_at, strides.y, T, hd, width);
+      std::fill(dq_rows.begin(), dq_rows.end(), 0.0f);
       const float* lse_h = lse + bh * T;
       // D_t = sum_s P_ts dP_ts = sum_s P_ts <dY_t, V_s> = <dY_t, Y_t>: one dot per row instead
       // of a second pass over the key tiles.
@@ -204,73 +230,48 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dy, 
         for (int64_t d = 0; d < hd; ++d) dot += dy_row[d] * y_row[d];
         dot_dy_y[t] = dot;
       }
+      // FlashAttention-2's order: a key tile's dK and dV stay in the tile buffers while every
+      // query tile that sees it (tiles are aligned, so from i0 = j0 on) goes past.
       for (int64_t j0 = 0; j0 < T; j0 += tile_rows) {
-        const int64_t j1 = std::min(j0 + tile_rows, T);
-        pack_transposed(kt.data(), k + k_at + j0 * strides.k, strides.k, j1 - j0, hd, ld);
-        pack_transposed(vt.data(), v + v_at + j0 * strides.v, strides.v, j1 - j0, hd, ld);
+        const int64_t keys = std::min(j0 + tile_rows, T) - j0;
+        pack_transposed(kt.data(), k_rows.data() + j0 * width, keys, width, ld, scale);
+        pack_transposed(vt.data(), v_rows.data() + j0 * width, keys, width, ld, 1.0f);
         std::fill(dk_tile.begin(), dk_tile.end(), 0.0f);
         std::fill(dv_tile.begin(), dv_tile.end(), 0.0f);
-        // Row t's probabilities P_t. and dS_t. over this key tile (the scale of S folded into
-        // dS), and its dQ_t; returns how many of the tile's keys it sees.
-        auto row_gradients = [&](int64_t t, float* row_probs, float* row_dscores) {
-          const int64_t count = std::min(j1, t + 1) - j0;
-          const float* q_row = q + q_at + t * strides.q;
+        for (int64_t i0 = j0; i0 < T; i0 += tile_rows) {
+          const TilePair pair{i0, std::min(i0 + tile_rows, T) - i0, j0, keys};
+          // P_ts = exp(S_ts - L_t), exactly the forward's normalised probabilities;
+          // dP_ts = <dY_t, V_s>;  dS_ts = P_ts (dP_ts - D_t), the scale of S folded in, so that
+          // dQ_t += sum_s dS_ts K_s and dK_s += sum_t dS_ts Q_t.
+          causal_scores(probs.data(), ld, q_rows.data() + i0 * width, width, kt.data(), pair);
+          causal_scores(dscores.data(), ld, dy_rows.data() + i0 * width, width, vt.data(), pair);
+          for (int64_t r = 0; r < pair.rows; ++r) {
+            float* p_row = aligned_row(probs.data() + r * ld);
+            float* ds_row = aligned_row(dscores.data() + r * ld);
+            const int64_t count = pair.visible(r);
+            const float row_lse = lse_h[i0 + r], row_dot = dot_dy_y[i0 + r];
+            const int64_t lanes = mask_invisible(p_row, count);  // as in forward
 #pragma omp simd
-          for (int64_t d = 0; d < hd; ++d) q_scaled[d] = scale * q_row[d];
-          // P_ts = exp(S_ts - L_t), exactly the forward's normalised probabilities.
-          score_row(row_probs, q_scaled.data(), kt.data(), count, hd, ld);
-          const float row_lse = lse_h[t];
-#pragma omp simd
-          for (int64_t s = 0; s < count; ++s) row_probs[s] = fast_exp(row_probs[s] - row_lse);
-          // dP_ts = <dY_t, V_s>;  dS_ts = P_ts (dP_ts - D_t)
-          score_row(row_dscores, dy + y_at + t * strides.y, vt.data(), count, hd, ld);
-          const float row_dot = dot_dy_y[t];
-#pragma omp simd
-          for (int64_t s = 0; s < count; ++s)
-            row_dscores[s] = scale * row_probs[s] * (row_dscores[s] - row_dot);
-          // dQ_t += sum_s dS_ts K_s
-          accumulate(dq + q_at + t * strides.q, row_dscores, k + k_at + j0 * strides.k, strides.k,
-                     count, hd);
-          return count;
-        };
-        // Causal: query rows before the tile's first key see none of it. Rows go in pairs so
-        // each dV_s and dK_s row is loaded and stored once per two query rows.
-        for (int64_t t = j0; t < T; t += 2) {
-          const int64_t count0 = row_gradients(t, probs.data(), dprobs.data());
-          const bool pair = t + 1 < T;
-          const int64_t count1 = pair ? row_gradients(t + 1, probs1.data(), dprobs1.data()) : 0;
-          if (!pair) {
-            std::fill(probs1.begin(), probs1.begin() + count0, 0.0f);
-            std::fill(dprobs1.begin(), dprobs1.begin() + count0, 0.0f);
-          }
-          const int64_t t1 = pair ? t + 1 : t;
-          const float* q0 = q + q_at + t * strides.q;
-          const float* q1 = q + q_at + t1 * strides.q;
-          const float* dy0 = dy + y_at + t * strides.y;
-          const float* dy1 = dy + y_at + t1 * strides.y;
-          // dV_s += P_ts dY_t;  dK_s += dS_ts Q_t   (row t + 1 sees at most one key more)
-          for (int64_t s = 0; s < std::max(count0, count1); ++s) {
-            const float p0 = s < count0 ? probs[s] : 0.0f, ds0 = s < count0 ? dprobs[s] : 0.0f;
-            const float p1 = probs1[s], ds1 = dprobs1[s];
-            float* dv_row = dv_tile.data() + s * hd;
-            float* dk_row = dk_tile.data() + s * hd;
-#pragma omp simd
-            for (int64_t d = 0; d < hd; ++d) {
-              dv_row[d] += p0 * dy0[d] + p1 * dy1[d];
-              dk_row[d] += ds0 * q0[d] + ds1 * q1[d];
+            for (int64_t s = 0; s < lanes; ++s) {
+              p_row[s] = p_row[s] == kMasked ? 0.0f : fast_exp(p_row[s] - row_lse);
+              ds_row[s] = scale * p_row[s] * (ds_row[s] - row_dot);
+            }
+            if (lanes < keys) {
+              std::fill(p_row + lanes, p_row + keys, 0.0f);
+              std::fill(ds_row + lanes, ds_row + keys, 0.0f);
             }
           }
+          causal_mix_transposed(dv_tile.data(), probs.data(), ld, dy_rows.data() + i0 * width,
+                                width, pair);
+          causal_mix_transposed(dk_tile.data(), dscores.data(), ld, q_rows.data() + i0 * width,
+                                width, pair);
+          causal_mix(dq_rows.data() + i0 * width, dscores.data(), ld, k_rows.data() + j0 * width,
+                     width, pair);
         }
-        for (int64_t s = 0; s < j1 - j0; ++s) {
-          float* dk_row = dk + k_at + (j0 + s) * strides.k;
-          float* dv_row = dv + v_at + (j0 + s) * strides.v;
-#pragma omp simd
-          for (int64_t d = 0; d < hd; ++d) {
-            dk_row[d] += dk_tile[s * hd + d];
-            dv_row[d] += dv_tile[s * hd + d];
-          }
-        }
+        add_rows(dk + k_at + j0 * strides.k, strides.k, dk_tile.data(), keys, hd, width);
+        add_rows(dv + v_at + j0 * strides.v, strides.v, dv_tile.data(), keys, hd, width);
       }
+      add_rows(dq + q_at, strides.q, dq_rows.data(), T, hd, width);
     }
   }
 }
