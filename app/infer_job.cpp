@@ -18,6 +18,7 @@
 #include "app/bench.h"
 #include "app/device_setup.h"
 #include "app/inference_model.h"
+#include "app/inference_profile.h"
 #include "app/jobs.h"
 #include "app/task.h"
 #include "app/trainer.h"
@@ -167,6 +168,26 @@ int run_infer(const InferArgs& args) {
       timed_forward(*other.executor, other.workspace, other.graph, batch, &other_logits);
     }
   }
+  // --profile: the graphs of the full batch size; a smaller last batch runs other graphs.
+  const int profiled_batch = std::min(args.batch, total);
+  std::unique_ptr<InferenceProfile> folded_profile, unfolded_profile;
+  if (args.profile) {
+    ExportedResnet::Run& run = model.run(profiled_batch);
+    folded_profile = std::make_unique<InferenceProfile>(*run.executor, run.graph);
+    if (unfolded) {
+      GraphRun& other = unfolded->graphs->get(profiled_batch, GraphMode::kEval);
+      unfolded_profile = std::make_unique<InferenceProfile>(*other.executor, other.graph);
+    }
+  }
+  // Times one model's forward on the batch, as one profiled batch when it has the full size.
+  auto timed = [&](InferenceProfile* profile, Executor& executor, Workspace& ws, const Graph& graph,
+                   const ImageBatch& images, std::vector<float>* out) {
+    const bool profiled = profile != nullptr && images.batch == profiled_batch;
+    if (profiled) profile->begin_batch();
+    const double ms = timed_forward(executor, ws, graph, images, out);
+    if (profiled) profile->end_batch(ms);
+    return ms;
+  };
   for (int first = 0, index = 0; first < total; first += args.batch, ++index) {
     image_eval_batch(data, model.image_stats(), first, std::min(args.batch, total - first), &batch);
     ExportedResnet::Run& run = model.run(batch.batch);
@@ -174,12 +195,12 @@ int run_infer(const InferArgs& args) {
     double other_ms = 0;
     const bool other_first = other != nullptr && index % 2 == 1;
     if (other_first)
-      other_ms =
-          timed_forward(*other->executor, other->workspace, other->graph, batch, &other_logits);
-    const double ms = timed_forward(*run.executor, run.ws, run.graph, batch, &logits);
+      other_ms = timed(unfolded_profile.get(), *other->executor, other->workspace, other->graph,
+                       batch, &other_logits);
+    const double ms = timed(folded_profile.get(), *run.executor, run.ws, run.graph, batch, &logits);
     if (other != nullptr && !other_first)
-      other_ms =
-          timed_forward(*other->executor, other->workspace, other->graph, batch, &other_logits);
+      other_ms = timed(unfolded_profile.get(), *other->executor, other->workspace, other->graph,
+                       batch, &other_logits);
     folded_ms.push_back(ms);
     if (other != nullptr) {
       unfolded_ms.push_back(other_ms);
@@ -238,6 +259,14 @@ int run_infer(const InferArgs& args) {
                       {"speedup", speedup},
                       {"speedup_p10", bench_percentile(ratios, 0.1)},
                       {"speedup_p90", bench_percentile(ratios, 0.9)}};
+  }
+  if (folded_profile) {
+    std::printf("%s", folded_profile->format("folded").c_str());
+    row["profile"] = folded_profile->json();
+  }
+  if (unfolded_profile) {
+    std::printf("%s", unfolded_profile->format("unfolded").c_str());
+    row["compare"]["profile"] = unfolded_profile->json();
   }
   if (!args.json_path.empty()) {
     write_output_file(args.json_path, row.dump() + "\n");

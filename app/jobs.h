@@ -96,6 +96,7 @@ struct InferArgs {
   std::string compare_checkpoint;  // also run the unfolded eval model of this checkpoint
   std::string json_path;
   std::string device = "cpu";  // cpu | cuda: where the model and every batch run
+  bool profile = false;        // per-kind op times of each model (app/inference_profile.h)
 };
 // Runs an export over a dataset: accuracy, loss, latency per batch, images/s.
 int run_infer(const InferArgs& args);

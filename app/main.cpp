@@ -147,6 +147,9 @@ int main(int argc, char** argv) {
   infer->add_option("--json", infer_args.json_path, "write the result as JSON");
   infer->add_option("--device", infer_args.device,
                     "cpu or cuda: where the model runs (cuda needs a GPU; default cpu)");
+  infer->add_flag("--profile", infer_args.profile,
+                  "time every op: per-kind ms per batch of the export (and of the unfolded model "
+                  "with --compare-unfolded); the timing adds a little to every batch");
 
   ft::SimulateArgs simulate_args;
   simulate_args.config_path = kDefaultConfig;

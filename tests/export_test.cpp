@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -115,6 +116,34 @@ TEST(Export, InferMatchesTheUnfoldedEvalModel) {
   const nlohmann::json& compare = row.at("compare");
   EXPECT_LT(compare.at("max_rel_logit_diff").get<double>(), 1e-4);
   EXPECT_EQ(compare.at("prediction_agreement").get<double>(), 1.0);
+}
+
+// --profile: per-kind times of both models over the batches of the full size (96 = 2 x 40 + 16:
+// the last batch is left out), ConvBias in the export against conv + BN + ReLU unfolded.
+TEST(Export, InferProfileSplitsEachModelByOpKind) {
+  const std::string json = temp_path("infer_profile.json");
+  const test::RunResult result = run_fusiontrain(
+      "infer --model " + resnet_export() + " --compare-unfolded " + resnet_checkpoint() +
+          " --limit 96 --batch 40 --threads 1 --profile " + "--json " + json,
+      300);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("profile folded: 2 batches"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("profile unfolded: 2 batches"), std::string::npos) << result.output;
+  const nlohmann::json row = nlohmann::json::parse(read_file(json));
+  auto kinds_of = [](const nlohmann::json& profile) {
+    std::map<std::string, int> ops;
+    for (const nlohmann::json& kind : profile.at("kinds"))
+      ops[kind.at("kind").get<std::string>()] = kind.at("ops").get<int>();
+    return ops;
+  };
+  EXPECT_EQ(row.at("profile").at("steps"), 2);
+  const std::map<std::string, int> folded = kinds_of(row.at("profile"));
+  const std::map<std::string, int> eager = kinds_of(row.at("compare").at("profile"));
+  EXPECT_EQ(folded.at("conv_bias"), eager.at("conv2d")) << "one ConvBias per convolution";
+  EXPECT_EQ(folded.count("batchnorm2d_inference"), 0u);
+  EXPECT_EQ(folded.count("relu"), 0u);
+  EXPECT_EQ(eager.at("batchnorm2d_inference"), eager.at("conv2d"));
+  EXPECT_GT(eager.at("relu"), 0);
 }
 
 // --device names where the model runs: anything but cpu or cuda is refused by name, and cuda
