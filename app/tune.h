@@ -4,8 +4,10 @@
 //   1. profile the unfused step (fusion.enabled=false) and take the passes advise_fusion names;
 //   2. turn those passes on one at a time over the kept ones, each measured interleaved against
 //      the current best and kept only when the speedup's p10 lies above 1.0 (beyond noise);
-//   3. grow fusion.max_ops 2, 3, 4, 6, 8 while the next value is faster beyond noise (skipped when
-//      no pass was kept);
+//   3. grow fusion.max_ops over 2, 3, 4, 6, 8 while the next value is faster beyond noise, from
+//      the smallest value that keeps every fusion the kept passes made at the config's own cap
+//      (attention absorbs 3 ops, so with it kept the sweep starts at 3; skipped when no pass was
+//      kept);
 //   4. (more than one rank only) comm.bucket_mb over 0.25..64 MB: every other power of two, then
 //      the neighbours of the fastest; then comm.first_bucket_mb the same way, over the values at
 //      or below the chosen comm.bucket_mb (config validation wants first <= bucket).
@@ -36,6 +38,11 @@ std::vector<double> tune_coarse_bucket_values();
 std::vector<double> tune_fine_bucket_values(double best);
 // 2, 3, 4, 6, 8.
 std::vector<int> tune_max_ops_values();
+// The smallest of tune_max_ops_values() at which the config with `overrides` fuses its training
+// graph into no more ops than at its own fusion.max_ops (the cap stage 2 measured at); the last
+// value when none does. Builds the graphs (app/tune_job.cpp), unlike the functions around it.
+int smallest_max_ops_keeping_fusions(const std::string& config_path,
+                                     const std::vector<std::string>& overrides);
 
 // fusion.enabled=true with every pass key of bench_ablation_keys() off except `on`.
 std::vector<std::string> tune_fusion_overrides(const std::vector<std::string>& on);

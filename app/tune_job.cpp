@@ -11,9 +11,11 @@
 #include "app/bench.h"
 #include "app/bench_runner.h"
 #include "app/jobs.h"
+#include "app/task.h"
 #include "app/tune.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "fusion/pipeline.h"
 
 namespace ft {
 namespace {
@@ -118,6 +120,27 @@ bool faster_beyond_noise(const BenchRun& run, size_t baseline, size_t candidate)
 
 }  // namespace
 
+int smallest_max_ops_keeping_fusions(const std::string& config_path,
+                                     const std::vector<std::string>& overrides) {
+  // Op count of the fused training graph with `overrides` and, when given, fusion.max_ops.
+  auto fused_ops = [&](int max_ops) {
+    const Config config = load_config(
+        config_path,
+        max_ops > 0 ? with(overrides, {"fusion.max_ops=" + std::to_string(max_ops)}) : overrides);
+    std::unique_ptr<Task> task = make_task(config, 0, 1);
+    ParamStore params;
+    task->register_params(params);
+    params.allocate();
+    Graph graph = task->build_graph(config.train.batch_size, GraphMode::kTrain);
+    FusionPipeline::standard().run(graph, params, config.fusion);
+    return graph.ops.size();
+  };
+  const size_t measured = fused_ops(0);
+  for (int max_ops : tune_max_ops_values())
+    if (fused_ops(max_ops) <= measured) return max_ops;
+  return tune_max_ops_values().back();
+}
+
 int run_tune(const TuneArgs& args, Communicator* comm) {
   const Config base = load_config(args.config_path, args.overrides);
   omp_set_num_threads(resolve_threads(base.train.threads));
@@ -178,19 +201,27 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
   } else if (kept_keys.empty()) {
     report.notes.push_back("max_ops: skipped, no fusion pass was kept");
   } else {
-    BenchVariant current{best.name + ",max_ops=2", with(best.overrides, {"fusion.max_ops=2"})};
+    // Below `start` a fusion the passes stage kept would no longer fit in one op.
+    const int start =
+        smallest_max_ops_keeping_fusions(args.config_path, with(args.overrides, best.overrides));
+    auto capped = [&](int max_ops) {
+      return BenchVariant{best.name + ",max_ops=" + std::to_string(max_ops),
+                          with(best.overrides, {"fusion.max_ops=" + std::to_string(max_ops)})};
+    };
+    BenchVariant current = capped(start);
+    bool first_pair = true;
     for (int max_ops : tune_max_ops_values()) {
-      if (max_ops == 2) continue;
-      BenchVariant candidate{best.name + ",max_ops=" + std::to_string(max_ops),
-                             with(best.overrides, {"fusion.max_ops=" + std::to_string(max_ops)})};
+      if (max_ops <= start) continue;
+      const BenchVariant candidate = capped(max_ops);
       if (!tuner.measure("max_ops", {current, candidate}, size, &run)) {
         spent = true;
         break;
       }
       const bool grow = faster_beyond_noise(run, 0, 1);
       tuner.record("max_ops", run, 0, grow ? 1 : 0);
-      // The first pair also measures max_ops 2, which stands when 3 is no faster.
-      if (max_ops == 3 || grow) best = grow ? candidate : current;
+      // The first pair also measures `start`, which stands when the next value is no faster.
+      if (first_pair || grow) best = grow ? candidate : current;
+      first_pair = false;
       best_ms = median_of(run, grow ? 1 : 0);
       if (!grow) break;
       current = candidate;

@@ -40,6 +40,19 @@ TEST(TunePlan, BucketValuesArePowersOfTwoCoarseThenNeighbours) {
   EXPECT_EQ(tune_max_ops_values(), (std::vector<int>{2, 3, 4, 6, 8}));
 }
 
+// The max_ops stage starts where every fusion the passes stage kept still fits in one op: the
+// attention chain is 3 eager ops, Linear + GELU 2; a config capped at 2 already is left there.
+TEST(TunePlan, MaxOpsStartKeepsEveryKeptFusion) {
+  const std::string config = std::string(FT_SOURCE_DIR) + "/configs/gpt_tiny.yaml";
+  std::vector<std::string> attention = tune_fusion_overrides({"fusion.vertical.attention"});
+  EXPECT_EQ(smallest_max_ops_keeping_fusions(config, attention), 3);
+  EXPECT_EQ(smallest_max_ops_keeping_fusions(
+                config, tune_fusion_overrides({"fusion.vertical.gemm_epilogue"})),
+            2);
+  attention.push_back("fusion.max_ops=2");
+  EXPECT_EQ(smallest_max_ops_keeping_fusions(config, attention), 2);
+}
+
 TEST(TunePlan, CandidateTurnsOnOnlyTheNamedPasses) {
   const std::vector<std::string> overrides =
       tune_fusion_overrides({"fusion.vertical.attention", "fusion.horizontal.qkv"});
