@@ -1,10 +1,7 @@
 // Per-kind forward totals of an inference model (see inference_profile.h).
 #include "app/inference_profile.h"
 
-#include <algorithm>
 #include <cstdio>
-#include <map>
-#include <vector>
 
 namespace ft {
 
@@ -28,22 +25,10 @@ std::string InferenceProfile::format(const char* label) const {
   std::snprintf(line, sizeof(line), "profile %s: %d batches, %.4f ms/batch: ops %.1f%%\n", label,
                 profile.steps, profile.step_ms / batches, 100.0 * profile.share(profile.op_ms()));
   std::string text = line;
-  struct KindRow {
-    int ops = 0;
-    double ms = 0;
-  };
-  std::map<std::string, KindRow> kinds;
-  for (const ProfileOp& op : profile.ops) {
-    KindRow& row = kinds[op_kind_name(op.kind)];
-    row.ops += 1;
-    row.ms += op.forward.total_ms;
-  }
-  std::vector<std::pair<std::string, KindRow>> ranked(kinds.begin(), kinds.end());
-  std::stable_sort(ranked.begin(), ranked.end(),
-                   [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
-  for (const auto& [kind, row] : ranked) {
-    std::snprintf(line, sizeof(line), "  %-24s %3d ops %10.4f ms/batch %6.1f%%\n", kind.c_str(),
-                  row.ops, row.ms / batches, 100.0 * profile.share(row.ms));
+  for (const KindTotals& row : kind_totals(profile)) {
+    std::snprintf(line, sizeof(line), "  %-24s %3d ops %10.4f ms/batch %6.1f%%\n",
+                  op_kind_name(row.kind), row.ops, row.forward.total_ms / batches,
+                  100.0 * profile.share(row.forward.total_ms));
     text += line;
   }
   std::snprintf(line, sizeof(line),

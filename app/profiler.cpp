@@ -115,31 +115,6 @@ nlohmann::json times_json(const OpTimes& times, const Profile& profile) {
           {"share", profile.share(times.total_ms)}};
 }
 
-struct KindTotals {
-  OpKind kind = OpKind::kOther;
-  int ops = 0;
-  OpTimes forward, backward;
-};
-
-std::vector<KindTotals> kind_totals(const Profile& profile) {
-  std::map<OpKind, KindTotals> by_kind;
-  for (const ProfileOp& op : profile.ops) {
-    KindTotals& totals = by_kind[op.kind];
-    totals.kind = op.kind;
-    ++totals.ops;
-    totals.forward.count += op.forward.count;
-    totals.forward.total_ms += op.forward.total_ms;
-    totals.backward.count += op.backward.count;
-    totals.backward.total_ms += op.backward.total_ms;
-  }
-  std::vector<KindTotals> rows;
-  for (const auto& entry : by_kind) rows.push_back(entry.second);
-  std::sort(rows.begin(), rows.end(), [](const KindTotals& a, const KindTotals& b) {
-    return a.forward.total_ms + a.backward.total_ms > b.forward.total_ms + b.backward.total_ms;
-  });
-  return rows;
-}
-
 void append(std::string& text, const char* format, ...) __attribute__((format(printf, 2, 3)));
 void append(std::string& text, const char* format, ...) {
   char line[512];
@@ -166,6 +141,24 @@ void append_header(std::string& text, const char* first_column, const char* seco
 }
 
 }  // namespace
+
+std::vector<KindTotals> kind_totals(const Profile& profile) {
+  std::map<OpKind, KindTotals> by_kind;
+  for (const ProfileOp& op : profile.ops) {
+    KindTotals& totals = by_kind[op.kind];
+    totals.kind = op.kind;
+    ++totals.ops;
+    totals.forward.count += op.forward.count;
+    totals.forward.total_ms += op.forward.total_ms;
+    totals.backward.count += op.backward.count;
+    totals.backward.total_ms += op.backward.total_ms;
+  }
+  std::vector<KindTotals> rows;
+  for (const auto& entry : by_kind) rows.push_back(entry.second);
+  std::sort(rows.begin(), rows.end(),
+            [](const KindTotals& a, const KindTotals& b) { return a.total_ms() > b.total_ms(); });
+  return rows;
+}
 
 std::string format_profile(const Profile& profile, int top) {
   std::string text;

@@ -76,6 +76,16 @@ class Profiler : public OpObserver {
 // at the current thread count, over `repeats` forward and backward calls.
 double measure_dispatch_ms(int repeats = 400);
 
+// The ops of one kind together.
+struct KindTotals {
+  OpKind kind = OpKind::kOther;
+  int ops = 0;
+  OpTimes forward, backward;
+  double total_ms() const { return forward.total_ms + backward.total_ms; }
+};
+// One row per op kind of the profile, by forward + backward time, longest first.
+std::vector<KindTotals> kind_totals(const Profile& profile);
+
 // Text report: the top `top` ops by forward + backward time, per-kind totals, and the step
 // totals with the "outside ops" row, each with count, total ms, mean ms and share of the step.
 std::string format_profile(const Profile& profile, int top = 15);

@@ -209,7 +209,6 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
                           with(best.overrides, {"fusion.max_ops=" + std::to_string(max_ops)})};
     };
     BenchVariant current = capped(start);
-    bool first_pair = true;
     for (int max_ops : tune_max_ops_values()) {
       if (max_ops <= start) continue;
       const BenchVariant candidate = capped(max_ops);
@@ -219,9 +218,9 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
       }
       const bool grow = faster_beyond_noise(run, 0, 1);
       tuner.record("max_ops", run, 0, grow ? 1 : 0);
-      // The first pair also measures `start`, which stands when the next value is no faster.
-      if (first_pair || grow) best = grow ? candidate : current;
-      first_pair = false;
+      // The first pair also measures `start`, which stands when the next value is no faster
+      // (after that, `current` is already the best).
+      best = grow ? candidate : current;
       best_ms = median_of(run, grow ? 1 : 0);
       if (!grow) break;
       current = candidate;
