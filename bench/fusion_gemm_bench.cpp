@@ -104,9 +104,9 @@ void mlp_backward(MlpTensors& t, int variant, int tile_rows) {
   if (variant == kEager) {
     zero(t.dpre);  // the executor zeroes dpre before GeluOp's backward adds into it
     ft::gelu_backward(t.dpre.data(), t.dy.data(), t.pre.data(), t.rows * t.out);
-    zero(t.dx);
-    ft::linear_backward(t.dx.data(), t.dweight.data(), t.dbias.data(), t.dpre.data(), t.x.data(),
-                        t.weight.data(), t.rows, t.in, t.out);
+    // LinearOp overwrites its fresh input gradient, so the executor does not zero dx.
+    ft::linear_backward(t.dx.data(), true, t.dweight.data(), t.dbias.data(), t.dpre.data(),
+                        t.x.data(), t.weight.data(), t.rows, t.in, t.out);
   } else {
     ft::linear_gelu_backward(t.dx.data(), true, t.dweight.data(), t.dbias.data(), t.dpre.data(),
                              t.dy.data(), t.pre.data(), t.x.data(), t.weight.data(), t.rows, t.in,
@@ -220,8 +220,7 @@ void BM_Classifier(benchmark::State& state) {
       zero(t.dlogits);
       ft::softmax_cross_entropy_backward(t.dlogits.data(), 1.0f, t.probs.data(), t.targets.data(),
                                          t.rows, t.vocab);
-      zero(t.dx);
-      ft::linear_backward(t.dx.data(), t.dwte.data(), nullptr, t.dlogits.data(), t.x.data(),
+      ft::linear_backward(t.dx.data(), true, t.dwte.data(), nullptr, t.dlogits.data(), t.x.data(),
                           t.wte.data(), t.rows, t.channels, t.vocab);
     }
     benchmark::DoNotOptimize(loss);

@@ -1,16 +1,20 @@
 // Executor gradient bookkeeping: each activation gradient is zeroed just before its first writer,
 // or handed over stale ("fresh") to an op that overwrites it (ReLU, BatchNorm, residual add,
-// convolution on both the Winograd and oneDNN paths). The default must give exactly the bits of
-// the reference twin in which every gradient is zeroed up front and every op accumulates.
+// convolution on both the Winograd and oneDNN paths; the Linear family, the LM head and the fused
+// GPT ops). The default must give exactly the bits of the reference twin in which every gradient
+// is zeroed up front and every op accumulates.
 #include "model/executor.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
 #include "core/rng.h"
+#include "fusion/pipeline.h"
+#include "model/gpt.h"
 #include "model/resnet.h"
 
 namespace ft {
@@ -21,23 +25,16 @@ struct StepResult {
   std::vector<float> param_grads;  // after the last step
 };
 
-// Two forward+backward steps of resnet8 at `width` on one fixed batch. Activation gradients
-// start as NaN, so an op that claims to overwrite a fresh gradient but misses an element
-// poisons the result.
-StepResult run_steps(int width, bool fresh_gradients) {
-  ResnetShape shape{1, width};
-  ParamStore params;
-  Graph graph = build_resnet(shape, 4, params);
-  params.allocate();
-  params.initialize(7);
+// Two forward+backward steps of `graph` on the batch `fill` stages. Activation gradients start
+// as NaN, so an op that claims to overwrite a fresh gradient but misses an element poisons the
+// result.
+StepResult run_two_steps(const Graph& graph, ParamStore& params, bool fresh_gradients,
+                         const std::function<void(Workspace&)>& fill) {
   Executor executor(graph, params);
   executor.set_fresh_gradients(fresh_gradients);
   Workspace ws = executor.make_workspace();
   for (Tensor& grad : ws.grads) grad.fill(std::numeric_limits<float>::quiet_NaN());
-  Rng rng(8);
-  Tensor& images = ws.values[graph.input];
-  for (int64_t i = 0; i < images.numel(); ++i) images.data()[i] = rng.normal();
-  for (int b = 0; b < 4; ++b) ws.targets.push_back(static_cast<int32_t>(rng.below(10)));
+  fill(ws);
   StepResult result;
   for (int step = 0; step < 2; ++step) {
     params.zero_grads();
@@ -50,11 +47,7 @@ StepResult run_steps(int width, bool fresh_gradients) {
   return result;
 }
 
-class FreshGradients : public ::testing::TestWithParam<int> {};
-
-TEST_P(FreshGradients, MatchZeroedTwinBitForBit) {
-  const StepResult fresh = run_steps(GetParam(), true);
-  const StepResult zeroed = run_steps(GetParam(), false);
+void expect_same_bits(const StepResult& fresh, const StepResult& zeroed) {
   EXPECT_EQ(fresh.losses, zeroed.losses);
   ASSERT_EQ(fresh.param_grads.size(), zeroed.param_grads.size());
   int nan_count = 0;
@@ -63,11 +56,64 @@ TEST_P(FreshGradients, MatchZeroedTwinBitForBit) {
   EXPECT_EQ(fresh.param_grads, zeroed.param_grads);
 }
 
+// resnet8 at `width`, batch 4.
+StepResult run_steps(int width, bool fresh_gradients) {
+  ResnetShape shape{1, width};
+  ParamStore params;
+  Graph graph = build_resnet(shape, 4, params);
+  params.allocate();
+  params.initialize(7);
+  return run_two_steps(graph, params, fresh_gradients, [&](Workspace& ws) {
+    Rng rng(8);
+    Tensor& images = ws.values[graph.input];
+    for (int64_t i = 0; i < images.numel(); ++i) images.data()[i] = rng.normal();
+    for (int b = 0; b < 4; ++b) ws.targets.push_back(static_cast<int32_t>(rng.below(10)));
+  });
+}
+
+class FreshGradients : public ::testing::TestWithParam<int> {};
+
+TEST_P(FreshGradients, MatchZeroedTwinBitForBit) {
+  expect_same_bits(run_steps(GetParam(), true), run_steps(GetParam(), false));
+}
+
 // Width 16 runs the 3x3 "same" convolutions on Winograd; width 4 keeps every convolution on
 // oneDNN (direct and transposed), whose backward data then writes straight into the gradient.
 INSTANTIATE_TEST_SUITE_P(Widths, FreshGradients, ::testing::Values(16, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "width" + std::to_string(info.param);
+                         });
+
+// A small GPT (dropout on, so every GPT op kind is built), eager or after every fusion pass.
+StepResult run_gpt_steps(bool fused, bool fresh_gradients) {
+  const GptShape shape{2, 2, 32, 16, 64, 0.1f, false};
+  constexpr int kBatch = 2;
+  ParamStore params;
+  Graph graph = build_gpt(shape, kBatch, params);
+  params.allocate();
+  params.initialize(5);
+  FusionOptions options;
+  options.enabled = fused;
+  FusionPipeline::standard().run(graph, params, options);
+  return run_two_steps(graph, params, fresh_gradients, [&](Workspace& ws) {
+    Rng rng(6);
+    for (int i = 0; i < kBatch * shape.seq_len; ++i) {
+      ws.tokens.push_back(static_cast<int32_t>(rng.below(shape.vocab_size)));
+      ws.targets.push_back(static_cast<int32_t>(rng.below(shape.vocab_size)));
+    }
+    ws.dropout_seed = 9;
+  });
+}
+
+class GptFreshGradients : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GptFreshGradients, MatchZeroedTwinBitForBit) {
+  expect_same_bits(run_gpt_steps(GetParam(), true), run_gpt_steps(GetParam(), false));
+}
+
+INSTANTIATE_TEST_SUITE_P(Graphs, GptFreshGradients, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? std::string("fused") : std::string("eager");
                          });
 
 // Counts the executor's stage() and forward() calls of one op.

@@ -22,14 +22,14 @@ GemmArgs linear_forward_gemm(int64_t rows, int64_t in_features, int64_t out_feat
 }
 
 GemmArgs linear_dx_gemm(int64_t rows, int64_t in_features, int64_t out_features, int64_t dy_stride,
-                        int64_t x_stride) {
+                        int64_t x_stride, bool overwrite_dx) {
   GemmArgs args;
   args.m = rows;
   args.n = in_features;
   args.k = out_features;
   args.lda = dy_stride;
   args.ldc = x_stride;
-  args.accumulate = true;
+  args.accumulate = !overwrite_dx;
   return args;
 }
 
@@ -52,12 +52,13 @@ void linear_forward(float* y, const float* x, const float* weight, const float* 
        linear_forward_gemm(rows, in_features, out_features, bias, y_stride, x_stride));
 }
 
-void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
-                     const float* weight, int64_t rows, int64_t in_features, int64_t out_features,
-                     int64_t dy_stride, int64_t x_stride) {
+void linear_backward(float* dx, bool overwrite_dx, float* dweight, float* dbias, const float* dy,
+                     const float* x, const float* weight, int64_t rows, int64_t in_features,
+                     int64_t out_features, int64_t dy_stride, int64_t x_stride) {
   if (dy_stride == 0) dy_stride = out_features;
   if (dx != nullptr)
-    gemm(dx, dy, weight, linear_dx_gemm(rows, in_features, out_features, dy_stride, x_stride));
+    gemm(dx, dy, weight,
+         linear_dx_gemm(rows, in_features, out_features, dy_stride, x_stride, overwrite_dx));
   gemm(dweight, dy, x, linear_dweight_gemm(rows, in_features, out_features, dy_stride, x_stride));
   // y = ... + b broadcast over rows  =>  db = sum over rows of dy
   if (dbias != nullptr) {
@@ -119,14 +120,15 @@ void linear_op_backward(const Op& op, Workspace& ws, ParamStore& params, int64_t
   const int64_t offset = weight_row_offset;
   float* dbias = has_bias ? params[op.params[1]].grad.data() + offset : nullptr;
   Tensor& dx = ws.grads[op.inputs[0]];
+  const bool overwrite_dx = ws.grad_is_fresh(op.inputs[0]);
   FT_RUN_ON_CUDA(
-      ws, linear_backward_cuda(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr,
+      ws, linear_backward_cuda(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr, overwrite_dx,
                                params[op.params[0]].grad.data() + offset * in_features, dbias,
                                ws.grads[op.outputs[0]].data(), ws.values[op.inputs[0]].data(),
                                params[op.params[0]].value.data() + offset * in_features, rows,
                                in_features, out_features, ws.row_stride(op.outputs[0]),
                                ws.row_stride(op.inputs[0]), ws.stream));
-  linear_backward(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr,
+  linear_backward(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr, overwrite_dx,
                   params[op.params[0]].grad.data() + offset * in_features, dbias,
                   ws.grads[op.outputs[0]].data(), ws.values[op.inputs[0]].data(),
                   params[op.params[0]].value.data() + offset * in_features, rows, in_features,

@@ -14,13 +14,14 @@ void linear_forward_cuda(float* y, const float* x, const float* weight, const fl
             linear_forward_gemm(rows, in_features, out_features, bias, y_stride, x_stride), stream);
 }
 
-void linear_backward_cuda(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
-                          const float* weight, int64_t rows, int64_t in_features,
-                          int64_t out_features, int64_t dy_stride, int64_t x_stride,
-                          CudaStream stream) {
+void linear_backward_cuda(float* dx, bool overwrite_dx, float* dweight, float* dbias,
+                          const float* dy, const float* x, const float* weight, int64_t rows,
+                          int64_t in_features, int64_t out_features, int64_t dy_stride,
+                          int64_t x_stride, CudaStream stream) {
   if (dy_stride == 0) dy_stride = out_features;
   if (dx != nullptr)
-    gemm_cuda(dx, dy, weight, linear_dx_gemm(rows, in_features, out_features, dy_stride, x_stride),
+    gemm_cuda(dx, dy, weight,
+              linear_dx_gemm(rows, in_features, out_features, dy_stride, x_stride, overwrite_dx),
               stream);
   gemm_cuda(dweight, dy, x,
             linear_dweight_gemm(rows, in_features, out_features, dy_stride, x_stride), stream);

@@ -18,31 +18,31 @@ namespace ft {
 void linear_forward(float* y, const float* x, const float* weight, const float* bias, int64_t rows,
                     int64_t in_features, int64_t out_features, int64_t y_stride = 0,
                     int64_t x_stride = 0);
-// dx += dy W; dweight += dy^T x; dbias += colsum(dy). `dx` and `dbias` may be null (skipped).
-// dx shares x's stride, dy y's.
-void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
-                     const float* weight, int64_t rows, int64_t in_features, int64_t out_features,
-                     int64_t dy_stride = 0, int64_t x_stride = 0);
+// dx += dy W (dx = dy W when overwrite_dx); dweight += dy^T x; dbias += colsum(dy). `dx` and
+// `dbias` may be null (skipped). dx shares x's stride, dy y's.
+void linear_backward(float* dx, bool overwrite_dx, float* dweight, float* dbias, const float* dy,
+                     const float* x, const float* weight, int64_t rows, int64_t in_features,
+                     int64_t out_features, int64_t dy_stride = 0, int64_t x_stride = 0);
 // The same on device pointers, enqueued on `stream` (linear.cu; CUDA builds only): the GEMMs run
 // through gemm_cuda (bias fused into cuBLASLt's epilogue), db += colsum(dy) is a column-sum
 // kernel (cuBLASLt's bias-gradient epilogue writes (=) and parameter gradients must add (+=)).
 void linear_forward_cuda(float* y, const float* x, const float* weight, const float* bias,
                          int64_t rows, int64_t in_features, int64_t out_features, int64_t y_stride,
                          int64_t x_stride, CudaStream stream);
-void linear_backward_cuda(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
-                          const float* weight, int64_t rows, int64_t in_features,
-                          int64_t out_features, int64_t dy_stride, int64_t x_stride,
-                          CudaStream stream);
+void linear_backward_cuda(float* dx, bool overwrite_dx, float* dweight, float* dbias,
+                          const float* dy, const float* x, const float* weight, int64_t rows,
+                          int64_t in_features, int64_t out_features, int64_t dy_stride,
+                          int64_t x_stride, CudaStream stream);
 
 // The three GEMMs of a Linear, the same for the oneDNN and the cuBLASLt kernels:
 //   y = x W^T (+ b)        [rows, in] · [out, in]^T
-//   dx += dy W             [rows, out] · [out, in]
+//   dx += dy W             [rows, out] · [out, in]   (= with overwrite_dx)
 //   dW += dy^T x           [out, rows] · [rows, in]  (dy stored [rows, out] = [K, M])
 // Strides as above; 0 = packed.
 GemmArgs linear_forward_gemm(int64_t rows, int64_t in_features, int64_t out_features,
                              const float* bias, int64_t y_stride, int64_t x_stride);
 GemmArgs linear_dx_gemm(int64_t rows, int64_t in_features, int64_t out_features, int64_t dy_stride,
-                        int64_t x_stride);
+                        int64_t x_stride, bool overwrite_dx = false);
 GemmArgs linear_dweight_gemm(int64_t rows, int64_t in_features, int64_t out_features,
                              int64_t dy_stride, int64_t x_stride);
 
@@ -53,7 +53,8 @@ void check_linear_wiring(const Op& op, const Workspace& ws, const ParamStore& pa
                          int64_t in_features, int64_t out_features, bool has_bias,
                          int64_t weight_row_offset);
 // linear_forward / linear_backward on an op's x, y and parameter rows (wired as above);
-// backward skips dx when x has no gradient buffer.
+// backward skips dx when x has no gradient buffer and overwrites it when ws.grad_is_fresh(x), so
+// every op of the family can return true from overwrites_fresh_input_grads().
 void linear_op_forward(const Op& op, Workspace& ws, ParamStore& params, int64_t rows,
                        int64_t in_features, int64_t out_features, bool has_bias,
                        int64_t weight_row_offset);
@@ -69,6 +70,7 @@ class LinearOp : public Op {
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
   bool supports_views() const override { return true; }
+  bool overwrites_fresh_input_grads() const override { return true; }
   OpCost cost(const Graph& graph) const override;
 
   int64_t rows() const { return rows_; }

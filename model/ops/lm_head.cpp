@@ -31,16 +31,18 @@ void TiedLmHeadOp::forward(Workspace& ws, ParamStore& params) {
                  params[this->params[0]].value.data(), nullptr, rows_, channels_, vocab_);
 }
 
-// logits = x wte^T  =>  dx += dlogits wte, dwte += dlogits^T x (added to the embedding's share).
+// logits = x wte^T  =>  dx += dlogits wte (= when fresh), dwte += dlogits^T x (added to the
+// embedding's share).
 void TiedLmHeadOp::backward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
-  FT_RUN_ON_CUDA(
-      ws, linear_backward_cuda(ws.grads[inputs[0]].data(), params[this->params[0]].grad.data(),
-                               nullptr, ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
-                               params[this->params[0]].value.data(), rows_, channels_, vocab_, 0, 0,
-                               ws.stream));
-  linear_backward(ws.grads[inputs[0]].data(), params[this->params[0]].grad.data(), nullptr,
-                  ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
+  const bool overwrite_dx = ws.grad_is_fresh(inputs[0]);
+  FT_RUN_ON_CUDA(ws, linear_backward_cuda(ws.grads[inputs[0]].data(), overwrite_dx,
+                                          params[this->params[0]].grad.data(), nullptr,
+                                          ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
+                                          params[this->params[0]].value.data(), rows_, channels_,
+                                          vocab_, 0, 0, ws.stream));
+  linear_backward(ws.grads[inputs[0]].data(), overwrite_dx, params[this->params[0]].grad.data(),
+                  nullptr, ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
                   params[this->params[0]].value.data(), rows_, channels_, vocab_);
 }
 

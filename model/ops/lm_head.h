@@ -15,6 +15,7 @@ class TiedLmHeadOp : public Op {
   OpKind op_kind() const override { return OpKind::kLmHead; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
+  bool overwrites_fresh_input_grads() const override { return true; }
   OpCost cost(const Graph& graph) const override;
 
  private:
