@@ -38,6 +38,7 @@ class Tensor {
   int dim() const { return static_cast<int>(shape_.size()); }
   int64_t size(int axis) const;
   Device device() const { return device_; }
+  // True for a default Tensor too (no storage, 0 elements): test numel() to ask "allocated?".
   bool defined() const { return base_ != nullptr || numel_ == 0; }
   size_t bytes() const { return static_cast<size_t>(numel_) * sizeof(float); }
 

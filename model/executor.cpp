@@ -140,7 +140,8 @@ void Executor::stage_inputs(Workspace& ws) {
     upload_ids(ws, ws.tokens_on_device, ws.tokens);
     upload_ids(ws, ws.targets_on_device, ws.targets);
     static_assert(sizeof(uint64_t) == 2 * sizeof(float), "the seed travels in two floats");
-    if (!ws.dropout_seed_on_device.defined())
+    // numel, not defined(): a default Tensor (no storage, 0 elements) counts as defined.
+    if (ws.dropout_seed_on_device.numel() != 2)
       ws.dropout_seed_on_device = Tensor::empty({2}, Device::kCuda);
     upload_to_workspace(ws, ws.dropout_seed_on_device,
                         reinterpret_cast<const float*>(&ws.dropout_seed), 2);

@@ -139,8 +139,10 @@ if [ "$built" = 0 ]; then
     name=$(basename "$binary")
     step "$name" "$binary" --gtest_output="json:$OUT_DIR/$name.json"
   done
+  # NcclSharedGpu needs more ranks than GPUs, so one rank always skips it: left out, because a
+  # skip fails this check.
   mpi_step nccl_np1 mpirun --oversubscribe -np 1 "$BUILD/tests/mpi_nccl_test" \
-    --gtest_output="json:$OUT_DIR/mpi_nccl_test.json"
+    --gtest_filter=-NcclSharedGpu.* --gtest_output="json:$OUT_DIR/mpi_nccl_test.json"
   mpi_step bandwidth_nccl_np1 mpirun --oversubscribe -np 1 "$FT" bandwidth --backend nccl \
     --max-bytes 268435456 --json "$OUT_DIR/bandwidth_nccl_np1.json"
   mpi_step bandwidth_mpi_staged_np2 mpirun --oversubscribe -np 2 "$FT" bandwidth --device cuda \

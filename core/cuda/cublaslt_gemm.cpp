@@ -312,11 +312,29 @@ void CublasLtGemm::run(float* c, const float* a, const float* b, const GemmArgs&
   if (plan.epilogue_fused) set_epilogue_pointers(plan.matmul, r);
   const float alpha = r.alpha;
   const float beta = r.accumulate ? 1.0f : 0.0f;
-  FT_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, plan.matmul, &alpha, b, plan.layout_a, a,
-                                 plan.layout_b, &beta, c, plan.layout_c, c, plan.layout_c,
-                                 &plan.algo, impl_->workspace, impl_->workspace_bytes, stream));
+  auto matmul = [&](Plan& with) {
+    return cublasLtMatmul(impl_->handle, with.matmul, &alpha, b, with.layout_a, a, with.layout_b,
+                          &beta, c, with.layout_c, c, with.layout_c, &with.algo, impl_->workspace,
+                          impl_->workspace_bytes, stream);
+  };
+  cublasStatus_t status = matmul(plan);
+  // The heuristic may offer an algorithm for a fused epilogue that the matmul itself then
+  // refuses (argument checks run before any launch, so C is untouched): the key falls back to
+  // the plain GEMM plus our epilogue kernel for good, as when the heuristic refuses up front.
+  if (status != CUBLAS_STATUS_SUCCESS && plan.epilogue_fused) {
+    auto plain = std::make_unique<Plan>();
+    FT_CHECK(try_build_plan(*plain, impl_->handle, key, CUBLASLT_EPILOGUE_DEFAULT, r,
+                            impl_->workspace_bytes),
+             "CublasLtGemm: the fused epilogue failed (status ", static_cast<int>(status),
+             ") and cuBLASLt has no plain FP32 algorithm for M = ", r.m, ", N = ", r.n,
+             ", K = ", r.k);
+    found->second = std::move(plain);
+    status = matmul(*found->second);
+  }
+  Plan& used = *found->second;
+  FT_CUBLAS_CHECK(status);
   count_launch(LaunchKind::kGemm);
-  if (needs_epilogue && !plan.epilogue_fused) {
+  if (needs_epilogue && !used.epilogue_fused) {
     run_unfused_epilogue(c, a, r, stream);
     ++unfused_epilogue_calls_;
   }

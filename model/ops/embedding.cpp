@@ -117,7 +117,7 @@ void EmbeddingOp::stage(Workspace& ws, ParamStore& params) {
   const int64_t vocab = params[this->params[0]].value.size(0);
   embedding_check_tokens(ws.tokens.data(), rows, vocab);
   // Only backward reads the grouping; an eval graph has no gradient buffers and no backward.
-  if (!ws.grads[outputs[0]].defined()) return;
+  if (ws.grads[outputs[0]].numel() == 0) return;
   rows_by_token_ = embedding_rows_by_token(ws.tokens.data(), rows, vocab);
   const int64_t count = static_cast<int64_t>(rows_by_token_.size());
   if (rows_by_token_on_device_.numel() != count)
