@@ -5,7 +5,7 @@
 # and it cannot fetch anything, so the project cannot be configured there. The bundle holds the
 # CUDA build made here (fusiontrain and the gpu-labelled tests, sm_90), the shared libraries they
 # load apart from the C runtime and CUDA's own (the image brings those), Open MPI's runtime (for
-# mpirun there) and the dataset.
+# mpirun there) and the datasets (Fashion-MNIST and the GPT corpus).
 # gpu_check.sh uses it instead of building when it finds it; pass carry: ["gpu_bundle"] to the
 # device tool's run. Must stay under the tool's 64 MiB (the working tree travels too).
 # Usage: bash scripts/gpu_bundle.sh [BUILD_DIR]   (BUILD_DIR: an FT_CUDA=ON build, default build-cuda)
@@ -34,6 +34,7 @@ for binary in "${binaries[@]}"; do ldd "$binary"; done | awk '$2 == "=>" && $3 ~
     cp -L "$path" "$STAGE/lib/$name"
   done
 cp "$DATA"/*.gz "$STAGE/data/fashion-mnist/"
+cp data/moby_dick.txt "$STAGE/data/"  # the GPT corpus is git-ignored, so the tree lacks it there
 
 # Open MPI's runtime, for mpirun there: its launcher and daemon, plugins and help texts, relocated
 # with OPAL_PREFIX; PMIx, whose plugins it finds by their absolute path (gpu_check.sh links it).
@@ -52,6 +53,7 @@ done
   echo "source_dir=$ROOT"    # FT_SOURCE_DIR and FT_BINARY baked into the tests point here
   echo "build_dir=$BUILD"
   echo "commit=$(git rev-parse HEAD)$(git diff --quiet HEAD || echo -dirty)"
+  echo "sources=$(bash scripts/source_hash.sh)"
   echo "made=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 } > "$STAGE/MANIFEST"
 

@@ -87,6 +87,13 @@ use_bundle() {  # unpacks the bundle where its tests expect their sources and bi
   local unpacked=/tmp/ft_gpu_bundle source_dir build_dir
   rm -rf "$unpacked" && mkdir -p "$unpacked" && tar -C "$unpacked" -xJf "$BUNDLE" || return 1
   cat "$unpacked/MANIFEST"
+  # A bundle of other sources would test old binaries: remake it (scripts/gpu_bundle.sh).
+  local sources
+  sources=$(bash scripts/source_hash.sh)
+  if [ "$(sed -n 's/^sources=//p' "$unpacked/MANIFEST")" != "$sources" ]; then
+    echo "bundle: built from other sources than this tree ($sources); run scripts/gpu_bundle.sh"
+    return 1
+  fi
   source_dir=$(sed -n 's/^source_dir=//p' "$unpacked/MANIFEST")
   build_dir=$(sed -n 's/^build_dir=//p' "$unpacked/MANIFEST")
   # The tests name their configs and the binary by the path they were built at.
@@ -96,6 +103,7 @@ use_bundle() {  # unpacks the bundle where its tests expect their sources and bi
   BUILD=$build_dir
   mkdir -p "$BUILD/tests"
   cp "$unpacked/bin/fusiontrain" "$BUILD/" && cp "$unpacked"/bin/tests/* "$BUILD/tests/"
+  [ -e "$ROOT/data/moby_dick.txt" ] || cp "$unpacked/data/moby_dick.txt" "$ROOT/data/"
   if [ ! -e /usr/share/datasets/fashion-mnist ]; then
     mkdir -p /usr/share/datasets && ln -s "$unpacked/data/fashion-mnist" /usr/share/datasets/
   fi
