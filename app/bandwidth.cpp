@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <utility>
 #include <vector>
 
 #include "app/device_setup.h"
@@ -135,6 +136,11 @@ PairUs time_pair_us(Communicator& comm, const Repeats& repeats, First first, Sec
 // User-facing: names the flag and what is allowed, without source locations.
 void check_args(const BandwidthArgs& args) {
   if (args.min_bytes < 4) FT_FAIL("--min-bytes must be >= 4 (one float), got ", args.min_bytes);
+  for (const auto& [flag, bytes] :
+       {std::pair{"--min-bytes", args.min_bytes}, std::pair{"--max-bytes", args.max_bytes}}) {
+    if (bytes > kBandwidthMaxMessageBytes)
+      FT_FAIL(flag, " must be at most ", kBandwidthMaxMessageBytes, " (8 GiB), got ", bytes);
+  }
   if (args.max_bytes < args.min_bytes) {
     FT_FAIL("--max-bytes (", args.max_bytes, ") must be >= --min-bytes (", args.min_bytes, ")");
   }
@@ -181,11 +187,9 @@ int run_bandwidth(Communicator& host_comm, const BandwidthArgs& args_in) {
     FT_FAIL("bandwidth needs at least 2 ranks for allreduce numbers, got ", ranks,
             "; run it under mpirun -np N with N >= 2 (or --backend nccl on a GPU)");
   }
-  const Device device = args.device == "cuda" ? Device::kCuda : Device::kCpu;
-  if (device == Device::kCuda) {
-    const std::string reason = cuda_unusable_reason("bandwidth --device cuda");
-    FT_REQUIRE(reason.empty(), reason, "; use --device cpu (and --backend mpi) here");
-  }
+  // Selects this rank's GPU before anything is allocated on one (else every rank takes device 0).
+  const Device device = setup_device(args.device, "bandwidth --device",
+                                     "--device cpu (and --backend mpi)", host_comm.local_rank());
   std::unique_ptr<Communicator> device_comm = nccl ? make_device_communicator() : nullptr;
   Communicator& comm = nccl ? *device_comm : host_comm;
   // NCCL has no rank-order sum: its rows leave the det columns empty.

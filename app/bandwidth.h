@@ -17,6 +17,10 @@
 
 namespace ft {
 
+// The largest --min-bytes / --max-bytes: far above where busbw levels off, and small enough that
+// a typo fails on the flag instead of in an allocation on every rank.
+inline constexpr int64_t kBandwidthMaxMessageBytes = int64_t{8} << 30;
+
 struct BandwidthArgs {
   int64_t min_bytes = 4 << 10;
   int64_t max_bytes = 512LL << 20;

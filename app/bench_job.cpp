@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -265,8 +266,8 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
 int run_bench(const BenchArgs& args, Communicator* comm) {
   FT_REQUIRE(args.steps >= 1 && args.warmup >= 0, "--steps must be >= 1 and --warmup >= 0, got ",
              args.steps, " and ", args.warmup);
-  FT_REQUIRE(args.peak_tflops >= 0, "--peak-tflops must be >= 0 (0 = no MFU), got ",
-             args.peak_tflops);
+  FT_REQUIRE(args.peak_tflops >= 0 && std::isfinite(args.peak_tflops),
+             "--peak-tflops must be >= 0 and finite (0 = no MFU), got ", args.peak_tflops);
   if (!args.sweep.empty() && (!args.variants.empty() || args.ablation))
     FT_FAIL("--sweep replaces the variant list: drop --variants and --ablation");
   const bool is_root = comm == nullptr || comm->rank() == 0;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "app/trainer.h"
 #include "core/check.h"
@@ -100,6 +101,49 @@ void require_finite_tensors(const SafetensorsFile& file, const std::string& path
       if (!std::isfinite(entry.data[i]))
         FT_FAIL(path, ": tensor '", name, "' holds a non-finite value (", entry.data[i],
                 " at element ", i, "); the checkpoint is unusable");
+}
+
+// The optimizer state slots a checkpoint holds, "exp_avg" for "optim.exp_avg.wte.weight".
+std::set<std::string> slots_in(const SafetensorsFile& file) {
+  std::set<std::string> slots;
+  const std::string prefix = "optim.";
+  for (const auto& [name, entry] : file.tensors) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const size_t dot = name.find('.', prefix.size());
+    if (dot != std::string::npos) slots.insert(name.substr(prefix.size(), dot - prefix.size()));
+  }
+  return slots;
+}
+
+std::string slots_text(const std::set<std::string>& slots) {
+  if (slots.empty()) return "no optimizer state";
+  std::string text;
+  for (const std::string& slot : slots)
+    text += (text.empty() ? "optim." : ", optim.") + slot + ".*";
+  return text;
+}
+
+// Another optimizer's state must not fail as one missing tensor: say which optimizer wrote it.
+void require_same_optimizer(const SafetensorsFile& file, const std::string& path,
+                            const std::string& optimizer,
+                            const std::vector<std::pair<std::string, Tensor*>>& needed) {
+  std::set<std::string> wanted;
+  for (const auto& [slot, state] : needed) wanted.insert(slot);
+  const std::set<std::string> found = slots_in(file);
+  if (found == wanted) return;
+  std::string written_by;
+  try {
+    written_by = checkpoint_config(file, path, {}).optim.name;
+  } catch (const Error&) {
+    // Its embedded config does not parse here; the tensors alone still tell what is wrong.
+  }
+  FT_FAIL(path, ": checkpoint was written by ",
+          written_by.empty() ? std::string("another optimizer") : "optimizer " + written_by,
+          " (it holds ", slots_text(found), "), but this run's optim.name = ", optimizer, " needs ",
+          slots_text(wanted), "; resume with the optimizer it was trained with",
+          written_by.empty() || written_by == optimizer ? std::string()
+                                                        : " (optim.name " + written_by + ")",
+          ", or start a fresh run without train.resume");
 }
 
 // The first non-finite float of `count` at `data`, or -1.
@@ -216,6 +260,7 @@ void Trainer::load_checkpoint(const std::string& path) {
   const int skipped =
       metadata_int(file, "skipped_steps", path, 0, step,
                    "0 to the checkpoint's step = " + std::to_string(step), &no_skips);
+  require_same_optimizer(file, path, config_.optim.name, optimizer_->state_slots());
   copy_params(file, params_, path);
   for (auto& [slot, state] : optimizer_->state_slots())
     for (ParamId id = 0; id < params_.size(); ++id) {

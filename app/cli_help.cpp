@@ -1,6 +1,8 @@
 #include "app/cli_help.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <vector>
 
@@ -42,6 +44,31 @@ std::vector<std::string> flag_names(const CLI::App& job) {
   return names;
 }
 
+// "--batch: 'abc' is not an integer" for CLI11's "Could not convert: --batch = abc", from the
+// type of the flag; other messages unchanged.
+std::string reword(const CLI::App* job, const std::string& message) {
+  const std::string prefix = "Could not convert: ";
+  const size_t equals = message.find(" = ");
+  if (job == nullptr || message.rfind(prefix, 0) != 0 || equals == std::string::npos)
+    return message;
+  const std::string flag = message.substr(prefix.size(), equals - prefix.size());
+  const std::string value = message.substr(equals + 3);
+  const CLI::Option* option = job->get_option_no_throw(flag);
+  // "INT", or "INT:POSITIVE" with a validator's name after the type.
+  const std::string type = option != nullptr ? option->get_type_name() : "";
+  const auto is = [&type](const char* name) { return type.rfind(name, 0) == 0; };
+  // Digits that did not convert are a number beyond the flag's type.
+  const bool digits =
+      !value.empty() && value.find_first_not_of("+-0123456789") == std::string::npos;
+  if (is("INT") || is("UINT"))
+    return flag + ": '" + value + "' is " +
+           (digits      ? "out of range"
+            : is("INT") ? "not an integer"
+                        : "not an integer >= 0");
+  if (is("FLOAT")) return flag + ": '" + value + "' is not a number";
+  return message;
+}
+
 }  // namespace
 
 std::string version_text() {
@@ -60,7 +87,7 @@ void describe_jobs(CLI::App& app) {
   }
 }
 
-std::string unknown_argument_error(CLI::App& app, int argc, char** argv) {
+std::string unknown_argument_error(CLI::App& app, int argc, char** argv, std::string* job_name) {
   if (argc < 2) return "";
   const std::string first = argv[1];
   if (first.rfind("-", 0) == 0) return "";  // --help, --version: CLI11's
@@ -80,6 +107,7 @@ std::string unknown_argument_error(CLI::App& app, int argc, char** argv) {
     if (word.rfind("--", 0) != 0) continue;
     word = word.substr(0, word.find('='));
     if (std::find(flags.begin(), flags.end(), word) != flags.end()) continue;
+    *job_name = first;
     return "unknown flag '" + word + "' for " + first +
            config_schema::did_you_mean(config_schema::nearest(word, flags)) +
            "; its flags: " + config_schema::join(flags, " ");
@@ -92,6 +120,48 @@ void require_config_file(const std::string& path) {
   const std::vector<std::string> found = presets();
   FT_FAIL("config file '", path, "' not found",
           config_schema::did_you_mean(config_schema::nearest(path, found)), "; ", presets_line());
+}
+
+int usage_error(const std::string& message, const std::string& job) {
+  std::fprintf(stderr, "error: %s (run 'fusiontrain%s --help')\n", message.c_str(),
+               job.empty() ? "" : (" " + job).c_str());
+  return kUsageErrorExit;
+}
+
+int report_parse_error(CLI::App& app, const CLI::ParseError& error) {
+  if (error.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(error);
+  // The job being parsed when CLI11 stopped, for its --help.
+  const std::vector<CLI::App*> parsed = app.get_subcommands();
+  const CLI::App* job = parsed.empty() ? nullptr : parsed.back();
+  return usage_error(reword(job, error.what()), job != nullptr ? job->get_name() : "");
+}
+
+// CLI11's PositiveNumber and NonNegativeNumber print their range as "0 to 1.8e308" and take inf.
+CLI::Validator number_check(bool allow_zero) {
+  return CLI::Validator(
+      [allow_zero](std::string& text) -> std::string {
+        double value = 0.0;
+        const bool parsed = CLI::detail::lexical_cast(text, value);
+        if (parsed && std::isfinite(value) && (allow_zero ? value >= 0.0 : value > 0.0)) return "";
+        return std::string("must be a finite ") + (allow_zero ? "non-negative" : "positive") +
+               " number, got '" + text + "'";
+      },
+      allow_zero ? "NON-NEGATIVE" : "POSITIVE");
+}
+
+void refuse_empty_values(CLI::App& app, const std::vector<std::string>& free_text) {
+  for (CLI::App* job : app.get_subcommands({}))
+    for (CLI::Option* option : job->get_options()) {
+      if (option->get_type_name().rfind("TEXT", 0) != 0) continue;
+      const std::string name = option->get_name();
+      if (std::find(free_text.begin(), free_text.end(), name) != free_text.end()) continue;
+      const std::string description = option->get_description();
+      option->check(CLI::Validator(
+          [description](std::string& text) -> std::string {
+            return text.empty() ? "must not be empty (" + description + ")" : "";
+          },
+          ""));
+    }
 }
 
 }  // namespace ft

@@ -61,6 +61,39 @@ const Field* field_named(const std::string& name) {
   return nullptr;
 }
 
+// A key that no longer exists, and what to use instead. Resolved dumps written before it went
+// (every older checkpoint's embedded config and run config.yaml) list it with its old default,
+// which is skipped there so they still load; anything else naming it is refused.
+struct RetiredKey {
+  const char* key;
+  const char* old_default;
+  const char* instead;
+};
+
+constexpr RetiredKey kRetiredKeys[] = {
+    {"inference.checkpoint", "",
+     "pass the checkpoint with --checkpoint FILE (sample, eval, export); without --config they "
+     "also read the model's config from it"},
+};
+
+const RetiredKey* find_retired(const std::string& key) {
+  for (const RetiredKey& retired : kRetiredKeys)
+    if (key == retired.key) return &retired;
+  return nullptr;
+}
+
+// Whether `text` holds config_to_yaml's header line (tune puts a line of its own above it).
+bool is_resolved_dump(const std::string& text) {
+  const std::string header = kResolvedHeader;
+  for (size_t at = text.find(header); at != std::string::npos; at = text.find(header, at + 1)) {
+    const size_t end = at + header.size();
+    if ((at == 0 || text[at - 1] == '\n') &&
+        (end == text.size() || text[end] == '\n' || text[end] == '\r'))
+      return true;
+  }
+  return false;
+}
+
 // Applies one source of values after another to a Config, remembering where each key was set
 // so cross-field errors can point at both culprits.
 class Reader {
@@ -70,6 +103,7 @@ class Reader {
   }
 
   void read_document(const std::string& text) {
+    resolved_dump_ = is_resolved_dump(text);
     std::vector<YAML::Node> documents;
     try {
       documents = YAML::LoadAll(text);
@@ -96,6 +130,8 @@ class Reader {
     const std::string key = assignment.substr(0, equals);
     if (is_section(key))
       FT_FAIL(where, ": '", key, "' is a section, not a key; ", valid_keys_text(key));
+    if (const RetiredKey* retired = find_retired(key))
+      FT_FAIL(where, ": ", key, " was removed: ", retired->instead);
     const Field* field = find_field(key);
     if (field == nullptr) {
       std::vector<std::string> all_keys;
@@ -109,14 +145,16 @@ class Reader {
     }
     const std::string problem = assign_value(*field, config_, assignment.substr(equals + 1), false);
     if (!problem.empty()) FT_FAIL(where, ": ", key, ": ", problem);
-    set_at_[key] = where;
+    sources_.set_at[key] = where;
+    sources_.from_dump.erase(key);
   }
 
   // Defaults that only make sense for long runs shrink to fit a short one, with a note; a value
   // the user set is never changed (validate() refuses it instead).
   void fit_defaults() {
     OptimConfig& optim = config_.optim;
-    if (set_at_.count("optim.warmup_steps") == 0 && optim.warmup_steps > config_.train.steps) {
+    if (sources_.set_at.count("optim.warmup_steps") == 0 &&
+        optim.warmup_steps > config_.train.steps) {
       // Once per job: under mpirun only world rank 0 says it (every rank applies it).
       const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
       if (rank == nullptr || std::string(rank) == "0") {
@@ -129,54 +167,7 @@ class Reader {
     }
   }
 
-  void validate() const {
-    const Config& c = config_;
-    auto require = [&](bool ok, const std::string& message) {
-      if (!ok) FT_FAIL(origin_, ": invalid config: ", message);
-    };
-    if (c.model.arch == "gpt") {
-      require(c.model.d_model % c.model.n_head == 0,
-              show("model.d_model") + " must be divisible by " + show("model.n_head") +
-                  " so that every attention head gets the same width");
-      require(c.model.vocab_size == 256,
-              show("model.vocab_size") + " must be 256 for gpt: the model reads raw bytes");
-      require(c.model.seq_len >= 2,
-              show("model.seq_len") +
-                  " must be at least 2 for gpt: a sequence needs inputs and next-byte targets");
-      require(c.data.augment == "none",
-              show("data.augment") + " applies only to model.arch resnet; use none for gpt");
-      require(c.inference.top_k <= c.model.vocab_size,
-              show("inference.top_k") + " must not exceed " + show("model.vocab_size"));
-    }
-    require(c.optim.warmup_steps <= c.train.steps,
-            show("optim.warmup_steps") + " must not exceed " + show("train.steps"));
-    require(c.optim.min_lr <= c.optim.lr,
-            show("optim.min_lr") + " must not exceed " + show("optim.lr"));
-    require(c.comm.first_bucket_mb <= c.comm.bucket_mb,
-            show("comm.first_bucket_mb") + " must not exceed " + show("comm.bucket_mb"));
-    require(c.comm.emulate.bandwidth_gbps > 0 || c.comm.emulate.latency_us == 0,
-            show("comm.emulate.latency_us") + " requires comm.emulate.bandwidth_gbps > 0, got " +
-                show("comm.emulate.bandwidth_gbps") +
-                ": bandwidth 0 turns emulation off, so the latency would be silently ignored; "
-                "set both to emulate a slow link, or both to 0");
-    require(c.comm.backend != "nccl" || c.train.device == "cuda",
-            show("comm.backend") + " requires train.device = cuda, got " + show("train.device") +
-                "; NCCL reduces GPU memory only: use comm.backend auto or mpi on the cpu");
-    require(!c.fusion.cuda_graph || c.train.device == "cuda",
-            show("fusion.cuda_graph") + " requires train.device = cuda, got " +
-                show("train.device") + "; a CUDA graph replays GPU work only");
-    require(!c.fusion.cuda_graph || (!c.train.profile && c.train.trace.empty()),
-            show("fusion.cuda_graph") + " cannot go with train.profile or train.trace: they time " +
-                "each op on the host, and a replayed graph runs no host code per op; turn "
-                "one of them off");
-    require(!c.fusion.cuda_graph || c.train.grad_accum == 1,
-            show("fusion.cuda_graph") + " requires train.grad_accum = 1, got " +
-                show("train.grad_accum") +
-                "; the graph captures one micro-batch's forward and backward per step");
-    require(!c.train.tf32 || c.train.device == "cuda",
-            show("train.tf32") + " requires train.device = cuda, got " + show("train.device") +
-                "; the CPU GEMMs are fp32 only");
-  }
+  void validate() const { check_config(config_, origin_, sources_); }
 
   Config take() { return std::move(config_); }
 
@@ -216,7 +207,11 @@ class Reader {
         const std::string problem =
             assign_value(*field, config_, value.Scalar(), value.Tag() == "!");
         if (!problem.empty()) FT_FAIL(value_at, ": ", dotted, ": ", problem);
-        set_at_[dotted] = value_at;
+        sources_.set_at[dotted] = value_at;
+        if (resolved_dump_) sources_.from_dump.insert(dotted);
+      } else if (const RetiredKey* retired = find_retired(dotted)) {
+        if (resolved_dump_ && value.IsScalar() && value.Scalar() == retired->old_default) continue;
+        FT_FAIL(where, ": ", dotted, " was removed: ", retired->instead);
       } else {
         FT_FAIL(where, ": ", unknown_key_text(section, key));
       }
@@ -233,16 +228,10 @@ class Reader {
     return text + "; " + valid_keys_text(section);
   }
 
-  // "model.d_model = 100 (gpt.yaml:4:12)": the value and where it was set.
-  std::string show(const std::string& key) const {
-    auto source = set_at_.find(key);
-    return key + " = " + format_value(*find_field(key), config_) + " (" +
-           (source == set_at_.end() ? "default" : source->second) + ")";
-  }
-
   std::string origin_;
   Config config_;
-  std::map<std::string, std::string> set_at_;  // dotted key -> file:line:col or --set '...'
+  KeySources sources_;
+  bool resolved_dump_ = false;  // the file is config_to_yaml output (see KeySources::from_dump)
 };
 
 }  // namespace

@@ -1,8 +1,9 @@
 // Run configuration: plain structs with defaults, read strictly from YAML and `--set` overrides.
 // One field schema (app/config_schema.cpp) drives parsing, overrides, validation, printing,
 // flattening and docs/config_reference.md, so a key exists in all of them or in none.
-// Every problem (unknown key, wrong type, out of range, bad combination) throws ft::Error naming
-// the file:line:col or the override, the key, and what is allowed.
+// Every problem (unknown key, wrong type, out of range, bad combination, a key set although the
+// chosen model.arch or optim.name never reads it) throws ft::Error naming the file:line:col or the
+// override, the key, and what is allowed.
 // Thread safety: all functions are pure apart from reading the named file; safe from any thread.
 #pragma once
 #include <cstdint>
@@ -94,8 +95,8 @@ struct CommConfig {
   EmulateConfig emulate;
 };
 
+// The checkpoint is no key: sample, eval and export take it as --checkpoint FILE.
 struct InferenceConfig {
-  std::string checkpoint = "";
   int max_new_tokens = 200;
   float temperature = 1.0f;
   int top_k = 0;

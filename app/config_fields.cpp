@@ -55,8 +55,8 @@ std::vector<Field> build_fields() {
       {FT_KEY(model.n_layer), in(1, 64), "transformer blocks (gpt)"},
       {FT_KEY(model.n_head), in(1, 128), "attention heads; must divide d_model (gpt)"},
       {FT_KEY(model.d_model), in(8, 4096), "embedding width (gpt)"},
-      {FT_KEY(model.seq_len), in(1, 8192), "context length in bytes; at least 2 for gpt"},
-      {FT_KEY(model.vocab_size), in(2, 65536), "vocabulary size; must be 256 (bytes) for gpt"},
+      {FT_KEY(model.seq_len), in(1, 8192), "context length in bytes; at least 2 (gpt)"},
+      {FT_KEY(model.vocab_size), in(2, 65536), "vocabulary size; must be 256, one per byte (gpt)"},
       {FT_KEY(model.dropout), from_below(0, 1), "dropout probability (gpt)"},
       {FT_KEY(model.qk_norm), true_or_false(), "normalise queries and keys before attention (gpt)"},
       {FT_KEY(model.resnet_blocks), in(1, 64),
@@ -102,7 +102,7 @@ std::vector<Field> build_fields() {
        "a non-finite loss or gradient norm: stop the run there (non-zero exit), or skip that "
        "step's optimizer update"},
       {FT_KEY(train.max_skipped_steps), in(0, 1000000),
-       "skip_step: stop once more steps than this have been skipped"},
+       "nan_policy skip_step only: stop once more steps than this have been skipped"},
       {FT_KEY(train.overwrite), true_or_false(),
        "let a fresh run (no train.resume) write into a checkpoint_dir that already holds "
        "checkpoints"},
@@ -116,7 +116,7 @@ std::vector<Field> build_fields() {
       {FT_KEY(optim.eps), above_up_to(0, 1), "AdamW denominator epsilon"},
       {FT_KEY(optim.weight_decay), in(0, 10), "weight decay (decoupled for adamw, L2 for sgd)"},
       {FT_KEY(optim.momentum), from_below(0, 1), "SGD momentum"},
-      {FT_KEY(optim.nesterov), true_or_false(), "SGD Nesterov momentum"},
+      {FT_KEY(optim.nesterov), true_or_false(), "SGD Nesterov momentum; needs momentum > 0"},
       {FT_KEY(optim.grad_clip), in(0, 1e6), "clip the global gradient norm to this; 0 = off"},
 
       {FT_KEY(data.path), nonempty_text(), "text corpus (gpt)"},
@@ -183,8 +183,9 @@ std::vector<Field> build_fields() {
       {FT_KEY(comm.emulate.bandwidth_gbps), in(0, 1e4),
        "emulated link bandwidth in Gbit/s; 0 = emulation off"},
 
-      {FT_KEY(inference.checkpoint), any_text(), "checkpoint to load; empty = none"},
-      {FT_KEY(inference.max_new_tokens), in(0, 1000000), "bytes to generate (gpt)"},
+      // No inference.checkpoint: sample, eval and export take --checkpoint, and read the model's
+      // config from it (app/config.cpp's kRetiredKeys explains the key to whoever still sets it).
+      {FT_KEY(inference.max_new_tokens), in(1, 1000000), "bytes to generate (gpt)"},
       {FT_KEY(inference.temperature), above_up_to(0, 100), "sampling temperature (gpt)"},
       {FT_KEY(inference.top_k), in(0, 65536),
        "sample among the k most likely tokens; 0 = all (gpt)"},

@@ -80,7 +80,8 @@ const std::vector<Section>& sections() {
       {"fusion.horizontal", "Independent ops of one kind in one launch."},
       {"comm", "Gradient communication between data-parallel ranks."},
       {"comm.emulate", "Slow-network emulation: both keys 0 = off."},
-      {"inference", "Text generation and evaluation from a checkpoint."},
+      {"inference",
+       "Text generation and evaluation from a checkpoint (given as --checkpoint FILE)."},
   };
   return table;
 }
@@ -289,7 +290,7 @@ std::vector<std::pair<std::string, std::string>> flatten_config(const Config& co
 
 std::string config_to_yaml(const Config& config) {
   std::ostringstream out;
-  out << "# Resolved fusiontrain config: every key, with defaults filled in.\n";
+  out << kResolvedHeader << "\n";
   for (const Section& section : sections()) {
     const std::string indent(2 * std::count(section.name.begin(), section.name.end(), '.'), ' ');
     const std::string short_name = section.name.substr(section.name.rfind('.') + 1);
@@ -320,7 +321,15 @@ std::string config_reference_markdown() {
          "keys,\n"
          "values of the wrong type and values outside the allowed range are errors. Integers must "
          "be\n"
-         "written as integers, booleans as `true` or `false`.\n";
+         "written as integers, booleans as `true` or `false`. A key the chosen configuration never "
+         "reads is\n"
+         "an error too: one marked (gpt) or (resnet) under the other `model.arch`, an AdamW or SGD "
+         "one\n"
+         "under the other `optim.name`, `train.max_skipped_steps` without `skip_step`. A resolved "
+         "config\n"
+         "(a run's `config.yaml`, a checkpoint's) lists every key, so there only a value other "
+         "than the\n"
+         "default counts as set.\n";
   for (const Section& section : sections()) {
     out << "\n## " << section.name << "\n\n" << section.doc << "\n";
     bool header_written = false;

@@ -4,6 +4,8 @@
 // Thread safety: the table is built once (static local) and read-only afterwards.
 #pragma once
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -54,6 +56,24 @@ std::string format_value(const Field& field, const Config& config);  // plain te
 // Parses `text` into the field. `quoted` says the YAML scalar was quoted, which only strings
 // accept. Returns "" on success, else what is wrong ("expected ..., got '...'").
 std::string assign_value(const Field& field, Config& config, const std::string& text, bool quoted);
+
+// The first comment line of config_to_yaml's output. A file holding it is a resolved dump (a run's
+// config.yaml, a checkpoint's embedded config, tune's output), which lists every key by design.
+inline constexpr const char* kResolvedHeader =
+    "# Resolved fusiontrain config: every key, with defaults filled in.";
+
+// Where the keys of one parse got their values.
+struct KeySources {
+  std::map<std::string, std::string> set_at;  // dotted key -> file:line:col or --set '...'
+  // Keys whose value came from a resolved dump (and no --set after it). A dump has to list the
+  // keys its configuration ignores, so only a non-default value there counts as set.
+  std::set<std::string> from_dump;
+};
+
+// The cross-field checks (app/config_checks.cpp), after every source was applied: bad
+// combinations, and keys that were set although the configuration ignores them. Throws ft::Error
+// naming `origin`, each key with its value and where it was set, and what to do.
+void check_config(const Config& config, const std::string& origin, const KeySources& sources);
 
 size_t edit_distance(const std::string& a, const std::string& b);
 // The candidate closest to `word`; "" if none is close enough to be a plausible typo.

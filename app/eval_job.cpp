@@ -2,6 +2,7 @@
 // validation split or a given text file) or test accuracy and loss (ResNet).
 #include <omp.h>
 
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -65,6 +66,12 @@ int run_eval(const EvalArgs& args) {
   if (!args.json_path.empty()) {
     write_output_file(args.json_path, row.dump() + "\n");
   }
+  // Finite weights can still overflow (a run caught diverging one step too late): that model is
+  // not usable, which a script must see in the exit status, not only in a printed "nan".
+  FT_REQUIRE(std::isfinite(result.loss), "eval: the loss of ", args.checkpoint_path, " on ", source,
+             " is ", result.loss,
+             ": its weights are finite but the model overflows (a checkpoint of a diverging run?);"
+             " evaluate an earlier checkpoint");
   return 0;
 }
 

@@ -17,6 +17,7 @@
 
 #include "app/bench.h"
 #include "app/device_setup.h"
+#include "app/flag_checks.h"
 #include "app/inference_model.h"
 #include "app/inference_profile.h"
 #include "app/jobs.h"
@@ -135,7 +136,9 @@ void compare_logits(const float* folded, const float* unfolded, int rows, int cl
 
 int run_infer(const InferArgs& args) {
   FT_REQUIRE(!args.model_path.empty(), "infer needs --model FILE.safetensors");
-  FT_REQUIRE(args.batch >= 1, "--batch must be a positive integer, got ", args.batch);
+  // Before OpenMP sees the count: libgomp crashes or prints its own error on a huge one.
+  require_key_range("--threads", "train.threads", args.threads);
+  require_key_range("--batch", "train.batch_size", args.batch);
   FT_REQUIRE(args.labels_path.empty() || args.data != "test", "--labels '", args.labels_path,
              "' goes with --data PATH (an IDX images file); the test set brings its own labels");
   const int threads = args.threads > 0 ? args.threads : resolve_threads(0);

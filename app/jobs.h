@@ -107,11 +107,13 @@ struct SampleArgs {
   std::string checkpoint_path;
   std::string prompt;                 // bytes; empty = a single newline byte
   std::optional<int> max_new_tokens;  // unset = inference.max_new_tokens
-  std::optional<float> temperature;   // unset = inference.temperature; 0 = greedy
-  std::optional<int> top_k;           // unset = inference.top_k; 0 = no truncation
-  std::optional<uint64_t> seed;       // unset = train.seed
-  bool no_kv_cache = false;           // recompute the whole window for every new byte
-  bool compare_no_cache = false;      // time both ways, check they write the same text
+  // Unset = inference.temperature; 0 = greedy. A double, as typed: 1e-50 is refused, not a
+  // float 0 that would turn sampling greedy.
+  std::optional<double> temperature;
+  std::optional<int> top_k;       // unset = inference.top_k; 0 = no truncation
+  std::optional<uint64_t> seed;   // unset = train.seed
+  bool no_kv_cache = false;       // recompute the whole window for every new byte
+  bool compare_no_cache = false;  // time both ways, check they write the same text
   std::string json_path;
 };
 // GPT only: generates bytes after the prompt with the KV-cache decoder and prints the text and

@@ -6,6 +6,7 @@
 
 #include "app/bandwidth.h"
 #include "app/cli_help.h"
+#include "app/flag_checks.h"
 #include "app/jobs.h"
 #include "app/simulate.h"
 #include "comm/mpi/mpi_communicator.h"
@@ -15,20 +16,6 @@
 namespace {
 
 constexpr const char* kDefaultConfig = "configs/gpt_tiny.yaml";
-
-// CLI11's PositiveNumber and NonNegativeNumber print their range as "0 to 1.8e308"; these say
-// what is allowed in words.
-CLI::Validator number_check(bool allow_zero) {
-  return CLI::Validator(
-      [allow_zero](std::string& text) -> std::string {
-        double value = 0.0;
-        const bool parsed = CLI::detail::lexical_cast(text, value);
-        if (parsed && (allow_zero ? value >= 0.0 : value > 0.0)) return "";
-        return std::string("must be a ") + (allow_zero ? "non-negative" : "positive") +
-               " number, got '" + text + "'";
-      },
-      allow_zero ? "NON-NEGATIVE" : "POSITIVE");
-}
 
 void add_config_flags(CLI::App* job, std::string* config_path,
                       std::vector<std::string>* overrides) {
@@ -40,6 +27,7 @@ void add_config_flags(CLI::App* job, std::string* config_path,
 }  // namespace
 
 int main(int argc, char** argv) {
+  using ft::number_check;
   CLI::App app{"fusiontrain: a data-parallel trainer with switchable operator fusion"};
   app.require_subcommand(1);
 
@@ -71,9 +59,11 @@ int main(int argc, char** argv) {
   ft::BandwidthArgs bandwidth_args;
   CLI::App* bandwidth =
       app.add_subcommand("bandwidth", "allreduce bandwidth sweep (run under mpirun)");
-  bandwidth->add_option("--min-bytes", bandwidth_args.min_bytes, "smallest message")
+  bandwidth
+      ->add_option("--min-bytes", bandwidth_args.min_bytes, "smallest message, bytes (4 .. 8 GiB)")
       ->check(number_check(false));
-  bandwidth->add_option("--max-bytes", bandwidth_args.max_bytes, "largest message")
+  bandwidth
+      ->add_option("--max-bytes", bandwidth_args.max_bytes, "largest message, bytes (up to 8 GiB)")
       ->check(number_check(false));
   bandwidth->add_option("--warmup", bandwidth_args.warmup, "warm-up iterations")
       ->check(number_check(true));
@@ -178,7 +168,7 @@ int main(int argc, char** argv) {
       ->required();
   sample->add_option("--prompt", sample_args.prompt, "text to continue (default: one newline)");
   int sample_max_new_tokens = 0, sample_top_k = 0;
-  float sample_temperature = 0;
+  double sample_temperature = 0;
   uint64_t sample_seed = 0;
   CLI::Option* sample_max_new_tokens_flag =
       sample
@@ -205,24 +195,45 @@ int main(int argc, char** argv) {
   sample->add_option("--json", sample_args.json_path, "write the text, settings and timings");
 
   app.set_version_flag("--version", ft::version_text());
+  ft::refuse_empty_values(app, {"--prompt"});  // '' is a prompt: a newline
   ft::describe_jobs(app);
-  const std::string unknown_argument = ft::unknown_argument_error(app, argc, argv);
-  if (!unknown_argument.empty()) {
-    std::fprintf(stderr, "error: %s\nRun with --help for more information.\n",
-                 unknown_argument.c_str());
-    return 2;
-  }
+  std::string unknown_flag_job;
+  const std::string unknown_argument =
+      ft::unknown_argument_error(app, argc, argv, &unknown_flag_job);
+  if (!unknown_argument.empty()) return ft::usage_error(unknown_argument, unknown_flag_job);
   // The config file of the job that runs (jobs without --config have none).
   const std::vector<std::pair<CLI::App*, const std::string*>> config_paths = {
       {train, &train_args.config_path},   {eval, &eval_args.config_path},
       {plan, &plan_args.config_path},     {bench, &bench_args.config_path},
       {tune, &tune_args.config_path},     {simulate, &simulate_args.config_path},
       {sample, &sample_args.config_path}, {export_job, &export_args.config_path}};
+  // Every output file, checked on rank 0 (the one that writes them) before any work. JSON is
+  // written in place; traces, YAML and exports atomically, creating missing directories.
+  struct Output {
+    CLI::App* job;
+    const char* flag;
+    const std::string* path;
+    ft::OutputWrite how;
+  };
+  constexpr ft::OutputWrite kInPlace = ft::OutputWrite::kInPlace,
+                            kAtomic = ft::OutputWrite::kAtomic;
+  // train's --json may lie in the run directory it creates: run_train checks it.
+  const std::vector<Output> outputs = {{eval, "--json", &eval_args.json_path, kInPlace},
+                                       {plan, "--json", &plan_args.json_path, kInPlace},
+                                       {bandwidth, "--json", &bandwidth_args.json_path, kInPlace},
+                                       {bench, "--json", &bench_args.json_path, kInPlace},
+                                       {bench, "--trace", &bench_args.trace_path, kAtomic},
+                                       {tune, "--json", &tune_args.json_path, kInPlace},
+                                       {tune, "--out", &tune_args.out_path, kAtomic},
+                                       {export_job, "--out", &export_args.out_path, kAtomic},
+                                       {infer, "--json", &infer_args.json_path, kInPlace},
+                                       {simulate, "--json", &simulate_args.json_path, kInPlace},
+                                       {sample, "--json", &sample_args.json_path, kInPlace}};
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    return app.exit(error);
+    return ft::report_parse_error(app, error);
   }
   plan_args.batch_given = plan_batch->count() > 0;
   if (sample_max_new_tokens_flag->count() > 0) sample_args.max_new_tokens = sample_max_new_tokens;
@@ -243,6 +254,9 @@ int main(int argc, char** argv) {
         comm = std::make_unique<ft::MpiCommunicator>();
       for (const auto& [job, path] : config_paths)
         if (job->parsed()) ft::require_config_file(*path);
+      for (const Output& output : outputs)
+        if (rank == 0 && output.job->parsed() && !output.path->empty())
+          ft::require_writable_file(output.flag, *output.path, output.how);
       if (app.got_subcommand(train)) return ft::run_train(train_args, comm.get());
       if (app.got_subcommand(eval)) {
         FT_REQUIRE(mpi.world_size() == 1, "eval runs on one rank; drop mpirun -np");

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "app/config.h"
+#include "app/flag_checks.h"
 #include "app/jobs.h"
 #include "app/plan.h"
 #include "app/task.h"
@@ -126,6 +127,7 @@ int run_plan(const PlanArgs& args) {
   const GraphMode mode = parse_mode(args.mode);
   FT_REQUIRE(!args.batch_given || args.batch >= 1, "--batch ", args.batch,
              " must be a positive integer (default: train.batch_size)");
+  if (args.batch_given) require_key_range("--batch", "train.batch_size", args.batch);
   const Config config = load_config(args.config_path, args.overrides);
   const int batch = args.batch_given ? args.batch : config.train.batch_size;
   omp_set_num_threads(resolve_threads(config.train.threads));

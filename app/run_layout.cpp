@@ -4,6 +4,7 @@
 #include <ctime>
 #include <filesystem>
 
+#include "app/flag_checks.h"
 #include "core/check.h"
 
 namespace ft {
@@ -55,6 +56,23 @@ Config resolve_run_layout(Config config, Communicator* comm) {
     config.train.checkpoint_dir =
         (std::filesystem::path(config.train.run_dir) / "checkpoints").string();
   return config;
+}
+
+void require_writable_run_layout(const Config& config, const std::string& json_path) {
+  require_writable_directory("train.run_dir", config.train.run_dir);
+  require_writable_directory("train.checkpoint_dir", config.train.checkpoint_dir);
+  if (!config.train.trace.empty())
+    require_writable_file("train.trace", config.train.trace, OutputWrite::kAtomic);
+  if (json_path.empty()) return;
+  // --json opens after config.yaml has created the run directory: in one still to be made it
+  // needs only what the run directory needs, checked above.
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path run_dir = fs::weakly_canonical(config.train.run_dir, error);
+  const bool in_new_run_dir =
+      !error && !fs::exists(run_dir, error) &&
+      fs::weakly_canonical(fs::path(json_path).parent_path(), error) == run_dir && !error;
+  if (!in_new_run_dir) require_writable_file("--json", json_path, OutputWrite::kInPlace);
 }
 
 // runs/latest -> the run dir, when the run dir was named automatically. A real directory there

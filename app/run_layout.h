@@ -1,7 +1,8 @@
 // Where a training run writes, and what it says about itself at start: the run directory
-// (runs/<config stem>-<timestamp> with runs/latest pointing at it), checkpoint names, the refusal
-// to write over another run's checkpoints, JSON Lines output that fails loudly, and the short
-// start summary's list of settings that differ from the defaults. Used by app/train_job.cpp.
+// (runs/<config stem>-<timestamp> with runs/latest pointing at it), checkpoint names, the check
+// that every output is writable, the refusal to write over another run's checkpoints, JSON Lines
+// output that fails loudly, and the short start summary's list of settings that differ from the
+// defaults. Used by app/train_job.cpp.
 // Thread safety: called from the training thread; collective where a Communicator is passed.
 #pragma once
 #include <fstream>
@@ -19,6 +20,12 @@ std::string clock_text(double seconds);
 // train.run_dir and train.checkpoint_dir when left empty: runs/<config stem>-<rank 0's local
 // time>, and <run_dir>/checkpoints. Collective: every rank gets rank 0's time.
 Config resolve_run_layout(Config config, Communicator* comm);
+
+// Throws unless the run can write everything it will: train.run_dir and train.checkpoint_dir are
+// directories (or can be created) that take files, and train.trace and `json_path` (--json), when
+// set, can be written. For rank 0, the one that writes them, before the first step (not after the
+// last).
+void require_writable_run_layout(const Config& config, const std::string& json_path);
 
 // runs/latest -> the run dir. A real directory there (an older layout) is left alone.
 void point_latest_at(const std::string& run_dir);

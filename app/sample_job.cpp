@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "app/flag_checks.h"
 #include "app/jobs.h"
 #include "app/trainer.h"
 #include "core/atomic_file.h"
@@ -35,7 +36,8 @@ std::string origin(bool from_flag, const char* flag, const char* key) {
 SampleSettings resolve_settings(const SampleArgs& args, const Config& config) {
   SampleSettings settings;
   settings.max_new_tokens = args.max_new_tokens.value_or(config.inference.max_new_tokens);
-  settings.sampling.temperature = args.temperature.value_or(config.inference.temperature);
+  settings.sampling.temperature =
+      static_cast<float>(args.temperature.value_or(config.inference.temperature));
   settings.sampling.top_k = args.top_k.value_or(config.inference.top_k);
   settings.seed = args.seed.value_or(config.train.seed);
   const int vocab = config.model.vocab_size;
@@ -50,6 +52,11 @@ SampleSettings resolve_settings(const SampleArgs& args, const Config& config) {
     FT_FAIL(origin(args.top_k.has_value(), "--top-k", "inference.top_k"), " = ",
             settings.sampling.top_k, ": must be between 0 (no truncation) and the vocabulary size ",
             vocab);
+  // The config checked its keys' ranges; a flag takes the same (0 = greedy is the flag's own).
+  if (args.max_new_tokens)
+    require_key_range("--max-new-tokens", "inference.max_new_tokens", *args.max_new_tokens);
+  if (args.temperature && *args.temperature != 0.0)
+    require_key_range("--temperature", "inference.temperature", *args.temperature);
   return settings;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iomanip>
 #include <numeric>
 #include <sstream>
 
@@ -22,7 +23,13 @@ const LinkModel kNamedLinks[] = {
   FT_FAIL("--link '", text, "': ", why, "; expected one of ", link_help());
 }
 
-double parse_positive(const std::string& field, const std::string& all) {
+// Bounds of a custom link: α up to a second per message, as comm.emulate.latency_us; β from 1 MB/s
+// to 10 TB/s, beyond any fabric (0 or inf would print as a link and predict nothing).
+constexpr double kMaxAlphaUs = 1e6, kMinBetaGBps = 1e-3, kMaxBetaGBps = 1e4;
+
+// `field` of --link `all` as a number in [lo, hi]; `what` names it in the error.
+double parse_link_number(const std::string& field, const std::string& all, const char* what,
+                         double lo, double hi) {
   size_t used = 0;
   double value = 0;
   try {
@@ -31,7 +38,12 @@ double parse_positive(const std::string& field, const std::string& all) {
     bad_link(all, "'" + field + "' is not a number");
   }
   if (used != field.size()) bad_link(all, "'" + field + "' is not a number");
-  if (!(value >= 0)) bad_link(all, "'" + field + "' must be >= 0");
+  if (!(value >= lo && value <= hi)) {
+    std::ostringstream range;
+    range << std::setprecision(10) << what << " '" << field << "' must be a number in [" << lo
+          << ", " << hi << "]";
+    bad_link(all, range.str());
+  }
   return value;
 }
 
@@ -70,9 +82,9 @@ LinkModel parse_link(const std::string& text) {
   if (comma == std::string::npos) bad_link(text, "unknown link");
   LinkModel link;
   link.name = "custom";
-  link.alpha_us = parse_positive(text.substr(0, comma), text);
-  link.beta_gbytes_per_s = parse_positive(text.substr(comma + 1), text);
-  if (link.beta_gbytes_per_s <= 0) bad_link(text, "bandwidth must be > 0");
+  link.alpha_us = parse_link_number(text.substr(0, comma), text, "alpha (us)", 0, kMaxAlphaUs);
+  link.beta_gbytes_per_s =
+      parse_link_number(text.substr(comma + 1), text, "beta (GB/s)", kMinBetaGBps, kMaxBetaGBps);
   return link;
 }
 
@@ -197,6 +209,8 @@ nlohmann::json sim_report_json(const SimReport& report) {
 }
 
 std::vector<int> parse_rank_list(const std::string& text) {
+  // A million ranks is beyond any data-parallel job the ring model describes.
+  constexpr int kMaxRanks = 1000000;
   std::vector<int> ranks;
   std::stringstream in(text);
   std::string field;
@@ -208,8 +222,11 @@ std::vector<int> parse_rank_list(const std::string& text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    FT_REQUIRE(used == field.size() && used > 0 && value >= 1, "--ranks '", text,
-               "': expected comma-separated rank counts >= 1, such as 8,64,512,4096");
+    FT_REQUIRE(used == field.size() && used > 0 && value >= 1 && value <= kMaxRanks, "--ranks '",
+               text, "': expected comma-separated rank counts in [1, ", kMaxRanks,
+               "], such as 8,64,512,4096");
+    FT_REQUIRE(std::find(ranks.begin(), ranks.end(), value) == ranks.end(), "--ranks '", text,
+               "': ", value, " is given twice; each rank count once");
     ranks.push_back(value);
   }
   FT_REQUIRE(!ranks.empty(), "--ranks is empty; expected rank counts such as 8,64,512,4096");

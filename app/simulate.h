@@ -25,8 +25,9 @@ struct LinkModel {
   double beta_gbytes_per_s = 0;
 };
 
-// "nvlink4" | "ib400" | "eth100" | "eth25" | "ALPHA_US,GBPS" (GB/s, 1e9 bytes/s). Throws ft::Error
-// naming the allowed forms on anything else.
+// "nvlink4" | "ib400" | "eth100" | "eth25" | "ALPHA_US,GBPS" (GB/s, 1e9 bytes/s; alpha in
+// [0, 1e6] us, beta in [0.001, 10000] GB/s, both finite). Throws ft::Error naming the allowed
+// forms and ranges on anything else.
 LinkModel parse_link(const std::string& text);
 // "nvlink4|ib400|eth100|eth25|ALPHA_US,GBPS" with each named link's α and β, for --help.
 std::string link_help();
@@ -88,7 +89,8 @@ SimReport simulate_cluster(const SimStep& step, const std::vector<SimBucket>& bu
 std::string sim_report_markdown(const SimReport& report);
 nlohmann::json sim_report_json(const SimReport& report);
 
-// "8,64,512" as rank counts (each >= 1). Throws ft::Error on anything else.
+// "8,64,512" as rank counts (each in [1, 1000000], no duplicates). Throws ft::Error on anything
+// else.
 std::vector<int> parse_rank_list(const std::string& text);
 
 // The EmulatedLink settings (α + bytes/β per allreduce, β in Gbit/s) under which one allreduce of

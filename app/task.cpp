@@ -25,7 +25,11 @@ GraphRun& GraphCache::get(int batch, GraphMode mode) {
     run->fusion = pipeline_.run(run->graph, params_, fusion_);
     run->executor = std::make_unique<Executor>(run->graph, params_);
     run->workspace = run->executor->make_workspace();
-  } catch (const std::bad_alloc&) {
+  } catch (const std::exception& error) {
+    // Our allocators throw OutOfMemory, the standard library bad_alloc; anything else passes.
+    if (dynamic_cast<const OutOfMemory*>(&error) == nullptr &&
+        dynamic_cast<const std::bad_alloc*>(&error) == nullptr)
+      throw;
     double peak_bytes = 0;
     if (!run->graph.ops.empty()) peak_bytes = plan_memory(run->graph).peak_bytes;
     run.reset();  // frees what was allocated before formatting the message

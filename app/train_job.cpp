@@ -102,6 +102,7 @@ int run_train(const TrainArgs& args, Communicator* comm) {
   // A config that differs across ranks is the first thing to report (the Trainer checks again).
   if (comm != nullptr) check_same_config(*comm, flatten_config(loaded), loaded.source_path);
   const Config config = resolve_run_layout(loaded, comm);
+  if (is_root) require_writable_run_layout(config, args.json_path);
   const std::string resolved = config_to_yaml(config);
   refuse_to_overwrite(config, comm, is_root);
 

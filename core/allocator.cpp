@@ -1,6 +1,8 @@
 #include "core/allocator.h"
 
+#include <cstdint>
 #include <cstdlib>
+#include <iomanip>
 
 #include "core/check.h"
 
@@ -9,7 +11,12 @@ namespace {
 
 void* aligned_host_allocate(size_t bytes) {
   void* ptr = std::aligned_alloc(64, bytes);
-  FT_CHECK(ptr != nullptr, "out of host memory allocating ", bytes, " bytes");
+  // User-facing: a size too large for this machine comes from the config or flags, not a bug.
+  if (ptr == nullptr)
+    throw OutOfMemory(
+        detail::concat("out of host memory allocating ", std::fixed, std::setprecision(1),
+                       static_cast<double>(bytes) / (uint64_t{1} << 30), " GiB (", bytes,
+                       " bytes); reduce train.batch_size, model sizes or bench/bandwidth sizes"));
   return ptr;
 }
 

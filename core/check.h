@@ -13,6 +13,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// An allocation the machine cannot satisfy (host, GPU or pinned memory): a size from the config
+// or flags, so callers that know which keys drove it (app/task.cpp) catch it to say so.
+class OutOfMemory : public Error {
+ public:
+  explicit OutOfMemory(const std::string& what) : Error(what) {}
+};
+
 namespace detail {
 template <typename... Args>
 std::string concat(const Args&... args) {

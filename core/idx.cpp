@@ -1,6 +1,9 @@
 // IDX layout: 2 zero bytes, type byte, ndim byte, ndim big-endian int32 dims, then the payload.
 #include "core/idx.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -23,15 +26,45 @@ struct FileCloser {
   void operator()(std::FILE* file) const { std::fclose(file); }
 };
 
+struct FdCloser {
+  int fd;  // -1 once ownership has passed on
+  ~FdCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// `path` opened for reading, refused unless it is a regular file, like every other data file.
+// O_NONBLOCK keeps open() of a FIFO with no writer from blocking forever before fstat can refuse
+// it.
+std::FILE* open_regular_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) FT_FAIL("IDX file ", path, ": cannot open (", std::strerror(errno), ")");
+  FdCloser closer{fd};
+  struct stat info {};
+  if (::fstat(fd, &info) != 0)
+    FT_FAIL("IDX file ", path, ": cannot stat (", std::strerror(errno), ")");
+  if (!S_ISREG(info.st_mode)) {
+    FT_FAIL("IDX file ", path, ": is ",
+            S_ISDIR(info.st_mode)    ? "a directory"
+            : S_ISFIFO(info.st_mode) ? "a pipe"
+                                     : "a device or socket",
+            ", not a regular file; IDX data must be a file");
+  }
+  // Blocking reads from here on (O_NONBLOCK does nothing on a regular file, but say what we mean).
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  std::FILE* file = ::fdopen(fd, "rb");
+  if (file == nullptr) FT_FAIL("IDX file ", path, ": cannot open (", std::strerror(errno), ")");
+  closer.fd = -1;  // the FILE owns it now
+  return file;
+}
+
 // The bytes of an IDX file, inflated when it starts with the gzip magic 0x1f 0x8b. Unlike gzread,
 // which treats running out of input as a clean end, a gzip member counts as complete only when
 // inflate reaches Z_STREAM_END, i.e. after its CRC32 and ISIZE trailer checked out.
 class IdxSource {
  public:
   explicit IdxSource(const std::string& path) : path_(path), input_(1 << 17) {
-    errno = 0;
-    file_.reset(std::fopen(path.c_str(), "rb"));
-    if (!file_) FT_FAIL("IDX file ", path, ": cannot open (", std::strerror(errno), ")");
+    file_.reset(open_regular_file(path));
     fill_input();
     gzip_ = available() >= 2 && input_[0] == 0x1f && input_[1] == 0x8b;
     if (gzip_ && inflateInit2(&stream_, 15 + 16) != Z_OK)
@@ -143,6 +176,7 @@ IdxArray read_idx(const std::string& path) {
   }
 
   IdxArray array;
+  array.path = path;
   uint64_t elements = 1;
   for (int d = 0; d < ndim; ++d) {
     uint8_t raw[4];
@@ -150,8 +184,8 @@ IdxArray read_idx(const std::string& path) {
     const uint32_t value = (uint32_t{raw[0]} << 24) | (uint32_t{raw[1]} << 16) |
                            (uint32_t{raw[2]} << 8) | uint32_t{raw[3]};
     if (value == 0 || value > kMaxElements) {
-      FT_FAIL("IDX file ", path, ": dimension ", d, " is ", static_cast<int32_t>(value),
-              " (must be in 1..", kMaxElements, ")");
+      FT_FAIL("IDX file ", path, ": dimension ", d, " is ", value, " (must be in 1..", kMaxElements,
+              ")");
     }
     elements *=
         value;  // each factor < 2^31 and the running product is capped below, so no overflow

@@ -13,11 +13,15 @@ namespace ft {
 struct IdxArray {
   std::vector<int32_t> dims;  // outermost first, e.g. {60000, 28, 28}
   std::vector<uint8_t> data;  // row-major, size == product(dims)
+  // The file read_idx read, so later checks (ImageDataset::from_idx) can name it; empty for an
+  // array built in memory. Defaulted so that IdxArray{dims, data} stays warning-free.
+  std::string path = {};
 };
 
-// Reads `path`; zlib decompresses transparently when the file starts with the gzip magic, and
-// raw files pass through. Payload larger than 2^31 - 1 elements is rejected before any
-// allocation, and the payload buffer grows only as bytes arrive.
+// Reads `path`, which must be a regular file (a pipe, device or directory is refused, without
+// blocking on a FIFO that has no writer); zlib decompresses transparently when the file starts with
+// the gzip magic, and raw files pass through. Payload larger than 2^31 - 1 elements is rejected
+// before any allocation, and the payload buffer grows only as bytes arrive.
 IdxArray read_idx(const std::string& path);
 
 }  // namespace ft

@@ -66,11 +66,17 @@ ImageDataset ImageDataset::from_idx(IdxArray images, IdxArray labels, int expect
     FT_FAIL("image data ", name, ": images are ", images.dims[1], "x", images.dims[2],
             " (expected ", expected_height, "x", expected_width, ")");
   }
+  // Label errors name the labels file when the labels came from one (infer --labels), not `name`,
+  // which is the images file there.
+  const std::string labels_source =
+      labels.path.empty() ? "image data " + name + " (labels)" : "labels file " + labels.path;
   if (labels.dims.size() != 1) {
-    FT_FAIL("image data ", name, ": labels have ", labels.dims.size(), " dimensions (expected 1)");
+    FT_FAIL(labels_source, ": has ", labels.dims.size(),
+            " dimensions (expected 1: one label per image)");
   }
   if (images.dims[0] != labels.dims[0]) {
-    FT_FAIL("image data ", name, ": ", images.dims[0], " images but ", labels.dims[0], " labels");
+    FT_FAIL("image data ", name, ": ", images.dims[0], " images but ", labels.dims[0], " labels",
+            labels.path.empty() ? "" : " in ", labels.path);
   }
   const size_t count = static_cast<size_t>(images.dims[0]);
   if (images.data.size() != count * expected_height * expected_width ||
@@ -80,7 +86,7 @@ ImageDataset ImageDataset::from_idx(IdxArray images, IdxArray labels, int expect
   }
   for (size_t i = 0; i < labels.data.size(); ++i) {
     if (labels.data[i] >= kFashionMnistClasses) {
-      FT_FAIL("image data ", name, ": label ", i, " is ", int{labels.data[i]}, " (allowed 0..",
+      FT_FAIL(labels_source, ": label ", i, " is ", int{labels.data[i]}, " (allowed 0..",
               kFashionMnistClasses - 1, ")");
     }
   }

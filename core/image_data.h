@@ -32,8 +32,8 @@ class ImageDataset {
   // the file when one is missing (with a hint to run scripts/bootstrap.sh) or malformed, when
   // image and label counts disagree, when images are not 28x28, or a label is outside 0..9.
   static ImageDataset load_fashion_mnist(const std::string& dir, bool train);
-  // Validates and wraps already-read arrays: images {N, H, W}, labels {N}. `name` is used in
-  // errors.
+  // Validates and wraps already-read arrays: images {N, H, W}, labels {N}. Errors name `name`,
+  // except those about the labels alone, which name labels.path when it is set.
   static ImageDataset from_idx(IdxArray images, IdxArray labels, int expected_height,
                                int expected_width, const std::string& name);
 

@@ -52,6 +52,13 @@ bool checked_numel(const std::vector<int64_t>& shape, uint64_t limit, uint64_t* 
   return true;
 }
 
+// The exception's own message without its "[json.exception.type_error.316] " prefix.
+std::string json_error_text(const nlohmann::json::exception& e) {
+  const std::string text = e.what();
+  const size_t prefix_end = text.rfind("[json.exception.", 0) == 0 ? text.find("] ") : text.npos;
+  return prefix_end == text.npos ? text : text.substr(prefix_end + 2);
+}
+
 struct Layout {
   std::string header;                          // 8-byte length, then the space-padded JSON
   std::vector<const SafetensorsView*> sorted;  // data order == header order (by name)
@@ -96,8 +103,8 @@ Layout plan_layout(const std::map<std::string, std::string>& metadata,
   try {
     text = header.dump();
   } catch (const nlohmann::json::exception& e) {
-    FT_FAIL(origin,
-            ": cannot encode safetensors header (names and metadata must be UTF-8): ", e.what());
+    FT_FAIL(origin, ": cannot encode safetensors header (names and metadata must be UTF-8): ",
+            json_error_text(e));
   }
   text.append((8 - text.size() % 8) % 8, ' ');
   if (text.size() > kSafetensorsMaxHeaderBytes)
@@ -185,8 +192,16 @@ Json parse_header(std::string_view text, const std::string& origin) {
   Json header;
   try {
     header = Json::parse(text.begin(), text.end(), on_event);
+  } catch (const nlohmann::json::parse_error& e) {
+    // Only the position: nlohmann's text quotes the bytes it read, which may be binary garbage.
+    // e.byte is the 1-based position of the offending byte, one past the end at end of input.
+    if (e.byte > text.size())
+      FT_FAIL(origin, ": safetensors header is not valid JSON: its ", text.size(),
+              " bytes end before a complete JSON value (truncated or corrupt file)");
+    FT_FAIL(origin, ": safetensors header is not valid JSON: unexpected byte at file offset ",
+            8 + e.byte - 1, " (corrupt file or not safetensors)");
   } catch (const nlohmann::json::exception& e) {
-    FT_FAIL(origin, ": safetensors header is not valid JSON: ", e.what());
+    FT_FAIL(origin, ": safetensors header is not valid JSON: ", json_error_text(e));
   }
   if (!duplicate_key.empty())
     FT_FAIL(origin, ": safetensors header has key '", duplicate_key, "' twice");
@@ -209,6 +224,25 @@ bool to_count(const Json& value, int64_t* out) {
   if (!value.is_number_integer()) return false;
   *out = value.get<int64_t>();
   return *out >= 0;
+}
+
+// The little-endian header length in the first 8 bytes of `prefix`, checked against the limit
+// and against the `following` bytes the file holds after it.
+uint64_t header_length(const char* prefix, uint64_t following, const std::string& origin) {
+  uint64_t header_bytes = 0;
+  for (int byte = 0; byte < 8; ++byte)
+    header_bytes |= static_cast<uint64_t>(static_cast<unsigned char>(prefix[byte])) << (8 * byte);
+  if (header_bytes == 0)
+    FT_FAIL(origin,
+            ": safetensors header length is 0; even a file with no tensors has a JSON "
+            "header (\"{}\") (corrupt file or not safetensors)");
+  if (header_bytes > kSafetensorsMaxHeaderBytes)
+    FT_FAIL(origin, ": safetensors header length ", header_bytes, " exceeds the ",
+            kSafetensorsMaxHeaderBytes, "-byte limit (corrupt file or not safetensors)");
+  if (header_bytes > following)
+    FT_FAIL(origin, ": safetensors header length ", header_bytes, " exceeds the ", following,
+            " bytes that follow it (truncated or corrupt file)");
+  return header_bytes;
 }
 
 struct Span {
@@ -245,15 +279,7 @@ SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& 
   if (bytes.size() < 8)
     FT_FAIL(origin, ": not a safetensors file: only ", bytes.size(),
             " bytes, less than the 8-byte header length (truncated?)");
-  uint64_t header_bytes = 0;
-  for (int byte = 0; byte < 8; ++byte)
-    header_bytes |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[byte])) << (8 * byte);
-  if (header_bytes > kSafetensorsMaxHeaderBytes)
-    FT_FAIL(origin, ": safetensors header length ", header_bytes, " exceeds the ",
-            kSafetensorsMaxHeaderBytes, "-byte limit (corrupt file or not safetensors)");
-  if (header_bytes > bytes.size() - 8)
-    FT_FAIL(origin, ": safetensors header length ", header_bytes, " exceeds the ", bytes.size() - 8,
-            " bytes that follow it (truncated or corrupt file)");
+  const uint64_t header_bytes = header_length(bytes.data(), bytes.size() - 8, origin);
   Json header = parse_header(std::string_view(bytes.data() + 8, header_bytes), origin);
   const uint64_t data_begin = 8 + header_bytes;
   const uint64_t data_bytes = bytes.size() - data_begin;
@@ -379,15 +405,21 @@ uint64_t data_extent(const Json& header) {
 // /dev/zero, or a header promising more (or less) data than the file holds, is refused before
 // anything beyond the header is read, so memory use never exceeds the file's real size.
 std::string read_safetensors_bytes(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO with no writer would otherwise block forever before the S_ISREG
+  // check below could refuse it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) FT_FAIL("cannot read '", path, "': ", std::strerror(errno));
   FdCloser closer{fd};
   struct stat info {};
   if (::fstat(fd, &info) != 0) FT_FAIL("cannot read '", path, "': fstat: ", std::strerror(errno));
   if (!S_ISREG(info.st_mode))
     FT_FAIL(path, ": not a regular file (",
-            S_ISDIR(info.st_mode) ? "a directory" : "a device or pipe",
+            S_ISDIR(info.st_mode)    ? "a directory"
+            : S_ISFIFO(info.st_mode) ? "a pipe"
+                                     : "a device or socket",
             "); a safetensors file or checkpoint must be a file of known size");
+  // Blocking reads from here on (O_NONBLOCK does nothing on a regular file, but say what we mean).
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   const uint64_t size = static_cast<uint64_t>(info.st_size);
   if (size < 8)
     FT_FAIL(path, ": not a safetensors file: only ", size,
@@ -395,15 +427,7 @@ std::string read_safetensors_bytes(const std::string& path) {
   std::string bytes(8, '\0');
   if (!read_fully(fd, bytes.data(), 8, path))
     FT_FAIL(path, ": file shrank while reading its 8-byte header length");
-  uint64_t header_bytes = 0;
-  for (int byte = 0; byte < 8; ++byte)
-    header_bytes |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[byte])) << (8 * byte);
-  if (header_bytes > kSafetensorsMaxHeaderBytes)
-    FT_FAIL(path, ": safetensors header length ", header_bytes, " exceeds the ",
-            kSafetensorsMaxHeaderBytes, "-byte limit (corrupt file or not safetensors)");
-  if (header_bytes > size - 8)
-    FT_FAIL(path, ": safetensors header length ", header_bytes, " exceeds the ", size - 8,
-            " bytes that follow it (truncated or corrupt file)");
+  const uint64_t header_bytes = header_length(bytes.data(), size - 8, path);
   bytes.resize(8 + header_bytes);
   if (!read_fully(fd, bytes.data() + 8, header_bytes, path))
     FT_FAIL(path, ": file shrank while reading its ", header_bytes, "-byte header");

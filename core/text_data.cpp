@@ -1,6 +1,8 @@
 #include "core/text_data.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,6 +20,13 @@ struct FileCloser {
   void operator()(std::FILE* file) const { std::fclose(file); }
 };
 
+struct FdCloser {
+  int fd;  // -1 once ownership has passed on
+  ~FdCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
 const char* file_kind(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
   if (S_ISCHR(mode)) return "a character device";
@@ -30,18 +39,25 @@ const char* file_kind(mode_t mode) {
 // Whole regular files only, at most kMaxTextDataBytes: a device such as /dev/zero or a pipe has
 // no size to check up front and could be read until memory runs out.
 std::vector<uint8_t> read_whole_file(const std::string& path) {
-  errno = 0;
-  std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
-  if (!file) {
+  // O_NONBLOCK: opening a FIFO with no writer would otherwise block forever before the S_ISREG
+  // check below could refuse it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
     FT_FAIL("text data file ", path, ": cannot open (", std::strerror(errno),
             "); run scripts/bootstrap.sh to fetch the datasets");
   }
+  FdCloser closer{fd};
   struct stat info {};
-  if (::fstat(::fileno(file.get()), &info) != 0)
+  if (::fstat(fd, &info) != 0)
     FT_FAIL("text data file ", path, ": cannot stat (", std::strerror(errno), ")");
   if (!S_ISREG(info.st_mode))
     FT_FAIL("text data file ", path, ": is ", file_kind(info.st_mode),
             ", not a regular file; text data must be a file of known size");
+  // Blocking reads from here on (O_NONBLOCK does nothing on a regular file, but say what we mean).
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  std::unique_ptr<std::FILE, FileCloser> file(::fdopen(fd, "rb"));
+  if (!file) FT_FAIL("text data file ", path, ": cannot open (", std::strerror(errno), ")");
+  closer.fd = -1;  // the FILE owns it now
   if (static_cast<uint64_t>(info.st_size) > kMaxTextDataBytes)
     FT_FAIL("text data file ", path, ": ", info.st_size, " bytes, over the ", kMaxTextDataBytes,
             "-byte (2 GiB) limit for a corpus held in memory");

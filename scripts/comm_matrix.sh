@@ -17,9 +17,10 @@ run() {  # config bucketing overlap emulate(none|slow) -> json path
   local name="$(basename "$config" .yaml)_b${bucketing}_o${overlap}_${link}"
   local extra=()
   [ "$link" = slow ] && extra=(--set comm.emulate.latency_us=20 --set comm.emulate.bandwidth_gbps=10)
+  case $config in *resnet*) extra+=(--set data.test_limit=64) ;; esac  # a resnet-only key
   mpirun --oversubscribe -np "$ranks" "$bin" train --config "$config" \
     --set train.steps="$steps" --set train.eval_every=0 --set train.log_every=1000 \
-    --set train.threads=1 --set data.test_limit=64 --set train.eval_batches=1 \
+    --set train.threads=1 --set train.eval_batches=1 \
     --set comm.bucketing="$bucketing" --set comm.overlap="$overlap" \
     --set train.run_dir="$out/$name" --set train.checkpoint_dir="$out/$name" --set train.overwrite=true \
     "${extra[@]}" --json "$out/$name.jsonl" > "$out/$name.log" 2>&1

@@ -2,10 +2,12 @@
 // file, line, key or allowed values — never a crash, a hang or a silent default.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "run_command.h"
@@ -28,6 +30,16 @@ std::string temp_file(const std::string& name, const std::string& text) {
   std::ofstream(path) << text;
   return path;
 }
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Two steps of a one-layer GPT: a checkpoint in well under a second.
+const std::string kTinyTrain =
+    "train --set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 --set train.steps=2 "
+    "--set train.eval_every=0 --set train.batch_size=2 --set train.overwrite=true ";
 
 void expect_error(const RunResult& result, const std::string& needle) {
   EXPECT_NE(result.exit_code, 0) << result.output;
@@ -96,6 +108,143 @@ TEST(Cli, JobsRunWithoutAnMpiRuntimeWhenNotLaunchedByMpirun) {
       ft::test::run_fusiontrain("bandwidth --max-bytes 1024", 60, no_runtime);
   EXPECT_NE(bandwidth.exit_code, 0) << "bandwidth initialises MPI, which cannot start here:\n"
                                     << bandwidth.output;
+}
+
+// A usage error: CLI11's own or ours, in the project's "error: ..." form, exit 2.
+void expect_usage_error(const RunResult& result, const std::string& needle) {
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_EQ(result.output.rfind("error: ", 0), 0u) << result.output;
+  EXPECT_NE(result.output.find(needle), std::string::npos)
+      << "expected '" << needle << "' in: " << result.output;
+}
+
+TEST(Cli, ParseErrorsAreUsageErrorsNamingTheFlagAndTheJobHelp) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"plan --batch abc",
+       "error: --batch: 'abc' is not an integer (run 'fusiontrain plan --help')"},
+      {"plan --batch 99999999999", "--batch: '99999999999' is out of range"},
+      {"simulate --compute-scale fast", "--compute-scale: 'fast' is not a number"},
+      {"eval", "error: --checkpoint is required (run 'fusiontrain eval --help')"},
+      {"bench --steps 0", "--steps: must be a finite positive number, got '0'"},
+      {"bandwidth --peak-gbps inf", "--peak-gbps: must be a finite non-negative number, got 'inf'"},
+      {"train --bogus", "(run 'fusiontrain train --help')"},
+      {"", "(run 'fusiontrain --help')"}};
+  for (const auto& [args, needle] : cases) expect_usage_error(run(args), needle);
+  const RunResult help = run("plan --help");
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  EXPECT_NE(help.output.find("--batch"), std::string::npos) << help.output;
+}
+
+// An empty path or list is refused instead of falling back to the default (or to nothing).
+TEST(Cli, EmptyFlagValuesAreRefused) {
+  for (const char* args :
+       {"bench --variants ''", "bench --sweep ''", "bench --trace ''", "plan --json ''",
+        "simulate --ranks ''", "simulate --link ''", "tune --out ''", "eval --checkpoint ''",
+        "eval --checkpoint c --data ''", "infer --model ''", "infer --model m --labels ''",
+        "infer --model m --compare-unfolded ''", "export --checkpoint c --out ''",
+        "sample --checkpoint ''", "train --config ''", "train --set ''"}) {
+    const RunResult result = run(args);
+    const std::string flag = std::string(args).substr(std::string(args).rfind(" --") + 1);
+    expect_usage_error(result, flag.substr(0, flag.find(' ')) + ": must not be empty (");
+  }
+}
+
+// libgomp crashed (or printed its own error) on a huge --threads; it takes train.threads' range,
+// checked before the model is read (so a missing one shows the order).
+TEST(Cli, InferThreadsTakeTheRangeOfTrainThreads) {
+  for (const char* threads : {"100000", "50000", "257", "-1"}) {
+    const RunResult result =
+        run("infer --model /nonexistent.safetensors --limit 8 --threads " + std::string(threads));
+    expect_error(result, "--threads");
+  }
+  expect_error(run("infer --model /nonexistent.safetensors --threads 100000"),
+               "--threads: expected an integer in [0, 256], got 100000 (the range of "
+               "train.threads)");
+  // 256 passes: the error is the missing model's.
+  expect_error(run("infer --model /nonexistent.safetensors --threads 256"),
+               "/nonexistent.safetensors");
+}
+
+TEST(Cli, FlagsTakeTheRangesOfTheirConfigKeys) {
+  expect_error(run("plan --batch 2147483647"),
+               "--batch: expected an integer in [1, 65536], got 2147483647 (the range of "
+               "train.batch_size)");
+  expect_error(run("infer --model /nonexistent.safetensors --batch 70000"), "train.batch_size");
+  // With --config the flags are checked before the checkpoint is read.
+  const std::string sample =
+      "sample --checkpoint /nonexistent.safetensors --config configs/gpt_tiny.yaml ";
+  // The ranges themselves are the schema's (app/config_fields.cpp).
+  const RunResult hot = run(sample + "--temperature 1e30");
+  expect_error(hot, "--temperature: expected a number in ");
+  expect_error(hot, "got 1e+30 (the range of inference.temperature)");
+  expect_error(run(sample + "--temperature 1e-50"), "1e-50 rounds to 0 as a float");
+  expect_error(run(sample + "--max-new-tokens 2000000"),
+               "got 2000000 (the range of inference.max_new_tokens)");
+  // Greedy sampling is the flag's own 0; the checkpoint is then the next thing to fail.
+  expect_error(run(sample + "--temperature 0"), "/nonexistent.safetensors");
+}
+
+TEST(Cli, SimulateRefusesNonFiniteAndAbsurdValues) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"simulate --link 5,inf", "beta (GB/s) 'inf' must be a number in [0.001, 10000]"},
+      {"simulate --link 1e9,5", "alpha (us) '1e9' must be a number in [0, 1000000]"},
+      {"simulate --compute-scale inf",
+       "--compute-scale must be a number in [0.001, 1000], got inf"},
+      {"simulate --compute-scale 1e-300", "got 1e-300"},
+      {"simulate --ranks 8,64,8", "--ranks '8,64,8': 8 is given twice"},
+      {"simulate --ranks 8,2000000", "rank counts in [1, 1000000]"},
+      {"bench --peak-tflops inf", "--peak-tflops must be >= 0 and finite"}};
+  for (const auto& [args, needle] : cases) expect_error(run(args), needle);
+}
+
+// The export must not replace the checkpoint it reads, however the two paths are spelled.
+TEST(Cli, ExportRefusesToWriteOverItsCheckpoint) {
+  const std::string dir = ::testing::TempDir() + "/export_self";
+  const RunResult train = run(kTinyTrain + "--set train.run_dir=" + dir);
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  const std::string checkpoint = dir + "/checkpoints/step_000002.safetensors";
+  const std::string before = read_text(checkpoint);
+  const std::string link = dir + "/link.safetensors";
+  std::remove(link.c_str());
+  ASSERT_EQ(symlink(checkpoint.c_str(), link.c_str()), 0);
+  for (const std::string& out : {checkpoint, dir + "/./checkpoints/step_000002.safetensors", link})
+    expect_error(run("export --checkpoint " + checkpoint + " --out " + out),
+                 "--out '" + out + "' is the --checkpoint file");
+  EXPECT_EQ(read_text(checkpoint), before);
+}
+
+// Each job checks its outputs before any work, instead of failing to write them at the end.
+TEST(Cli, UnwritableOutputsAreRefusedBeforeAnyWork) {
+  for (const char* job :
+       {"plan", "eval --checkpoint /nonexistent.safetensors",
+        "sample --checkpoint /nonexistent.safetensors", "infer --model /nonexistent.safetensors",
+        "simulate", "tune", "bench", "train", "bandwidth"})
+    expect_error(run(std::string(job) + " --json /proc/x.json"),
+                 "--json '/proc/x.json': cannot create files in directory '/proc'");
+  expect_error(run("bench --trace /proc/x/trace.json"), "--trace '/proc/x/trace.json'");
+  expect_error(run("tune --out /proc/x/tuned.yaml"), "--out '/proc/x/tuned.yaml'");
+  expect_error(run("export --checkpoint /nonexistent.safetensors --out /proc/x.safetensors"),
+               "--out '/proc/x.safetensors'");
+  expect_error(run("plan --json " + ::testing::TempDir()), "is a directory");
+  expect_error(run("plan --json /nonexistent/x.json"), "directory '/nonexistent' does not exist");
+  const std::string file = temp_file("not_a_dir", "");
+  expect_error(run("bench --trace " + file + "/trace.json"), "'" + file + "' is not a directory");
+}
+
+TEST(Cli, TrainChecksItsDirectoriesAndTraceBeforeTheFirstStep) {
+  const std::string train =
+      kTinyTrain + "--set train.run_dir=" + ::testing::TempDir() + "/checked_run ";
+  const std::string file = temp_file("checkpoint_dir_file", "");
+  const std::pair<std::string, std::string> cases[] = {
+      {"train.checkpoint_dir=" + file,
+       "train.checkpoint_dir '" + file + "' exists and is not a directory"},
+      {"train.run_dir=" + file, "train.run_dir '" + file + "' exists and is not a directory"},
+      {"train.trace=/proc/nope.json", "train.trace '/proc/nope.json': cannot create files"}};
+  for (const auto& [setting, needle] : cases) {
+    const RunResult result = run(train + "--set " + setting);
+    expect_error(result, needle);
+    EXPECT_EQ(result.output.find("step 1/2"), std::string::npos) << result.output;
+  }
 }
 
 }  // namespace

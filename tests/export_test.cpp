@@ -243,6 +243,41 @@ TEST(Export, CheckpointWithoutRunningStatisticsIsRefused) {
   EXPECT_NE(run_shell("test -e " + temp_path("never.safetensors")).exit_code, 0);
 }
 
+// An export always folds BatchNorm (it holds no BN tensors), so fold_bn false, from a flag or from
+// the checkpoint's own config, is refused instead of ignored; --set inference.fold_bn=true exports.
+TEST(Export, FoldBnFalseIsRefusedNamingWhereItWasSet) {
+  const std::string out = temp_path("fold_bn_false.safetensors");
+  const test::RunResult flag =
+      run_fusiontrain("export --checkpoint " + resnet_checkpoint() + " --out " + out +
+                          " --set inference.fold_bn=false",
+                      60);
+  EXPECT_EQ(flag.exit_code, 1) << flag.output;
+  EXPECT_NE(flag.output.find("export: inference.fold_bn = false (--set 'inference.fold_bn=false'), "
+                             "but an export always folds BatchNorm into the convolutions"),
+            std::string::npos)
+      << flag.output;
+  EXPECT_EQ(flag.output.find(".cpp:"), std::string::npos) << flag.output;
+  EXPECT_NE(run_shell("test -e " + out).exit_code, 0) << "nothing is written";
+
+  const Config unfolded = parse_config("model: {arch: resnet}\ninference: {fold_bn: false}\n", "t");
+  ParamStore params;
+  register_resnet_params(resnet_shape(unfolded.model), params);
+  params.allocate();
+  params.initialize(5);
+  const std::string checkpoint = temp_path("unfolded.ckpt.safetensors");
+  fold_test::write_checkpoint(checkpoint, unfolded, params);
+  const test::RunResult embedded =
+      run_fusiontrain("export --checkpoint " + checkpoint + " --out " + out, 60);
+  EXPECT_EQ(embedded.exit_code, 1) << embedded.output;
+  EXPECT_NE(embedded.output.find("(the config embedded in " + checkpoint), std::string::npos)
+      << embedded.output;
+  const test::RunResult forced = run_fusiontrain(
+      "export --checkpoint " + checkpoint + " --out " + out + " --set inference.fold_bn=true", 60);
+  EXPECT_EQ(forced.exit_code, 0) << forced.output;
+  EXPECT_NE(forced.output.find("convolutions with BatchNorm folded in"), std::string::npos)
+      << forced.output;
+}
+
 TEST(Export, GptExportHoldsTheParametersAndInferPointsToSample) {
   const Config config =
       parse_config("model: {arch: gpt, n_layer: 1, n_head: 2, d_model: 16, seq_len: 8}\n", "test");

@@ -298,6 +298,20 @@ TEST(GuardLoad, NonFiniteTensorIsAnErrorNamingTensorAndFile) {
   }
 }
 
+// Weights that are finite but so large that the forward overflows: eval prints the nan loss and
+// exits non-zero.
+TEST(GuardLoad, EvalOfAModelThatOverflowsIsAnError) {
+  const std::string dir = fresh_dir("load_overflow");
+  SafetensorsFile file = load_safetensors(trained_checkpoint(dir));
+  for (float& weight : file.tensors.at("wte.weight").data) weight = weight < 0 ? -3e38f : 3e38f;
+  const std::string huge = dir + "/huge.safetensors";
+  save_safetensors(huge, file);
+  const RunResult eval = run_fusiontrain("eval --checkpoint " + huge, kTimeout);
+  EXPECT_NE(eval.exit_code, 0) << eval.output;
+  EXPECT_TRUE(contains(eval.output, "eval: the loss of " + huge)) << eval.output;
+  EXPECT_TRUE(contains(eval.output, "the model overflows")) << eval.output;
+}
+
 TEST(GuardLoad, ExtraTensorsAreListed) {
   const std::string dir = fresh_dir("extra");
   const std::string two_layers = trained_checkpoint(dir, 3, "--set model.n_layer=2");

@@ -2,16 +2,26 @@
 // every malformed input ending in a clear ft::Error that names the file.
 #include "core/idx.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <iterator>
+#include <thread>
+#include <utility>
 
 #include "core/check.h"
 #include "core/image_data.h"
+#include "tests/fifo_test_util.h"
 
 namespace ft {
 namespace {
@@ -88,6 +98,37 @@ TEST_F(IdxFiles, MissingFile) {
   expect_idx_error(temp_path("nonexistent.gz"), "cannot open");
 }
 
+TEST_F(IdxFiles, PipesAndDirectoriesAreRefusedWithoutBlocking) {
+  created_.push_back(temp_path("fifo.idx"));
+  const std::string fifo = created_.back();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const std::string message = fifo_test::error_reading_fifo(fifo, [&] { read_idx(fifo); });
+  EXPECT_NE(message.find("IDX file " + fifo + ": is a pipe, not a regular file"), std::string::npos)
+      << message;
+  expect_idx_error(std::filesystem::temp_directory_path().string(),
+                   "is a directory, not a regular file");
+}
+
+TEST_F(IdxFiles, LabelErrorsNameTheLabelsFile) {
+  const std::string images =
+      raw("images.idx", {0, 0, 0x08, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 1, 7, 7});
+  const std::string bad_label = raw("labels_200.idx", {0, 0, 0x08, 1, 0, 0, 0, 2, 0, 200});
+  const std::string three_dims =
+      raw("labels_3d.idx", {0, 0, 0x08, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 1, 0, 1});
+  EXPECT_EQ(read_idx(images).path, images);
+  for (const auto& [labels, what] : {std::pair{bad_label, ": label 1 is 200 (allowed 0..9)"},
+                                     std::pair{three_dims, ": has 3 dimensions (expected 1"}}) {
+    try {
+      ImageDataset::from_idx(read_idx(images), read_idx(labels), 1, 1, images);
+      ADD_FAILURE() << labels << " was accepted";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("labels file " + labels + what), std::string::npos) << message;
+      EXPECT_EQ(message.find(images), std::string::npos) << message;
+    }
+  }
+}
+
 TEST_F(IdxFiles, TruncatedPayloadAndHeader) {
   std::vector<uint8_t> bytes = tiny_idx();
   bytes.pop_back();
@@ -125,8 +166,11 @@ TEST_F(IdxFiles, WrongDims) {
   bytes[7] = 0;  // first dim 0
   expect_idx_error(raw("zero.idx", bytes), "dimension 0 is 0");
   bytes = tiny_idx();
-  bytes[8] = 0x80;  // second dim negative as int32
-  expect_idx_error(raw("negative.idx", bytes), "dimension 1 is -");
+  bytes[8] = 0x80;  // second dim negative as int32: printed as the unsigned value in the file
+  expect_idx_error(raw("negative.idx", bytes), "dimension 1 is 2147483651 (must be in 1..");
+  bytes = tiny_idx();
+  for (int i = 4; i < 8; ++i) bytes[i] = 0xff;
+  expect_idx_error(raw("all_ones.idx", bytes), "dimension 0 is 4294967295 (must be in 1..");
   // 65536 x 65536 = 2^32 elements: rejected from the header, before allocating anything.
   expect_idx_error(raw("huge.idx", {0, 0, 0x08, 2, 0, 1, 0, 0, 0, 1, 0, 0, 1, 2, 3}),
                    "dimensions multiply to more than");

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <utility>
 
 #include "core/check.h"
 
@@ -68,6 +69,30 @@ TEST(ImageDataset, RejectsInconsistentArrays) {
   EXPECT_THROW(ImageDataset::from_idx(idx({2, 2, 2}, four_pixels), idx({2}, {0, 1}), 28, 28, "s"),
                Error);  // not 28x28
   EXPECT_THROW(ImageDataset::from_idx(idx({8}, four_pixels), idx({2}, {0, 1}), 2, 2, "d"), Error);
+}
+
+// The message of the ft::Error that from_idx throws for these arrays.
+std::string from_idx_error(IdxArray images, IdxArray labels, const std::string& name) {
+  try {
+    ImageDataset::from_idx(std::move(images), std::move(labels), 2, 2, name);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no ft::Error thrown>";
+}
+
+TEST(ImageDataset, LabelErrorsNameTheLabelsFileWhenThereIsOne) {
+  const std::vector<uint8_t> four_pixels(2 * 2 * 2, 7);
+  IdxArray from_file = idx({2}, {0, 10});
+  from_file.path = "lab_bad.idx";
+  EXPECT_EQ(from_idx_error(idx({2, 2, 2}, four_pixels), from_file, "img.idx"),
+            "labels file lab_bad.idx: label 1 is 10 (allowed 0..9)");
+  EXPECT_EQ(from_idx_error(idx({2, 2, 2}, four_pixels), idx({2}, {0, 10}), "img.idx"),
+            "image data img.idx (labels): label 1 is 10 (allowed 0..9)");
+  IdxArray three = idx({3}, {0, 1, 2});
+  three.path = "lab3.idx";
+  EXPECT_EQ(from_idx_error(idx({2, 2, 2}, four_pixels), three, "img.idx"),
+            "image data img.idx: 2 images but 3 labels in lab3.idx");
 }
 
 TEST(ImageData, TrainStatsMatchKnownValues) {

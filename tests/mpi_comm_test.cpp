@@ -334,6 +334,15 @@ TEST(MpiBandwidth, BadArgumentsNameTheFlag) {
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("--max-bytes"), std::string::npos) << error.what();
   }
+  BandwidthArgs huge;
+  huge.min_bytes = huge.max_bytes = kBandwidthMaxMessageBytes + 4;  // refused before allocating
+  try {
+    run_bandwidth(comm, huge);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("at most 8589934592 (8 GiB)"), std::string::npos)
+        << error.what();
+  }
   BandwidthArgs backend;
   backend.backend = "gloo";
   try {

@@ -2,19 +2,26 @@
 // bit-exact round trips, every class of corrupt input, and atomic replacement on disk.
 #include "core/safetensors.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <limits>
+#include <thread>
 
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "tests/fifo_test_util.h"
 
 namespace ft {
 namespace {
@@ -187,6 +194,20 @@ TEST(SafetensorsCodec, RejectsBadLengthField) {
       {"long.st", "header length 200", "2 bytes"});
 }
 
+TEST(SafetensorsCodec, ZeroHeaderLengthAndBadJsonGiveCleanMessages) {
+  expect_error([] { decode_safetensors(std::string(8, '\0'), "zero.st"); },
+               {"zero.st: safetensors header length is 0"});
+  // The position, not nlohmann's own text (which quotes the raw bytes it read).
+  const std::string bad = error_of([] { decode_safetensors(raw_file("{\"a\":xx}", 0), "bad.st"); });
+  EXPECT_EQ(bad,
+            "bad.st: safetensors header is not valid JSON: unexpected byte at file offset 13 "
+            "(corrupt file or not safetensors)");
+  const std::string cut = error_of([] { decode_safetensors(raw_file("{\"a\":[1,", 0), "cut.st"); });
+  EXPECT_EQ(cut,
+            "cut.st: safetensors header is not valid JSON: its 8 bytes end before a complete JSON "
+            "value (truncated or corrupt file)");
+}
+
 TEST(SafetensorsCodec, RejectsMalformedHeaders) {
   struct Case {
     std::string header;
@@ -315,6 +336,16 @@ TEST_F(SafetensorsDiskTest, CorruptHeaderOnDiskNamesThePath) {
                {path("corrupt.safetensors"), "not valid JSON"});
   expect_error([&] { load_safetensors(path("absent.safetensors")); },
                {path("absent.safetensors"), "No such file"});
+  write_plain(path("zero.safetensors"), std::string(8, '\0'));
+  expect_error([&] { load_safetensors(path("zero.safetensors")); },
+               {path("zero.safetensors") + ": safetensors header length is 0"});
+}
+
+TEST_F(SafetensorsDiskTest, FifoIsRefusedWithoutBlocking) {
+  const std::string fifo = path("fifo.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const std::string message = fifo_test::error_reading_fifo(fifo, [&] { load_safetensors(fifo); });
+  EXPECT_NE(message.find(fifo + ": not a regular file (a pipe)"), std::string::npos) << message;
 }
 
 TEST_F(SafetensorsDiskTest, AtomicWriteReplacesAndLeavesNoTempFile) {

@@ -1,7 +1,8 @@
 // `fusiontrain sample` end to end: a tiny GPT trained for a few steps through the binary, then
 // sampled: a seed repeats its text, the inference.* keys are the defaults of the flags, the KV
-// cache and the recompute path agree, the JSON holds the text and timings, and bad flags and a
-// ResNet checkpoint are refused with messages that name what is wrong.
+// cache and the recompute path agree, the JSON holds the text and timings, and bad flags, the
+// removed inference.checkpoint key and a ResNet checkpoint are refused with messages that name what
+// is wrong; so is resuming the suite's AdamW checkpoint with SGD.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -139,10 +140,35 @@ TEST_F(SampleBinary, BadFlagsAreRefusedNamingTheFlag) {
   expect_refused(run(base + "--top-k -1"), "--top-k");
   expect_refused(run(base + "--top-k 257"), "--top-k = 257");
   expect_refused(run(base + "--max-new-tokens 0"), "--max-new-tokens");
-  expect_refused(run(base + "--set inference.max_new_tokens=0"), "inference.max_new_tokens");
+  // The key's range says so when the config is read, as the flag's does.
+  expect_refused(run(base + "--set inference.max_new_tokens=0"),
+                 "--set 'inference.max_new_tokens=0': inference.max_new_tokens: expected an "
+                 "integer in [1, 1000000], got 0");
   expect_refused(run(base + "--prompt 'seventeen bytes!!'"), "--prompt is 17 bytes");
   expect_refused(run(base + "--no-kv-cache --compare-no-cache"), "--compare-no-cache");
   expect_refused(run("sample"), "--checkpoint");
+}
+
+// The checkpoint is --checkpoint only: the key that once named it is refused, not ignored.
+TEST_F(SampleBinary, InferenceCheckpointKeyIsRefused) {
+  expect_refused(run("sample --checkpoint " + gpt_checkpoint() +
+                     " --set inference.checkpoint=" + resnet_checkpoint()),
+                 "inference.checkpoint was removed: pass the checkpoint with --checkpoint FILE");
+}
+
+// Resuming the AdamW checkpoint with SGD names both optimizers, not one missing tensor. Here, not
+// in train_test, because this suite already has a trained AdamW checkpoint.
+TEST_F(SampleBinary, ResumeWithAnotherOptimizerNamesBoth) {
+  const RunResult result = run(
+      "train --config configs/gpt_tiny.yaml --set model.n_layer=1 --set model.d_model=16 "
+      "--set model.n_head=2 --set model.seq_len=16 --set train.batch_size=2 --set train.steps=4 "
+      "--set optim.warmup_steps=0 --set train.threads=1 --set optim.name=sgd --set train.run_dir=" +
+      dir_ + "/resume --set train.resume=" + gpt_checkpoint());
+  expect_refused(result, gpt_checkpoint() +
+                             ": checkpoint was written by optimizer adamw (it holds "
+                             "optim.exp_avg.*, optim.exp_avg_sq.*), but this run's optim.name = "
+                             "sgd needs optim.momentum_buffer.*; resume with the optimizer it was "
+                             "trained with (optim.name adamw)");
 }
 
 TEST_F(SampleBinary, ResnetCheckpointIsRefused) {

@@ -2,14 +2,23 @@
 // checkpoint resume, eval windows, file errors and unigram entropy.
 #include "core/text_data.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
+#include <thread>
 
 #include "core/check.h"
+#include "tests/fifo_test_util.h"
 
 namespace ft {
 namespace {
@@ -144,6 +153,17 @@ TEST(TextDataset, MissingEmptyAndShortFilesFailClearly) {
   EXPECT_THROW(TextDataset::from_bytes(position_bytes(100), 1.0f, "mem"), Error);
   std::filesystem::remove(empty);
   std::filesystem::remove(tiny);
+}
+
+TEST(TextDataset, FifoIsRefusedWithoutBlocking) {
+  const std::string fifo = temp_path("fifo.txt");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const std::string message =
+      fifo_test::error_reading_fifo(fifo, [&] { TextDataset::load(fifo, 0.1f); });
+  EXPECT_NE(message.find("text data file " + fifo + ": is a pipe, not a regular file"),
+            std::string::npos)
+      << message;
+  std::filesystem::remove(fifo);
 }
 
 TEST(TextBatcher, ShardsAreDisjointAndCoverTrainSplit) {

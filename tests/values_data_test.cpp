@@ -164,6 +164,31 @@ TEST(ValuesMemory, OutOfMemoryNamesTheKeysToLower) {
                 "model.d_model", "model.seq_len", "model.resnet_width"});
 }
 
+// The allocator's own failure (OutOfMemory, not bad_alloc) gets the same message, and says how
+// much in GiB (with no source path) when it is met elsewhere; other errors pass through untouched.
+TEST(ValuesMemory, AllocatorFailureNamesTheKeysToLowerToo) {
+  const Shape petabytes{int64_t{1} << 48};  // 1 PiB of floats
+  expect_error([&] { Tensor::empty(petabytes, Device::kCpu); },
+               {"out of host memory allocating 1048576.0 GiB", "reduce train.batch_size"});
+  ParamStore params;
+  GraphCache huge(
+      [&](int, GraphMode) -> Graph {
+        Tensor::empty(petabytes, Device::kCpu);
+        return Graph();
+      },
+      params, FusionOptions{});
+  expect_error([&] { huge.get(8, GraphMode::kEval); },
+               {"out of memory", "evaluation graph for batch 8", "train.batch_size"});
+  GraphCache failing([](int, GraphMode) -> Graph { FT_FAIL("not about memory"); }, params,
+                     FusionOptions{});
+  try {
+    failing.get(8, GraphMode::kEval);
+    ADD_FAILURE() << "the builder's error was swallowed";
+  } catch (const Error& error) {
+    EXPECT_STREQ(error.what(), "not about memory");
+  }
+}
+
 // A one-tensor safetensors file whose header is followed by `data_bytes` bytes.
 std::string safetensors_bytes(size_t data_bytes) {
   SafetensorsFile file;

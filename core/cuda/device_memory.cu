@@ -2,6 +2,8 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
+#include <iomanip>
 #include <string>
 
 #include "core/allocator.h"
@@ -12,6 +14,17 @@
 
 namespace ft {
 
+namespace {
+
+constexpr const char* kLowerSizesHint =
+    "reduce train.batch_size, model sizes or bench/bandwidth sizes";
+
+double gib(size_t bytes) {
+  return static_cast<double>(bytes) / (uint64_t{1} << 30);
+}
+
+}  // namespace
+
 void* cuda_malloc(size_t bytes) {
   void* ptr = nullptr;
   const cudaError_t status = cudaMalloc(&ptr, bytes);
@@ -19,9 +32,10 @@ void* cuda_malloc(size_t bytes) {
     cudaGetLastError();  // clear the sticky error so the process can go on to report it
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
-    throw Error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB (" +
-                std::to_string(free_bytes >> 20) + " of " + std::to_string(total_bytes >> 20) +
-                " MiB free); lower train.batch_size");
+    throw OutOfMemory(detail::concat("out of GPU memory allocating ", std::fixed,
+                                     std::setprecision(1), gib(bytes), " GiB (", bytes, " bytes; ",
+                                     gib(free_bytes), " of ", gib(total_bytes), " GiB free); ",
+                                     kLowerSizesHint));
   }
   FT_CUDA_CHECK(status);
   return ptr;
@@ -79,7 +93,14 @@ void cuda_scaled_copy(float* destination, const float* source, int64_t count, fl
 
 void* cuda_pinned_malloc(size_t bytes) {
   void* ptr = nullptr;
-  FT_CUDA_CHECK(cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault));
+  const cudaError_t status = cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // as in cuda_malloc: clear the error, report the size and what to lower
+    throw OutOfMemory(detail::concat("out of pinned host memory allocating ", std::fixed,
+                                     std::setprecision(1), gib(bytes), " GiB (", bytes, " bytes); ",
+                                     kLowerSizesHint));
+  }
+  FT_CUDA_CHECK(status);
   return ptr;
 }
 
