@@ -1,6 +1,7 @@
 #include "app/cli_help.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -147,6 +148,26 @@ CLI::Validator number_check(bool allow_zero) {
                " number, got '" + text + "'";
       },
       allow_zero ? "NON-NEGATIVE" : "POSITIVE");
+}
+
+void refuse_non_decimal_integers(CLI::App& app) {
+  for (CLI::App* job : app.get_subcommands({}))
+    for (CLI::Option* option : job->get_options()) {
+      const std::string type = option->get_type_name();
+      if (type.rfind("INT", 0) != 0 && type.rfind("UINT", 0) != 0) continue;
+      option->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            const size_t first = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+            const std::string digits = text.substr(first);
+            // Text that is no number at all is left to the conversion's "is not an integer".
+            if (digits.empty() || !std::isdigit(static_cast<unsigned char>(digits[0]))) return "";
+            const bool decimal = digits.find_first_not_of("0123456789") == std::string::npos &&
+                                 (digits.size() == 1 || digits[0] != '0');
+            if (decimal) return "";
+            return "'" + text + "' is not a decimal integer (no leading zeros, 0x or exponents)";
+          },
+          ""));
+    }
 }
 
 void refuse_empty_values(CLI::App& app, const std::vector<std::string>& free_text) {

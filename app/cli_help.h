@@ -43,5 +43,8 @@ CLI::Validator number_check(bool allow_zero);
 // Refuses an empty value for every text flag of every job except `free_text` ("--prompt"): a
 // path, list or choice given as '' would otherwise fall back to its default, or to nothing.
 void refuse_empty_values(CLI::App& app, const std::vector<std::string>& free_text);
+// Adds a check to every integer option of every job: plain decimal digits, optionally signed.
+// CLI11 reads integers in base 0, so "010" would silently be 8 and "0x10" 16.
+void refuse_non_decimal_integers(CLI::App& app);
 
 }  // namespace ft

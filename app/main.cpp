@@ -196,6 +196,7 @@ int main(int argc, char** argv) {
 
   app.set_version_flag("--version", ft::version_text());
   ft::refuse_empty_values(app, {"--prompt"});  // '' is a prompt: a newline
+  ft::refuse_non_decimal_integers(app);
   ft::describe_jobs(app);
   std::string unknown_flag_job;
   const std::string unknown_argument =

@@ -123,6 +123,9 @@ TEST(Cli, ParseErrorsAreUsageErrorsNamingTheFlagAndTheJobHelp) {
       {"plan --batch abc",
        "error: --batch: 'abc' is not an integer (run 'fusiontrain plan --help')"},
       {"plan --batch 99999999999", "--batch: '99999999999' is out of range"},
+      {"plan --batch 010", "--batch: '010' is not a decimal integer"},  // base 0 would read 8
+      {"plan --batch 0x10", "--batch: '0x10' is not a decimal integer"},
+      {"sample --checkpoint x --max-new-tokens 1e3", "'1e3' is not a decimal integer"},
       {"simulate --compute-scale fast", "--compute-scale: 'fast' is not a number"},
       {"eval", "error: --checkpoint is required (run 'fusiontrain eval --help')"},
       {"bench --steps 0", "--steps: must be a finite positive number, got '0'"},
