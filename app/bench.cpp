@@ -182,6 +182,32 @@ std::string format_launches_per_step(const std::optional<LaunchCounts>& launches
          (launches->graphs > 0 ? ", graph " + per_step_text(launches->graphs, rounds) : "") + ")";
 }
 
+std::string bench_rounds_warning(int rounds) {
+  if (rounds >= kBenchMinRounds) return "";
+  return "warning: only " + std::to_string(rounds) + " timed round(s) (--steps " +
+         std::to_string(rounds) +
+         "): p10-p90 of so few rounds is no noise estimate, so a speedup " +
+         "without \"within noise\" may still be noise; use --steps " +
+         std::to_string(kBenchMinRounds) + " or more";
+}
+
+bool bench_comm_only_variant(const BenchVariant& variant) {
+  for (const char* name : {"bucketing", "overlap", "all-bucketing", "all-overlap"})
+    if (variant.name == name) return true;
+  if (variant.overrides.empty()) return false;
+  for (const std::string& override_text : variant.overrides)
+    if (override_text.rfind("comm.", 0) != 0) return false;
+  return true;
+}
+
+void note_single_rank_comm_variants(const std::vector<BenchVariantResult>& results, int world_size,
+                                    std::vector<BenchSummary>* summaries) {
+  if (world_size != 1) return;
+  for (size_t v = 0; v < summaries->size() && v < results.size(); ++v)
+    if (!(*summaries)[v].baseline && bench_comm_only_variant(results[v].variant))
+      (*summaries)[v].note = "no communication on 1 rank";
+}
+
 std::vector<std::string> bench_ablation_keys() {
   std::vector<std::string> keys;
   for (const char* pass : kVerticalPasses) keys.push_back(std::string("fusion.vertical.") + pass);
@@ -315,12 +341,13 @@ std::string bench_table_markdown(const std::vector<BenchVariantResult>& results,
   for (size_t v = 0; v < summaries.size(); ++v) {
     const BenchSummary& s = summaries[v];
     const BenchVariantResult& result = results[v];
-    char speedup[96];
+    char speedup[128];
     if (s.baseline)
       std::snprintf(speedup, sizeof(speedup), "1.000 (baseline)");
     else
-      std::snprintf(speedup, sizeof(speedup), "%.3fx (%.3f-%.3f)%s", s.speedup, s.speedup_low,
-                    s.speedup_high, s.within_noise ? " within noise" : "");
+      std::snprintf(speedup, sizeof(speedup), "%.3fx (%.3f-%.3f)%s%s%s", s.speedup, s.speedup_low,
+                    s.speedup_high, s.within_noise ? " within noise" : "",
+                    s.note.empty() ? "" : ", ", s.note.c_str());
     char loss[64];
     std::snprintf(loss, sizeof(loss), "%.6f%s", s.final_loss, s.loss_ok ? "" : " LOSS MISMATCH");
     std::snprintf(
@@ -358,6 +385,7 @@ std::string bench_to_json(const BenchRunInfo& info, const std::vector<BenchVaria
                         {"speedup_p10", s.speedup_low},
                         {"speedup_p90", s.speedup_high},
                         {"within_noise", s.within_noise},
+                        {"note", s.note},
                         {"compute_ms", s.compute_ms},
                         {"comm_ms", s.comm_ms},
                         {"exposed_comm_ms", s.exposed_ms},

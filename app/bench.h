@@ -29,6 +29,12 @@ extern const char* const kDefaultBenchVariants;  // "unfused,horizontal,vertical
 // the same math on the same parameters and batches, so they differ by rounding only.
 constexpr double kBenchLossTolerance = 1e-3;
 
+// Fewer timed rounds than this make p10-p90 (and so "within noise") meaningless: with 2 rounds
+// p10 and p90 are just the two values, close together by chance.
+constexpr int kBenchMinRounds = 5;
+// One warning line (no newline) when `rounds` < kBenchMinRounds; empty otherwise.
+std::string bench_rounds_warning(int rounds);
+
 // Every named variant --variants accepts, and the fusion pass keys --ablation removes one by one.
 std::vector<std::string> bench_variant_names();
 std::vector<std::string> bench_ablation_keys();  // "fusion.vertical.gemm_epilogue", ...
@@ -81,7 +87,16 @@ struct BenchSummary {
   double final_loss = 0;
   double loss_relative_error = 0;  // |loss - baseline loss| / |baseline loss|
   bool loss_ok = true;             // within kBenchLossTolerance
+  std::string note;                // after the speedup, e.g. "no communication on 1 rank"
 };
+
+// A variant that differs from another only in comm.* keys (bucketing, overlap, all-bucketing,
+// all-overlap, or ad-hoc / sweep overrides all under comm.): on 1 rank nothing is reduced, so it
+// runs the same step as its counterpart and any speedup is noise.
+bool bench_comm_only_variant(const BenchVariant& variant);
+// On 1 rank, notes "no communication on 1 rank" on every comm-only variant but the baseline.
+void note_single_rank_comm_variants(const std::vector<BenchVariantResult>& results, int world_size,
+                                    std::vector<BenchSummary>* summaries);
 
 // One line per variant: throughput at its median step time ("all: 12.3k tokens/s, 0.45 model
 // TFLOP/s per rank (MFU 0.7% of 67 TFLOP/s)"); peak_tflops <= 0 leaves MFU out.

@@ -299,13 +299,18 @@ int run_bench(const BenchArgs& args, Communicator* comm) {
   run.info.overrides = args.overrides;
   const std::vector<BenchVariantResult>& results = run.results;
 
-  const std::vector<BenchSummary> summaries = summarize_bench(results);
+  std::vector<BenchSummary> summaries = summarize_bench(results);
+  note_single_rank_comm_variants(results, run.info.world_size, &summaries);
   if (is_root) {
     std::printf("bench: %s, %d rank(s), %d thread(s) per rank, warmup %d, %d rounds of:",
                 args.config_path.c_str(), run.info.world_size, run.info.threads, args.warmup,
                 args.steps);
     for (const BenchVariant& variant : variants) std::printf(" %s", variant.name.c_str());
-    std::printf("\n\n%s", bench_table_markdown(results, summaries).c_str());
+    std::printf("\n");
+    // Next to the table, so it travels with the numbers it qualifies.
+    const std::string warning = bench_rounds_warning(args.steps);
+    if (!warning.empty()) std::printf("%s\n", warning.c_str());
+    std::printf("\n%s", bench_table_markdown(results, summaries).c_str());
     std::printf("\n%s", bench_throughput_text(results, summaries, args.peak_tflops).c_str());
     // The two ends of the comparison, when both ran.
     for (const char* name : {"all", "unfused"})

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <set>
 
+#include "app/inference_model.h"
 #include "app/trainer.h"
 #include "core/check.h"
 #include "core/safetensors.h"
@@ -123,6 +124,18 @@ std::string slots_text(const std::set<std::string>& slots) {
   return text;
 }
 
+// The model.arch a checkpoint was trained with: its 'arch' metadata, else its embedded config's
+// (older files), else "" when neither tells.
+std::string checkpoint_arch(const SafetensorsFile& file, const std::string& path) {
+  auto arch = file.metadata.find("arch");
+  if (arch != file.metadata.end()) return arch->second;
+  try {
+    return checkpoint_config(file, path, {}).model.arch;
+  } catch (const Error&) {
+    return "";  // the tensor checks still say what is wrong
+  }
+}
+
 // Another optimizer's state must not fail as one missing tensor: say which optimizer wrote it.
 void require_same_optimizer(const SafetensorsFile& file, const std::string& path,
                             const std::string& optimizer,
@@ -158,6 +171,16 @@ int64_t first_non_finite(const float* data, int64_t count) {
 SafetensorsFile load_checkpoint_file(const std::string& path) {
   SafetensorsFile file = load_safetensors(path);
   auto format = file.metadata.find("format");
+  // An export has the trained weights but not the optimizer state or counters a checkpoint has;
+  // the way out is the checkpoint it names as its source.
+  if (format != file.metadata.end() && format->second == kExportFormat) {
+    auto source = file.metadata.find("source_checkpoint");
+    FT_FAIL(path, " is an export (metadata 'format' '", kExportFormat,
+            "'), not a training checkpoint; sample, eval, export, train.resume and "
+            "infer --compare-unfolded read training checkpoints: pass the checkpoint it was "
+            "exported from (metadata source_checkpoint: ",
+            source == file.metadata.end() ? std::string("absent") : source->second, ")");
+  }
   if (format == file.metadata.end() || format->second != kFormat)
     FT_FAIL(path, ": not a fusiontrain checkpoint (metadata 'format' should be '", kFormat, "')");
   require_finite_tensors(file, path);
@@ -250,6 +273,14 @@ void Trainer::save_checkpoint(const std::string& path) {
 
 void Trainer::load_checkpoint(const std::string& path) {
   const SafetensorsFile file = load_checkpoint_file(path);
+  // Another model's checkpoint would otherwise fail on its optimizer state or one missing tensor,
+  // which hides the real mistake.
+  const std::string arch = checkpoint_arch(file, path);
+  FT_REQUIRE(arch.empty() || arch == config_.model.arch, path,
+             ": train.resume: the checkpoint is a '", arch,
+             "' model (metadata 'arch'), but this run's model.arch is '", config_.model.arch,
+             "'; resume a checkpoint of this model (train with the config it was trained with), "
+             "or start a fresh run without train.resume");
   // Counters first: a wild step would otherwise replay billions of batches or wrap around.
   const int total_steps = config_.train.steps;
   const int step = metadata_int(file, "step", path, 0, total_steps,

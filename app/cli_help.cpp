@@ -144,6 +144,11 @@ CLI::Validator number_check(bool allow_zero) {
         double value = 0.0;
         const bool parsed = CLI::detail::lexical_cast(text, value);
         if (parsed && std::isfinite(value) && (allow_zero ? value >= 0.0 : value > 0.0)) return "";
+        // A finite value below the bound gets wording true of integer and real flags alike (the
+        // validator does not know which it checks): "-1" for --top-k is no "finite number" issue.
+        if (parsed && std::isfinite(value))
+          return std::string("must be ") + (allow_zero ? "non-negative (>= 0)" : "positive (> 0)") +
+                 ", got '" + text + "'";
         return std::string("must be a finite ") + (allow_zero ? "non-negative" : "positive") +
                " number, got '" + text + "'";
       },

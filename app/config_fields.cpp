@@ -78,7 +78,8 @@ std::vector<Field> build_fields() {
       {FT_KEY(train.log_every), at_least(1), "steps between log lines"},
       {FT_KEY(train.run_dir), any_text(),
        "directory of the run: config.yaml, log.txt, metrics.jsonl; empty = "
-       "runs/<config stem>-<timestamp>, with runs/latest a symlink to it"},
+       "runs/<config stem>-<timestamp> (-2, -3, ... when taken), with runs/latest a symlink to "
+       "it"},
       {FT_KEY(train.checkpoint_dir), any_text(),
        "directory for checkpoints; empty = <run_dir>/checkpoints"},
       {FT_KEY(train.verbose), true_or_false(),
@@ -105,7 +106,7 @@ std::vector<Field> build_fields() {
        "nan_policy skip_step only: stop once more steps than this have been skipped"},
       {FT_KEY(train.overwrite), true_or_false(),
        "let a fresh run (no train.resume) write into a checkpoint_dir that already holds "
-       "checkpoints"},
+       "checkpoints, or a run_dir that holds another run's config.yaml or metrics.jsonl"},
 
       {FT_KEY(optim.name), one_of({"adamw", "sgd"}), "optimizer"},
       {FT_KEY(optim.lr), above_up_to(0, 10), "peak learning rate, reached after warmup"},

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "app/bench.h"
@@ -26,6 +27,7 @@
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/idx.h"
+#include "core/sha256.h"
 #include "core/timer.h"
 
 namespace ft {
@@ -62,17 +64,36 @@ struct UnfoldedModel {
 };
 
 std::unique_ptr<UnfoldedModel> load_unfolded(const std::string& checkpoint,
-                                             const ResnetShape& exported, Device device) {
+                                             const std::string& exported_path,
+                                             const ExportedResnet& exported, Device device) {
   auto model = std::make_unique<UnfoldedModel>();
+  // Another checkpoint would compare two different models, and its logit differences and
+  // agreement would read as folding error: only the export's own source is compared.
+  const std::map<std::string, std::string>& metadata = exported.metadata();
+  auto source = metadata.find("source_checkpoint");
+  auto digest = metadata.find("source_sha256");
+  const std::string source_path =
+      source == metadata.end() ? std::string("(not recorded)") : source->second;
+  FT_REQUIRE(digest != metadata.end(), exported_path, ": the export records no source_sha256, so ",
+             "--compare-unfolded cannot check that ", checkpoint,
+             " is the checkpoint it was exported from (", source_path, "); re-export it with ",
+             "`fusiontrain export --checkpoint CKPT --out FILE`");
+  const std::string sha256 = sha256_hex_of_file(checkpoint);
+  FT_REQUIRE(sha256 == digest->second, "--compare-unfolded ", checkpoint, " (sha256 ", sha256,
+             ") is not the checkpoint ", exported_path, " was exported from ", source_path,
+             " (source_sha256 ", digest->second, "); pass that checkpoint, or export this one ",
+             "and compare with its export");
   model->config = checkpoint_config(checkpoint, {});
   FT_REQUIRE(model->config.model.arch == "resnet", checkpoint, ": --compare-unfolded needs a ",
              "ResNet checkpoint; this one is ", model->config.model.arch);
   model->shape = resnet_shape(model->config.model);
   const ResnetShape& shape = model->shape;
-  FT_REQUIRE(shape.blocks_per_stage == exported.blocks_per_stage && shape.width == exported.width,
+  const ResnetShape& exported_shape = exported.shape();
+  FT_REQUIRE(shape.blocks_per_stage == exported_shape.blocks_per_stage &&
+                 shape.width == exported_shape.width,
              checkpoint, ": --compare-unfolded checkpoint is a ResNet with ",
              shape.blocks_per_stage, " blocks per stage and width ", shape.width,
-             "; the export has ", exported.blocks_per_stage, " and ", exported.width);
+             "; the export has ", exported_shape.blocks_per_stage, " and ", exported_shape.width);
   model->ids = register_resnet_params(shape, model->params);
   model->params.allocate(device);
   load_checkpoint_params(checkpoint, model->params);
@@ -151,7 +172,7 @@ int run_infer(const InferArgs& args) {
   const int total = args.limit > 0 ? std::min(args.limit, data.size()) : data.size();
   std::unique_ptr<UnfoldedModel> unfolded;
   if (!args.compare_checkpoint.empty())
-    unfolded = load_unfolded(args.compare_checkpoint, model.shape(), device);
+    unfolded = load_unfolded(args.compare_checkpoint, args.model_path, model, device);
 
   const int classes = model.shape().classes;
   std::vector<double> folded_ms, unfolded_ms, ratios;

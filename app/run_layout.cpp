@@ -1,6 +1,13 @@
 #include "app/run_layout.h"
 
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 
@@ -34,9 +41,33 @@ std::string clock_text(double seconds) {
   return text;
 }
 
+// Claims runs/<base>, else runs/<base>-2, -3, ...: mkdir either creates the directory or fails
+// with EEXIST, so two runs started in the same second never share one. Returns the suffix.
+int claim_run_dir(const std::string& base) {
+  std::error_code error;
+  std::filesystem::create_directories(std::filesystem::path(base).parent_path(), error);
+  for (int suffix = 1;; ++suffix) {
+    const std::string path = suffix == 1 ? base : base + "-" + std::to_string(suffix);
+    if (::mkdir(path.c_str(), 0777) == 0) return suffix;
+    const int err = errno;
+    FT_REQUIRE(err == EEXIST && suffix < 10000, "cannot create the run directory '", path,
+               "': ", std::strerror(err), "; set train.run_dir to a directory that can be created");
+  }
+}
+
+// runs/<config stem>-<YYYYmmdd-HHMMSS of `start`, local time>.
+std::string run_dir_base(const Config& config, std::time_t start) {
+  char stamp[32];
+  std::tm local{};
+  localtime_r(&start, &local);
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
+  const std::string stem = std::filesystem::path(config.source_path).stem().string();
+  return "runs/" + (stem.empty() ? std::string("run") : stem) + "-" + stamp;
+}
+
 // train.run_dir and train.checkpoint_dir when left empty: runs/<config stem>-<rank 0's local
-// time>, and <run_dir>/checkpoints. Every rank gets rank 0's time.
-Config resolve_run_layout(Config config, Communicator* comm) {
+// time>[-N], created here by rank 0, and <run_dir>/checkpoints. Every rank gets rank 0's name.
+Config resolve_run_layout(Config config, Communicator* comm, bool is_root) {
   if (config.train.run_dir.empty()) {
     float now[2] = {0, 0};  // seconds since the epoch, split so that floats hold it exactly
     const long long seconds = static_cast<long long>(std::time(nullptr));
@@ -45,12 +76,11 @@ Config resolve_run_layout(Config config, Communicator* comm) {
     if (comm != nullptr) comm->broadcast(now, 2, 0);
     const std::time_t start =
         (static_cast<std::time_t>(now[0]) << 16) | static_cast<std::time_t>(now[1]);
-    char stamp[32];
-    std::tm local{};
-    localtime_r(&start, &local);
-    std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
-    const std::string stem = std::filesystem::path(config.source_path).stem().string();
-    config.train.run_dir = "runs/" + (stem.empty() ? std::string("run") : stem) + "-" + stamp;
+    const std::string base = run_dir_base(config, start);
+    float suffix = is_root ? static_cast<float>(claim_run_dir(base)) : 0;
+    if (comm != nullptr) comm->broadcast(&suffix, 1, 0);
+    config.train.run_dir =
+        suffix > 1 ? base + "-" + std::to_string(static_cast<int>(suffix)) : base;
   }
   if (config.train.checkpoint_dir.empty())
     config.train.checkpoint_dir =
@@ -101,22 +131,38 @@ std::string non_default_settings(const Config& config) {
   return changed.empty() ? " (fusion and comm at their defaults)" : changed;
 }
 
-// A fresh run must not write its step_N files over another run's: rank 0 looks (it is the one
-// that writes), every rank follows its answer.
+// A fresh run must not write its step_N files, config.yaml or metrics.jsonl over another run's:
+// rank 0 looks (it is the one that writes), every rank follows its answer.
 void refuse_to_overwrite(const Config& config, Communicator* comm, bool is_root) {
   if (!config.train.resume.empty() || config.train.overwrite) return;
-  float found = is_root ? static_cast<float>(count_checkpoints(config.train.checkpoint_dir)) : 0;
-  if (comm != nullptr) comm->broadcast(&found, 1, 0);
-  FT_REQUIRE(found == 0, "train.checkpoint_dir '", config.train.checkpoint_dir, "' already holds ",
-             static_cast<int>(found),
+  namespace fs = std::filesystem;
+  const fs::path run_dir(config.train.run_dir);
+  std::error_code error;
+  float found[3] = {0, 0, 0};  // checkpoints, config.yaml, metrics.jsonl
+  if (is_root) {
+    found[0] = static_cast<float>(count_checkpoints(config.train.checkpoint_dir));
+    found[1] = fs::exists(run_dir / "config.yaml", error) ? 1 : 0;
+    found[2] = fs::exists(run_dir / "metrics.jsonl", error) ? 1 : 0;
+  }
+  if (comm != nullptr) comm->broadcast(found, 3, 0);
+  FT_REQUIRE(found[0] == 0, "train.checkpoint_dir '", config.train.checkpoint_dir,
+             "' already holds ", static_cast<int>(found[0]),
              " checkpoint(s) (*.safetensors), and this is a fresh run (no train.resume) that would "
              "overwrite them; resume with train.resume: PATH, choose another "
              "train.checkpoint_dir, or set train.overwrite: true to write there anyway");
+  FT_REQUIRE(found[1] == 0 && found[2] == 0, "train.run_dir '", config.train.run_dir,
+             "' already holds another run's files (",
+             found[1] != 0 && found[2] != 0 ? "config.yaml, metrics.jsonl"
+             : found[1] != 0                ? "config.yaml"
+                                            : "metrics.jsonl",
+             "), and this fresh run (no train.resume) would overwrite them; choose "
+             "another train.run_dir (or leave it empty for a new runs/<config stem>-<time>), or "
+             "set train.overwrite: true to write there anyway");
 }
 
-void JsonLinesFile::open(const std::string& path) {
+void JsonLinesFile::open(const std::string& path, bool append) {
   path_ = path;
-  out_.open(path);
+  out_.open(path, append ? std::ios::app : std::ios::trunc);
   FT_REQUIRE(out_.good(), "cannot open --json file '", path, "' for writing");
 }
 
@@ -135,6 +181,69 @@ void JsonLinesFile::close() {
 
 void JsonLinesFile::require_good() {
   FT_REQUIRE(!out_.fail(), "writing --json file '", path_, "' failed (disk full or not writable?)");
+}
+
+// The handler may run on any thread at any moment, so it only reads a message prepared earlier:
+// update() writes the buffer the handler is not reading and then publishes it with one atomic
+// store, and the handler uses write() and _exit(), which are async-signal-safe (printf, exit and
+// the stream destructors are not).
+namespace {
+constexpr size_t kInterruptMessageBytes = 4096;
+char interrupt_messages[2][kInterruptMessageBytes];
+std::atomic<int> interrupt_current{-1};  // -1: nothing to print (ranks other than 0)
+std::atomic<int> interrupt_log_fd{-1};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler reads it");
+
+void write_all(int fd, const char* text, size_t bytes) {
+  while (bytes > 0) {
+    const ssize_t wrote = ::write(fd, text, bytes);
+    if (wrote <= 0) return;
+    text += wrote;
+    bytes -= static_cast<size_t>(wrote);
+  }
+}
+
+extern "C" void on_interrupt(int signo) {
+  const int current = interrupt_current.load();
+  if (current >= 0) {
+    const char* name = signo == SIGINT ? "interrupted by SIGINT" : "interrupted by SIGTERM";
+    const char* rest = interrupt_messages[current];
+    for (const int fd : {STDERR_FILENO, interrupt_log_fd.load()}) {
+      if (fd < 0) continue;
+      write_all(fd, name, std::strlen(name));
+      write_all(fd, rest, std::strlen(rest));
+    }
+  }
+  ::_exit(128 + signo);
+}
+}  // namespace
+
+InterruptHandlers::InterruptHandlers(bool print, int log_fd) {
+  interrupt_log_fd.store(print ? log_fd : -1);
+  struct sigaction action {};
+  action.sa_handler = on_interrupt;
+  sigemptyset(&action.sa_mask);
+  for (const int signo : {SIGINT, SIGTERM}) ::sigaction(signo, &action, nullptr);
+  print_ = print;
+}
+
+InterruptHandlers::~InterruptHandlers() {
+  for (const int signo : {SIGINT, SIGTERM}) ::signal(signo, SIG_DFL);
+  interrupt_current.store(-1);
+  interrupt_log_fd.store(-1);
+}
+
+void InterruptHandlers::update(int step, const std::string& last_checkpoint) {
+  if (!print_) return;
+  const int next = interrupt_current.load() == 0 ? 1 : 0;
+  if (last_checkpoint.empty())
+    std::snprintf(interrupt_messages[next], kInterruptMessageBytes,
+                  " at step %d; no checkpoint written yet\n", step);
+  else
+    std::snprintf(interrupt_messages[next], kInterruptMessageBytes,
+                  " at step %d; last checkpoint %s (resume with --set train.resume=%s)\n", step,
+                  last_checkpoint.c_str(), last_checkpoint.c_str());
+  interrupt_current.store(next);
 }
 
 std::string checkpoint_path(const Config& config, int step) {

@@ -1,8 +1,8 @@
 // Where a training run writes, and what it says about itself at start: the run directory
 // (runs/<config stem>-<timestamp> with runs/latest pointing at it), checkpoint names, the check
-// that every output is writable, the refusal to write over another run's checkpoints, JSON Lines
+// that every output is writable, the refusal to write over another run's files, JSON Lines
 // output that fails loudly, and the short start summary's list of settings that differ from the
-// defaults. Used by app/train_job.cpp.
+// defaults, and the message a SIGINT or SIGTERM leaves. Used by app/train_job.cpp.
 // Thread safety: called from the training thread; collective where a Communicator is passed.
 #pragma once
 #include <fstream>
@@ -18,8 +18,10 @@ namespace ft {
 std::string clock_text(double seconds);
 
 // train.run_dir and train.checkpoint_dir when left empty: runs/<config stem>-<rank 0's local
-// time>, and <run_dir>/checkpoints. Collective: every rank gets rank 0's time.
-Config resolve_run_layout(Config config, Communicator* comm);
+// time>, with -2, -3, ... appended when that exists (rank 0 creates the directory with mkdir, so
+// two runs started in the same second never share it), and <run_dir>/checkpoints. Collective:
+// every rank gets rank 0's name.
+Config resolve_run_layout(Config config, Communicator* comm, bool is_root);
 
 // Throws unless the run can write everything it will: train.run_dir and train.checkpoint_dir are
 // directories (or can be created) that take files, and train.trace and `json_path` (--json), when
@@ -36,15 +38,35 @@ std::string non_default_settings(const Config& config);
 // <checkpoint_dir>/step_000042.safetensors.
 std::string checkpoint_path(const Config& config, int step);
 
-// A fresh run must not write its step_N files over another run's: rank 0 looks (it is the one
-// that writes), every rank follows its answer. Throws ft::Error naming train.overwrite.
+// A fresh run must not write its step_N files, config.yaml or metrics.jsonl over another run's:
+// rank 0 looks (it is the one that writes), every rank follows its answer. Throws ft::Error
+// naming train.overwrite.
 void refuse_to_overwrite(const Config& config, Communicator* comm, bool is_root);
+
+// SIGINT and SIGTERM end the process at once with exit status 128 + signo; with `print` (rank 0)
+// first writing "interrupted by SIGINT at step N; last checkpoint PATH (resume with --set
+// train.resume=PATH)" to stderr and to `log_fd` (when >= 0). Nothing is saved from the handler:
+// the newest checkpoint is the one to resume from, so metrics and log rows must be flushed as
+// they are written. One instance at a time; the destructor restores the default actions.
+class InterruptHandlers {
+ public:
+  InterruptHandlers(bool print, int log_fd);
+  ~InterruptHandlers();
+  InterruptHandlers(const InterruptHandlers&) = delete;
+  InterruptHandlers& operator=(const InterruptHandlers&) = delete;
+  // The step last finished and the newest checkpoint ("" when none yet), for the message.
+  void update(int step, const std::string& last_checkpoint);
+
+ private:
+  bool print_ = false;
+};
 
 // JSON Lines output that fails loudly: a full disk or a closed pipe is an error naming the path,
 // not a silently truncated file.
 class JsonLinesFile {
  public:
-  void open(const std::string& path);
+  // `append`: keep what the file holds (a resumed run adds to its history).
+  void open(const std::string& path, bool append = false);
   bool is_open() const { return out_.is_open(); }
   void write(const nlohmann::json& row, bool flush = false);
   // Flushes and closes; REQUIRES: is_open().

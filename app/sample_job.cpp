@@ -3,6 +3,7 @@
 // window for every byte, and --compare-no-cache times both and checks they wrote the same text.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -48,11 +49,13 @@ SampleSettings resolve_settings(const SampleArgs& args, const Config& config) {
   if (!(std::isfinite(temperature) && temperature >= 0.0f))
     FT_FAIL(origin(args.temperature.has_value(), "--temperature", "inference.temperature"), " = ",
             temperature, ": must be a finite number >= 0 (0 = greedy)");
-  if (settings.sampling.top_k < 0 || settings.sampling.top_k > vocab)
-    FT_FAIL(origin(args.top_k.has_value(), "--top-k", "inference.top_k"), " = ",
-            settings.sampling.top_k, ": must be between 0 (no truncation) and the vocabulary size ",
-            vocab);
   // The config checked its keys' ranges; a flag takes the same (0 = greedy is the flag's own).
+  if (args.top_k) require_key_range("--top-k", "inference.top_k", *args.top_k);
+  // inference.top_k's cross-key rule (app/config_checks.cpp), which a flag must follow as well.
+  if (settings.sampling.top_k > vocab)
+    FT_FAIL(origin(args.top_k.has_value(), "--top-k", "inference.top_k"), " = ",
+            settings.sampling.top_k, ": inference.top_k must not exceed model.vocab_size = ", vocab,
+            " (0 = no truncation); pass a value from 0 to ", vocab);
   if (args.max_new_tokens)
     require_key_range("--max-new-tokens", "inference.max_new_tokens", *args.max_new_tokens);
   if (args.temperature && *args.temperature != 0.0)
@@ -117,11 +120,16 @@ int run_sample(const SampleArgs& args) {
   // An empty prompt starts from a newline: the model needs one token to predict from, and a line
   // start is the most neutral place in running text.
   const std::string prompt_text = args.prompt.empty() ? std::string("\n") : args.prompt;
-  if (static_cast<int>(prompt_text.size()) > seq_len)
-    FT_FAIL("--prompt is ", prompt_text.size(),
-            " bytes; the model's context holds at most model.seq_len = ", seq_len);
+  // The model sees at most seq_len bytes, so a longer prompt conditions on its last seq_len (as
+  // nanoGPT crops to block_size); the printed text still starts with the whole prompt.
+  const size_t kept = std::min(prompt_text.size(), static_cast<size_t>(seq_len));
+  if (kept < prompt_text.size())
+    std::fprintf(stderr,
+                 "note: --prompt is %zu bytes; the model's context holds model.seq_len = %d, so it "
+                 "continues from the prompt's last %d bytes\n",
+                 prompt_text.size(), seq_len, seq_len);
   std::vector<int32_t> prompt;
-  for (unsigned char byte : prompt_text) prompt.push_back(byte);
+  for (unsigned char byte : prompt_text.substr(prompt_text.size() - kept)) prompt.push_back(byte);
 
   const int threads = resolve_threads(config.train.threads);
   omp_set_num_threads(threads);
@@ -157,6 +165,8 @@ int run_sample(const SampleArgs& args) {
   nlohmann::json row = {{"type", "sample"},
                         {"checkpoint", args.checkpoint_path},
                         {"prompt", prompt_text},
+                        // What the model conditioned on: the prompt, or its cropped tail.
+                        {"prompt_in_context", bytes_to_text(prompt)},
                         {"text", text},
                         {"new_tokens", shown.new_tokens},
                         {"settings",

@@ -101,7 +101,17 @@ int run_train(const TrainArgs& args, Communicator* comm) {
   omp_set_num_threads(resolve_threads(loaded.train.threads));
   // A config that differs across ranks is the first thing to report (the Trainer checks again).
   if (comm != nullptr) check_same_config(*comm, flatten_config(loaded), loaded.source_path);
-  const Config config = resolve_run_layout(loaded, comm);
+  const Config config = resolve_run_layout(loaded, comm, is_root);
+  // resolve_run_layout created an automatically named run dir; a run that stops before writing
+  // into it (a bad or finished train.resume) takes it away again. remove() deletes only an empty
+  // directory, so a run that wrote there keeps it.
+  struct RemoveIfEmpty {
+    std::string path;
+    ~RemoveIfEmpty() {
+      std::error_code error;
+      if (!path.empty()) std::filesystem::remove(path, error);
+    }
+  } claimed_run_dir{is_root && loaded.train.run_dir.empty() ? config.train.run_dir : ""};
   if (is_root) require_writable_run_layout(config, args.json_path);
   const std::string resolved = config_to_yaml(config);
   refuse_to_overwrite(config, comm, is_root);
@@ -119,11 +129,18 @@ int run_train(const TrainArgs& args, Communicator* comm) {
   struct DetachLog {  // destroyed before log_file: say() never writes to a closed file
     ~DetachLog() { progress_log = nullptr; }
   } detach_log;
+  const bool resumed = !config.train.resume.empty();
+  // A resume adds to the run's history: metrics.jsonl and log.txt are appended to, and when the
+  // run dir already has a config.yaml (the run's start) this part's config goes next to it.
+  std::string config_name = "config.yaml";
   if (is_root) {
     const std::filesystem::path run_dir(config.train.run_dir);
-    write_file_atomic((run_dir / "config.yaml").string(), resolved);
+    std::error_code error;
+    if (resumed && std::filesystem::exists(run_dir / config_name, error))
+      config_name = "config.resume-" + std::to_string(trainer.step()) + ".yaml";
+    write_file_atomic((run_dir / config_name).string(), resolved);
     if (loaded.train.run_dir.empty()) point_latest_at(config.train.run_dir);
-    metrics.open((run_dir / "metrics.jsonl").string());
+    metrics.open((run_dir / "metrics.jsonl").string(), resumed);
     if (!args.json_path.empty()) json.open(args.json_path);
     log_file.reset(std::fopen((run_dir / "log.txt").string().c_str(), "a"));
     FT_REQUIRE(log_file != nullptr, "cannot open '", (run_dir / "log.txt").string(),
@@ -144,14 +161,15 @@ int run_train(const TrainArgs& args, Communicator* comm) {
         trainer.task().item_unit(), static_cast<long long>(trainer.items_per_step() / world_size),
         world_size, world_size == 1 ? "" : "s", omp_get_max_threads(),
         omp_get_max_threads() == 1 ? "" : "s");
-    say("settings:%s\nrun dir %s (config.yaml, log.txt, metrics.jsonl), checkpoints in %s\n",
-        non_default_settings(config).c_str(), config.train.run_dir.c_str(),
+    say("settings:%s\nrun dir %s (%s, log.txt, metrics.jsonl), checkpoints in %s\n",
+        non_default_settings(config).c_str(), config.train.run_dir.c_str(), config_name.c_str(),
         config.train.checkpoint_dir.c_str());
   }
-  // Every JSON row goes to metrics.jsonl and, with --json, to that file too.
-  const auto emit = [&](const nlohmann::json& row, bool flush) {
-    if (metrics.is_open()) metrics.write(row, flush);
-    if (json.is_open()) json.write(row, flush);
+  // Every JSON row goes to metrics.jsonl and, with --json, to that file too, flushed at once: a
+  // run that is killed keeps every finished step's row, whole.
+  const auto emit = [&](const nlohmann::json& row) {
+    if (metrics.is_open()) metrics.write(row, true);
+    if (json.is_open()) json.write(row, true);
   };
   // train.profile: rank 0 only; warm-up shortened so that a short run still measures a step.
   std::unique_ptr<Profiler> profiler;
@@ -177,9 +195,12 @@ int run_train(const TrainArgs& args, Communicator* comm) {
     last_eval = trainer.evaluate(config.train.eval_batches);
     evaluated = true;
     print_eval(last_eval, step);
-    emit(eval_json(last_eval, step), true);
+    emit(eval_json(last_eval, step));
   };
   std::string last_checkpoint;
+  // SIGINT/SIGTERM: rank 0 says where the run stopped and what to resume from.
+  InterruptHandlers interrupt(is_root, log_file ? fileno(log_file.get()) : -1);
+  interrupt.update(first_step, config.train.resume);
   double interval_ms = 0;  // steps since the last progress line
   int interval_steps = 0;
   const double start_ms = now_ms();
@@ -200,7 +221,8 @@ int run_train(const TrainArgs& args, Communicator* comm) {
     comm_totals.bucket_bytes = stats.comm.bucket_bytes;
     comm_totals.extra_memory_bytes = stats.comm.extra_memory_bytes;
     const int step = stats.step;
-    if (is_root) emit(step_json(stats, items_per_step), false);
+    if (is_root) emit(step_json(stats, items_per_step));
+    interrupt.update(step, last_checkpoint.empty() ? config.train.resume : last_checkpoint);
     if (is_root && stats.skipped)
       say("step %d/%d | loss %g, gradient norm %g: update skipped (%d skipped so far, "
           "train.max_skipped_steps %d)\n",
@@ -233,6 +255,7 @@ int run_train(const TrainArgs& args, Communicator* comm) {
         step != total_steps) {
       last_checkpoint = checkpoint_path(config, step);
       trainer.save_checkpoint(last_checkpoint);
+      interrupt.update(step, last_checkpoint);
     }
   }
   evaluate(trainer.step());
@@ -265,7 +288,7 @@ int run_train(const TrainArgs& args, Communicator* comm) {
         nlohmann::json row = profile_json(profiler->profile());
         row["type"] = "profile";
         row["advice"] = advice_json(advice, advice_options);
-        emit(row, false);
+        emit(row);
       }
     }
     {
@@ -289,7 +312,7 @@ int run_train(const TrainArgs& args, Communicator* comm) {
             {"extra_memory_bytes", comm_totals.extra_memory_bytes}};
       if (evaluated) summary["eval"] = eval_json(last_eval, trainer.step());
       if (first_step > 0) summary["resumed_at_step"] = first_step;
-      emit(summary, false);
+      emit(summary);
       metrics.close();
       if (json.is_open()) json.close();
     }

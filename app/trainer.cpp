@@ -173,7 +173,9 @@ uint64_t Trainer::dropout_seed(int micro) const {
 
 bool Trainer::any_rank_diverged(bool locally_finite) {
   if (comm_ == nullptr) return !locally_finite;
-  // The gradients are already reduced, but each rank's loss is its own: vote.
+  // The gradients are already reduced, but each rank's loss is its own: vote. One float, after
+  // GradSync::finish, so it is in neither comm_ms nor exposed_ms (which cover the gradient
+  // buckets only) but in compute_ms, with any wait for a slower rank it absorbs.
   float diverged = locally_finite ? 0.0f : 1.0f;
   comm_->allreduce(&diverged, 1, ReduceOp::kSum);
   return diverged != 0.0f;

@@ -4,6 +4,10 @@
 //   1. profile the unfused step (fusion.enabled=false) and take the passes advise_fusion names;
 //   2. turn those passes on one at a time over the kept ones, each measured interleaved against
 //      the current best and kept only when the speedup's p10 lies above 1.0 (beyond noise);
+//   2b. measure the input config's own fusion switches (fusion.enabled and every pass key, as
+//      the config and --set give them) against the current best, kept when faster beyond noise
+//      (skipped when the config is unfused or the kept passes already are its own), since the
+//      advice can name nothing while the config's passes together are faster;
 //   3. grow fusion.max_ops over 2, 3, 4, 6, 8 while the next value is faster beyond noise, from
 //      the smallest value that keeps every fusion the kept passes made at the config's own cap
 //      (attention absorbs 3 ops, so with it kept the sweep starts at 3; skipped when no pass was
@@ -49,7 +53,7 @@ std::vector<std::string> tune_fusion_overrides(const std::vector<std::string>& o
 
 // One measured point.
 struct TunePoint {
-  std::string stage;  // "profile", "passes", "max_ops", "bucket_mb", "first_bucket_mb"
+  std::string stage;  // "profile", "passes", "input", "max_ops", "bucket_mb", "first_bucket_mb"
   std::string name;
   std::vector<std::string> overrides;  // on top of the config and its --set
   double median_ms = 0, p10_ms = 0, p90_ms = 0;

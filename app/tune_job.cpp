@@ -26,6 +26,10 @@ std::string mb_text(double mb) {
   return text;
 }
 
+bool contains(const std::vector<std::string>& items, const std::string& item) {
+  return std::find(items.begin(), items.end(), item) != items.end();
+}
+
 std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more) {
   base.insert(base.end(), more.begin(), more.end());
   return base;
@@ -106,6 +110,17 @@ class Tuner {
   bool is_root_ = true;
 };
 
+// The config's own fusion switches (fusion.enabled and every pass key) as overrides, so the
+// report and the YAML say exactly what the "input" point ran.
+std::vector<std::string> own_fusion_overrides(const Config& config) {
+  std::vector<std::string> keys = bench_ablation_keys();
+  keys.insert(keys.begin(), "fusion.enabled");
+  std::vector<std::string> overrides;
+  for (const auto& [key, value] : flatten_config(config))
+    if (contains(keys, key)) overrides.push_back(key + "=" + value);
+  return overrides;
+}
+
 // Median step time of result `v` of `run`.
 double median_of(const BenchRun& run, size_t v) {
   return bench_percentile(run.results[v].step_ms, 0.5);
@@ -172,10 +187,11 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
   for (size_t k = 0; k < recommended.size(); ++k)
     if (recommended[k] > 0.5f) report.recommended_keys.push_back(bench_ablation_keys()[k]);
 
-  // Plan the rest: 2 points per pass, up to 4 pairs of max_ops, 2 x (5 + 3) bucket points.
+  // Plan the rest: 2 points per pass, 2 for the input's own fusion, up to 4 pairs of max_ops,
+  // 2 x (5 + 3) bucket points.
   const bool sweep_buckets = world_size > 1 && base.comm.bucketing;
   const int planned =
-      2 * static_cast<int>(report.recommended_keys.size()) + 8 + (sweep_buckets ? 16 : 0);
+      2 * static_cast<int>(report.recommended_keys.size()) + 2 + 8 + (sweep_buckets ? 16 : 0);
   const TuneMeasureSize size =
       plan_tune_measure(args.budget_steps - report.steps_used, std::max(1, planned));
 
@@ -194,6 +210,31 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
     if (!keep) continue;
     kept_keys.push_back(key);
     best = candidate;
+  }
+
+  // 2b. The input config's own fusion settings against the best so far: the advice sees large
+  // intermediates, not time saved, so it can name nothing (or too little) while the config's
+  // passes together are faster. Every rank decides alike (rank 0's times, shared).
+  const BenchVariant input{"input", own_fusion_overrides(base)};
+  if (spent) {
+  } else if (!base.fusion.enabled) {
+    report.notes.push_back(
+        "input: skipped, the config's fusion.enabled is false (the profile measured it)");
+  } else if (flatten_config(load_config(args.config_path, with(args.overrides, input.overrides))) ==
+             flatten_config(load_config(args.config_path, with(args.overrides, best.overrides)))) {
+    report.notes.push_back("input: skipped, the kept passes are the config's own");
+  } else if (!tuner.measure("input", {best, input}, size, &run)) {
+    spent = true;
+  } else {
+    const bool keep = faster_beyond_noise(run, 0, 1);
+    tuner.record("input", run, 0, keep ? 1 : 0);
+    best_ms = median_of(run, keep ? 1 : 0);
+    if (keep) {
+      best = input;
+      kept_keys.clear();  // the passes the input has on, for the max_ops stage
+      for (const std::string& key : bench_ablation_keys())
+        if (contains(input.overrides, key + "=true")) kept_keys.push_back(key);
+    }
   }
 
   // 3. Grow max_ops.

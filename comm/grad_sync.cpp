@@ -1,5 +1,6 @@
 #include "comm/grad_sync.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "comm/startup.h"
@@ -61,6 +62,7 @@ void GradSync::build_buckets(const std::vector<ParamId>& order) {
   handles_.clear();
   handles_.resize(buckets_.size());
   bucket_comm_ms_.assign(buckets_.size(), 0.0);
+  bucket_start_ms_.assign(buckets_.size(), 0.0);
   timings_.assign(buckets_.size(), BucketTiming());
   announced_.assign(static_cast<size_t>(params_.size()), false);
 }
@@ -86,6 +88,7 @@ void GradSync::begin_backward(bool communicate) {
     pending_params_[b] = static_cast<int>(buckets_[b].params.size());
     tickets_[b] = 0;
     bucket_comm_ms_[b] = 0.0;
+    bucket_start_ms_[b] = 0.0;
   }
   announced_.assign(announced_.size(), false);
   observed_order_.clear();
@@ -149,6 +152,10 @@ void GradSync::launch_on_device(int bucket) {
 
 void GradSync::reduce_bucket(int bucket) {
   if (comm_.size() == 1) return;
+  // The copy-in belongs to communication too (it exists only to feed the allreduce), so comm_ms
+  // covers all of what finish() may wait for; see CommStepStats.
+  const double start_ms = now_ms();
+  bucket_start_ms_[bucket] = start_ms;
   const Bucket& range = buckets_[bucket];
   Tensor grads = params_.flat_grads().rows(range.offset, range.offset + range.count);
   float* data = grads.data();
@@ -158,7 +165,6 @@ void GradSync::reduce_bucket(int bucket) {
     staged.copy_from(grads);  // returns once a device-to-host copy is done
     data = staged.data();
   }
-  const double start_ms = now_ms();
   const Summation summation = options_.deterministic ? Summation::kRankOrder : Summation::kNative;
   comm_.allreduce(data, static_cast<size_t>(range.count), {ReduceOp::kSum, summation});
   emulate_link_delay(options_.emulate, range.count * static_cast<int64_t>(sizeof(float)), now_ms());
@@ -189,7 +195,7 @@ void GradSync::scale_bucket(int bucket, float scale) {
 }
 
 void GradSync::finish(float scale) {
-  const double start_ms = now_ms();
+  const double finish_start_ms = now_ms();
   FT_CHECK(in_backward_, "GradSync::finish without begin_backward");
   in_backward_ = false;
   if (!communicating_) {
@@ -211,6 +217,12 @@ void GradSync::finish(float scale) {
     const int64_t bytes = buckets_[b].count * static_cast<int64_t>(sizeof(float));
     stats.bucket_bytes.push_back(bytes);
     stats.comm_ms += bucket_comm_ms_[b];
+    // Only what ran after backward returned is exposed; an inline bucket (no overlap) started
+    // inside finish(), so all of it is, exactly (no subtraction, no rounding).
+    if (bucket_start_ms_[b] >= finish_start_ms)
+      stats.exposed_ms += bucket_comm_ms_[b];
+    else
+      stats.exposed_ms += std::max(0.0, bucket_start_ms_[b] + bucket_comm_ms_[b] - finish_start_ms);
     if (record_timings_) {
       BucketTiming timing = timings_[b];
       timing.bucket = b;
@@ -222,7 +234,6 @@ void GradSync::finish(float scale) {
       stats.bytes_reduced += bytes;
     }
   }
-  stats.exposed_ms = now_ms() - start_ms;
   stats.extra_memory_bytes = static_cast<int64_t>(staging_.bytes());
   stats.emulated = reduced && options_.emulate.enabled();
   stats_ = std::move(stats);

@@ -67,8 +67,14 @@ struct BucketTiming {
 };
 
 struct CommStepStats {
-  double comm_ms = 0;     // sum of allreduce durations (emulated delay included)
-  double exposed_ms = 0;  // from finish() entry until it returns (waits, scale / copy-out)
+  // Sum over buckets of each one's communication: copy-in (bucket_view = false or host
+  // staging), allreduce, emulated link delay and host-staged copy-back. 0 on NCCL, whose
+  // allreduces run on their own stream, off the host's clock.
+  double comm_ms = 0;
+  // The part of comm_ms that ran after backward returned (from finish() entry), when nothing was
+  // left to hide it: all of it without overlap, so exposed_ms <= comm_ms by construction. Scaling
+  // and the fusion buffer's copy-out are compute (the trainer's compute_ms), not communication.
+  double exposed_ms = 0;
   int64_t allreduce_calls = 0;
   int64_t bytes_reduced = 0;          // payload bytes over all allreduces
   std::vector<int64_t> bucket_bytes;  // payload of each bucket, in launch order
@@ -123,11 +129,12 @@ class GradSync {
   ParamStore& params_;
   GradSyncOptions options_;
   std::vector<Bucket> buckets_;
-  std::vector<int> bucket_of_param_;    // by ParamId; -1 for buffers
-  std::vector<int> pending_params_;     // by bucket: params not yet announced in this backward
-  std::vector<bool> announced_;         // by ParamId, this backward
-  std::vector<int64_t> tickets_;        // by bucket: CommThread ticket, 0 = not launched
-  std::vector<double> bucket_comm_ms_;  // by bucket, written by whoever ran the allreduce
+  std::vector<int> bucket_of_param_;     // by ParamId; -1 for buffers
+  std::vector<int> pending_params_;      // by bucket: params not yet announced in this backward
+  std::vector<bool> announced_;          // by ParamId, this backward
+  std::vector<int64_t> tickets_;         // by bucket: CommThread ticket, 0 = not launched
+  std::vector<double> bucket_comm_ms_;   // by bucket, written by whoever ran the allreduce
+  std::vector<double> bucket_start_ms_;  // by bucket: when its communication began (same writer)
   bool record_timings_ = false;
   std::vector<BucketTiming> timings_;  // by bucket: launch by the training thread, rest by runner
   int next_launch_ = 0;

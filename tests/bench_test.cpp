@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "core/check.h"
@@ -141,6 +142,33 @@ TEST(BenchStats, SpeedupIsTheMedianOfPerRoundRatios) {
   EXPECT_NE(table.find("tolerance: relative 1e-03"), std::string::npos) << table;
 }
 
+// Too few rounds warn; on 1 rank the comm-only variants say they run their counterpart's step.
+TEST(BenchStats, FewRoundsWarnAndCommOnlyVariantsAreMarkedOnOneRank) {
+  EXPECT_EQ(bench_rounds_warning(kBenchMinRounds), "");
+  EXPECT_NE(bench_rounds_warning(2).find("warning: only 2 timed round(s) (--steps 2)"),
+            std::string::npos);
+  const std::vector<BenchVariant> variants = expand_bench_variants(kDefaultBenchVariants, true);
+  std::vector<BenchVariantResult> results;
+  for (const BenchVariant& variant : variants) {
+    results.push_back(result_with(variant.name, {10, 10, 10}, 3.0));
+    results.back().variant = variant;
+  }
+  std::vector<BenchSummary> summaries = summarize_bench(results);
+  note_single_rank_comm_variants(results, 2, &summaries);  // 2 ranks communicate: no notes
+  for (const BenchSummary& s : summaries) EXPECT_EQ(s.note, "") << s.name;
+  note_single_rank_comm_variants(results, 1, &summaries);
+  const std::set<std::string> comm_only = {"bucketing", "overlap", "all-bucketing", "all-overlap"};
+  for (const BenchSummary& s : summaries)
+    EXPECT_EQ(s.note, comm_only.count(s.name) ? "no communication on 1 rank" : "") << s.name;
+  EXPECT_NE(bench_table_markdown(results, summaries)
+                .find("| overlap | 10.00 | 10.00 | 10.00 | "
+                      "1.000x (1.000-1.000) within noise, no "
+                      "communication on 1 rank |"),
+            std::string::npos);
+  EXPECT_TRUE(bench_comm_only_variant({"b=1", {"comm.bucket_mb=1"}}));  // a --sweep value
+  EXPECT_FALSE(bench_comm_only_variant({"x", {"comm.bucket_mb=1", "fusion.max_ops=2"}}));
+}
+
 TEST(BenchLaunches, PerStepCountsInTheTableAndJson) {
   EXPECT_EQ(format_launches_per_step(std::nullopt, 3), "-");
   LaunchCounts counted;
@@ -233,6 +261,8 @@ TEST(BenchBinary, DefaultVariantsRunInterleavedAndAgree) {
   EXPECT_NE(result.output.find("ETA"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("tolerance: relative 1e-03"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("| launches/step |"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("warning: only 3 timed round(s)"), std::string::npos)
+      << result.output;
   for (const std::string& name : kDefaultNames)
     EXPECT_NE(result.output.find("| " + name + " |"), std::string::npos) << result.output;
 
@@ -255,6 +285,8 @@ TEST(BenchBinary, DefaultVariantsRunInterleavedAndAgree) {
           "bytes_moved", "peak_activation_bytes", "final_loss", "loss_ok", "step_ms", "launches"})
       EXPECT_TRUE(variant.contains(column)) << kDefaultNames[v] << " lacks " << column;
     EXPECT_TRUE(variant["launches"].is_null()) << "cpu counts no launches";
+    const bool comm_only = kDefaultNames[v] == "bucketing" || kDefaultNames[v] == "overlap";
+    EXPECT_EQ(variant["note"], comm_only ? "no communication on 1 rank" : "") << kDefaultNames[v];
     EXPECT_EQ(variant["step_ms"].size(), 3u);
     EXPECT_GT(variant["median_ms"].get<double>(), 0.0);
     EXPECT_GT(variant["ops_per_step"].get<int>(), 0);

@@ -128,7 +128,8 @@ TEST(Cli, ParseErrorsAreUsageErrorsNamingTheFlagAndTheJobHelp) {
       {"sample --checkpoint x --max-new-tokens 1e3", "'1e3' is not a decimal integer"},
       {"simulate --compute-scale fast", "--compute-scale: 'fast' is not a number"},
       {"eval", "error: --checkpoint is required (run 'fusiontrain eval --help')"},
-      {"bench --steps 0", "--steps: must be a finite positive number, got '0'"},
+      {"bench --steps 0", "--steps: must be positive (> 0), got '0'"},
+      {"sample --checkpoint x --top-k -1", "--top-k: must be non-negative (>= 0), got '-1'"},
       {"bandwidth --peak-gbps inf", "--peak-gbps: must be a finite non-negative number, got 'inf'"},
       {"train --bogus", "(run 'fusiontrain train --help')"},
       {"", "(run 'fusiontrain --help')"}};

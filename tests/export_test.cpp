@@ -40,19 +40,22 @@ Config resnet_config() {
   return parse_config("model: {arch: resnet, resnet_blocks: 1, resnet_width: 16}\n", "test");
 }
 
-// A ResNet checkpoint with random weights and BatchNorm statistics far from identity.
+// A ResNet checkpoint at temp_path(name) with random weights (from `seed`) and BatchNorm
+// statistics far from identity.
+std::string write_resnet_checkpoint(const std::string& name, uint64_t seed) {
+  const Config config = resnet_config();
+  ParamStore params;
+  register_resnet_params(resnet_shape(config.model), params);
+  params.allocate();
+  params.initialize(seed);
+  fold_test::randomize_batchnorms(params, seed + 1);
+  const std::string file = temp_path(name);
+  fold_test::write_checkpoint(file, config, params);
+  return file;
+}
+
 const std::string& resnet_checkpoint() {
-  static const std::string path = [] {
-    const Config config = resnet_config();
-    ParamStore params;
-    register_resnet_params(resnet_shape(config.model), params);
-    params.allocate();
-    params.initialize(21);
-    fold_test::randomize_batchnorms(params, 22);
-    const std::string file = temp_path("resnet.ckpt.safetensors");
-    fold_test::write_checkpoint(file, config, params);
-    return file;
-  }();
+  static const std::string path = write_resnet_checkpoint("resnet.ckpt.safetensors", 21);
   return path;
 }
 
@@ -302,6 +305,31 @@ TEST(Export, GptExportHoldsTheParametersAndInferPointsToSample) {
   const test::RunResult infer = run_fusiontrain("infer --model " + out, 60);
   EXPECT_EQ(infer.exit_code, 1);
   EXPECT_NE(infer.output.find("sample"), std::string::npos) << infer.output;
+  // sample and eval read training checkpoints: they say the file is an export and name its source.
+  for (const std::string job : {"sample", "eval"}) {
+    const test::RunResult refused = run_fusiontrain(job + " --checkpoint " + out, 60);
+    EXPECT_EQ(refused.exit_code, 1) << refused.output;
+    EXPECT_NE(refused.output.find(out + " is an export (metadata 'format' 'fusiontrain-export-1')"),
+              std::string::npos)
+        << refused.output;
+    EXPECT_NE(refused.output.find("(metadata source_checkpoint: " + checkpoint + ")"),
+              std::string::npos)
+        << refused.output;
+  }
+}
+
+// --compare-unfolded with a checkpoint the export was not made from compares two models: refused,
+// naming both files and the export's source.
+TEST(Export, InferRefusesToCompareWithAnotherCheckpoint) {
+  const std::string other = write_resnet_checkpoint("other.ckpt.safetensors", 31);
+  const test::RunResult result = run_fusiontrain(
+      "infer --model " + resnet_export() + " --compare-unfolded " + other + " --limit 8", 120);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("--compare-unfolded " + other), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find(resnet_export() + " was exported from " + resnet_checkpoint()),
+            std::string::npos)
+      << result.output;
+  EXPECT_EQ(result.output.find("predictions agree"), std::string::npos) << result.output;
 }
 
 }  // namespace

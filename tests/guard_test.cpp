@@ -338,6 +338,22 @@ TEST(GuardLoad, EvalWithAConfigOfAnotherArchSaysSoFirst) {
   EXPECT_FALSE(contains(eval.output, "has no tensor")) << eval.output;
 }
 
+// Resuming a GPT checkpoint in a ResNet run names both archs, not the optimizer state that differs.
+TEST(GuardLoad, ResumeOfAnotherArchSaysSoFirst) {
+  const std::string dir = fresh_dir("resume_arch");
+  const std::string gpt = trained_checkpoint(dir);
+  const RunResult resume = run_fusiontrain(
+      "train --config configs/resnet8.yaml --set train.steps=3 --set optim.warmup_steps=0 "
+      "--set train.threads=1 --set train.run_dir=" +
+          dir + "/resnet --set train.resume=" + gpt,
+      kTimeout);
+  EXPECT_NE(resume.exit_code, 0) << resume.output;
+  EXPECT_TRUE(contains(resume.output, gpt + ": train.resume: the checkpoint is a 'gpt' model"))
+      << resume.output;
+  EXPECT_TRUE(contains(resume.output, "this run's model.arch is 'resnet'")) << resume.output;
+  EXPECT_FALSE(contains(resume.output, "written by optimizer")) << resume.output;
+}
+
 // A pid that no process has now (kill fails with ESRCH).
 int dead_pid() {
   for (int pid = 999999; pid > 100000; --pid)

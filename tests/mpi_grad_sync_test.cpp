@@ -187,7 +187,14 @@ TEST_P(GradSyncCombos, ExactAverageAndCallCounts) {
     EXPECT_EQ(stats.bytes_reduced, store.num_trainable_floats() * 4);
     EXPECT_EQ(stats.extra_memory_bytes, combo.bucket_view ? 0 : store.num_trainable_floats() * 4);
     EXPECT_EQ(stats.emulated, combo.emulate);
+    // Exposed is the part of comm_ms after finish() entry: all of it when every bucket runs
+    // inline, at most all of it when overlapped; scaling and copy-out count as neither.
+    EXPECT_GT(stats.comm_ms, 0.0);
     EXPECT_GE(stats.exposed_ms, 0.0);
+    if (combo.overlap)
+      EXPECT_LE(stats.exposed_ms, stats.comm_ms);
+    else
+      EXPECT_EQ(stats.exposed_ms, stats.comm_ms);
     if (combo.emulate) {
       double floor_ms = 0;
       for (int64_t bytes : stats.bucket_bytes) floor_ms += options.emulate.extra_us(bytes) / 1e3;

@@ -138,15 +138,31 @@ TEST_F(SampleBinary, BadFlagsAreRefusedNamingTheFlag) {
   const std::string base = "sample --checkpoint " + gpt_checkpoint() + " ";
   expect_refused(run(base + "--temperature -1"), "--temperature");
   expect_refused(run(base + "--top-k -1"), "--top-k");
-  expect_refused(run(base + "--top-k 257"), "--top-k = 257");
+  expect_refused(run(base + "--top-k 257"),
+                 "--top-k = 257: inference.top_k must not exceed model.vocab_size = 256");
   expect_refused(run(base + "--max-new-tokens 0"), "--max-new-tokens");
   // The key's range says so when the config is read, as the flag's does.
   expect_refused(run(base + "--set inference.max_new_tokens=0"),
                  "--set 'inference.max_new_tokens=0': inference.max_new_tokens: expected an "
                  "integer in [1, 1000000], got 0");
-  expect_refused(run(base + "--prompt 'seventeen bytes!!'"), "--prompt is 17 bytes");
   expect_refused(run(base + "--no-kv-cache --compare-no-cache"), "--compare-no-cache");
   expect_refused(run("sample"), "--checkpoint");
+}
+
+// A prompt longer than seq_len conditions on its last seq_len bytes (nanoGPT crops to block_size),
+// with a note; the printed text still starts with the whole prompt.
+TEST_F(SampleBinary, LongPromptIsCroppedToItsLastSeqLenBytes) {
+  const std::string flags = "--max-new-tokens 8 --temperature 0 --prompt ";
+  const std::string output = sample(flags + "'seventeen bytes!!'");
+  EXPECT_NE(output.find("note: --prompt is 17 bytes; the model's context holds model.seq_len = 16"),
+            std::string::npos)
+      << output;
+  const nlohmann::json cropped = sample_json(flags + "'seventeen bytes!!'", "long");
+  const nlohmann::json last = sample_json(flags + "'eventeen bytes!!'", "last");
+  EXPECT_EQ(cropped["prompt"], "seventeen bytes!!");
+  EXPECT_EQ(cropped["text"].get<std::string>().rfind("seventeen bytes!!", 0), 0u) << cropped;
+  EXPECT_EQ(cropped["prompt_in_context"], "eventeen bytes!!");
+  EXPECT_EQ(cropped["new_tokens"], last["new_tokens"]) << "greedy from the same 16 bytes";
 }
 
 // The checkpoint is --checkpoint only: the key that once named it is refused, not ignored.

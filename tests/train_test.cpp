@@ -1,14 +1,22 @@
-// End-to-end training tests: the loss falls below what byte frequencies alone explain, and a
-// resumed run is bitwise the same as an uninterrupted one.
+// End-to-end training tests: the loss falls below what byte frequencies alone explain, a
+// resumed run is bitwise the same as an uninterrupted one, and (through the CLI) a run's history
+// survives resuming, a second run and an interrupt.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 
 #include "app/trainer.h"
 #include "core/check.h"
 #include "core/text_data.h"
+#include "tests/run_command.h"
 
 namespace ft {
 namespace {
@@ -111,6 +119,174 @@ TEST(TrainSmoke, Resnet8BeatsEightyPercentOnFashionMnist) {
               static_cast<long long>(result.examples));
   EXPECT_EQ(result.examples, 2000);
   EXPECT_GT(result.accuracy, 0.80);
+}
+
+}  // namespace
+}  // namespace ft
+
+// ---- Run history through the CLI: resume, a second run into the same dir, default names, signals.
+namespace ft {
+namespace {
+
+namespace fs = std::filesystem;
+using test::RunResult;
+
+// A fresh directory per test (ctest runs every test as its own process, in parallel).
+std::string fresh_dir(const std::string& name) {
+  const std::string dir =
+      ::testing::TempDir() + "/history_" + std::to_string(getpid()) + "_" + name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// The tiny GPT's flags with absolute paths, so that it runs from any working directory.
+std::string tiny_flags(const std::string& extra) {
+  return std::string(FT_BINARY) + " train --config " + source_path("configs/gpt_tiny.yaml") +
+         " --set data.path=" + source_path("data/moby_dick.txt") +
+         " --set model.n_layer=1 --set model.d_model=16 --set model.n_head=2 "
+         "--set model.seq_len=16 --set train.batch_size=2 --set train.threads=1 "
+         "--set train.eval_every=0 --set train.eval_batches=1 --set optim.warmup_steps=0 " +
+         extra;
+}
+
+RunResult train_in(const std::string& dir, const std::string& extra) {
+  return test::run_shell("timeout 60 " + tiny_flags("--set train.run_dir=" + dir + " " + extra));
+}
+
+std::string text_of(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<int> step_rows(const std::string& metrics) {
+  std::vector<int> steps;
+  std::istringstream in(text_of(metrics));
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    if (row["type"] == "step") steps.push_back(row["step"].get<int>());
+  }
+  return steps;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(RunHistory, ResumeAppendsMetricsAndKeepsTheFirstConfig) {
+  const std::string dir = fresh_dir("resume");
+  ASSERT_EQ(train_in(dir, "--set train.steps=4").exit_code, 0);
+  const std::string first_config = text_of(dir + "/config.yaml");
+  const RunResult resumed = train_in(dir, "--set train.steps=6 --set train.resume=" + dir +
+                                              "/checkpoints/step_000004.safetensors");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(step_rows(dir + "/metrics.jsonl"), (std::vector<int>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(text_of(dir + "/config.yaml"), first_config) << "the run's first config was replaced";
+  EXPECT_TRUE(has(text_of(dir + "/config.resume-4.yaml"), "steps: 6")) << resumed.output;
+  EXPECT_TRUE(has(resumed.output, "(config.resume-4.yaml, log.txt, metrics.jsonl)"))
+      << resumed.output;
+}
+
+TEST(RunHistory, FreshRunRefusesARunDirWithAnotherRunsHistory) {
+  const std::string dir = fresh_dir("fresh");
+  ASSERT_EQ(train_in(dir, "--set train.steps=2 --set train.checkpoint_dir=" + dir + "/a").exit_code,
+            0);
+  const std::string metrics = text_of(dir + "/metrics.jsonl");
+  const RunResult again =
+      train_in(dir, "--set train.steps=3 --set train.checkpoint_dir=" + dir + "/b");
+  EXPECT_NE(again.exit_code, 0) << again.output;
+  EXPECT_TRUE(has(again.output, "train.run_dir '" + dir +
+                                    "' already holds another run's files "
+                                    "(config.yaml, metrics.jsonl)"))
+      << again.output;
+  EXPECT_TRUE(has(again.output, "choose another train.run_dir")) << again.output;
+  EXPECT_TRUE(has(again.output, "train.overwrite: true")) << again.output;
+  EXPECT_EQ(text_of(dir + "/metrics.jsonl"), metrics) << "the refused run wrote metrics.jsonl";
+  EXPECT_FALSE(fs::exists(dir + "/b"));
+  const RunResult forced = train_in(
+      dir,
+      "--set train.steps=3 --set train.overwrite=true --set train.checkpoint_dir=" + dir + "/b");
+  EXPECT_EQ(forced.exit_code, 0) << forced.output;
+  EXPECT_EQ(step_rows(dir + "/metrics.jsonl"), (std::vector<int>{1, 2, 3}));
+}
+
+// The line "run dir PATH (" of a run's start.
+std::string run_dir_of(const std::string& output) {
+  const size_t start = output.find("run dir ");
+  if (start == std::string::npos) return "";
+  return output.substr(start + 8, output.find(" (", start) - start - 8);
+}
+
+TEST(RunHistory, DefaultRunDirsAreUniqueWithinASecond) {
+  const std::string dir = fresh_dir("default");
+  // Every name the next seconds can give is taken: the run must add -2.
+  std::vector<std::string> taken;
+  for (std::time_t t = std::time(nullptr), end = t + 30; t <= end; ++t) {
+    char stamp[32];
+    std::tm local{};
+    localtime_r(&t, &local);
+    std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
+    taken.push_back(std::string("runs/gpt_tiny-") + stamp);
+    fs::create_directories(dir + "/" + taken.back());
+  }
+  const std::string cd = "cd " + dir + " && timeout 60 ";
+  const RunResult one = test::run_shell(cd + tiny_flags("--set train.steps=1"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::string name = run_dir_of(one.output);
+  EXPECT_EQ(name.substr(name.size() - 2), "-2") << one.output;
+  EXPECT_TRUE(fs::exists(dir + "/" + name + "/config.yaml")) << one.output;
+  for (const std::string& empty : taken) EXPECT_TRUE(fs::is_empty(dir + "/" + empty)) << empty;
+  // Three runs started together: three run dirs.
+  const RunResult three = test::run_shell(cd + "sh -c '" + tiny_flags("--set train.steps=1") +
+                                          " & " + tiny_flags("--set train.steps=1") + " & " +
+                                          tiny_flags("--set train.steps=1") + " & wait'");
+  std::set<std::string> names;
+  for (size_t at = 0; (at = three.output.find("run dir ", at)) != std::string::npos; ++at)
+    names.insert(run_dir_of(three.output.substr(at)));
+  EXPECT_EQ(names.size(), 3u) << three.output;
+}
+
+// SIGINT and SIGTERM once the first step is logged: a message naming the step and the newest
+// checkpoint, exit 128 + signo, and every metrics row written whole up to that step.
+TEST(RunHistory, InterruptSaysWhereItStoppedAndKeepsMetricsWhole) {
+  for (const auto& [signal_name, status] : {std::pair{"INT", 130}, std::pair{"TERM", 143}}) {
+    const std::string dir = fresh_dir(std::string("signal_") + signal_name);
+    const RunResult run = test::run_shell(
+        "timeout 60 sh -c '" +
+        tiny_flags("--set train.steps=200000 --set train.checkpoint_every=5 "
+                   "--set train.run_dir=" +
+                   dir) +
+        " > " + dir + "/out.txt 2>&1 & pid=$!; i=0; until grep -q \"step 1/\" " + dir +
+        "/out.txt || [ $i -ge 600 ]; do sleep 0.05; i=$((i+1)); done; sleep 0.2; kill -" +
+        signal_name + " $pid; wait $pid; echo status=$?'");
+    const std::string out = text_of(dir + "/out.txt");
+    EXPECT_TRUE(has(run.output, "status=" + std::to_string(status))) << run.output << out;
+    const std::string said = std::string("interrupted by SIG") + signal_name + " at step ";
+    const size_t at = out.find(said);
+    ASSERT_NE(at, std::string::npos) << out;
+    const int step = std::atoi(out.c_str() + at + said.size());
+    EXPECT_GT(step, 0) << out;
+    EXPECT_TRUE(has(text_of(dir + "/log.txt"), said + std::to_string(step))) << out;
+    const size_t named = out.find("; last checkpoint ", at);
+    if (named != std::string::npos) {  // a slow machine may stop before the first checkpoint
+      const size_t path_at = named + 18;
+      const std::string path = out.substr(path_at, out.find(' ', path_at) - path_at);
+      EXPECT_TRUE(fs::exists(path)) << out;
+      EXPECT_TRUE(has(out, "(resume with --set train.resume=" + path + ")")) << out;
+    } else {
+      EXPECT_TRUE(has(out, said + std::to_string(step) + "; no checkpoint written yet")) << out;
+    }
+    // The signal may land between a step's row and the message's update: one row more at most.
+    const std::string metrics = text_of(dir + "/metrics.jsonl");
+    ASSERT_FALSE(metrics.empty());
+    EXPECT_EQ(metrics.back(), '\n') << "the last metrics row is cut off";
+    const std::vector<int> steps = step_rows(dir + "/metrics.jsonl");
+    ASSERT_FALSE(steps.empty());
+    EXPECT_GE(steps.back(), step) << out;
+    EXPECT_LE(steps.back(), step + 1) << out;
+  }
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // `fusiontrain tune`: the pure parts of app/tune.h (budget split, sweep values, candidate
 // overrides) and the binary on a one-layer GPT: it ends within --budget-steps, says when the
 // budget stopped it, lists every measured point with its spread, skips bucket sizes on one rank
-// with a note, and writes a YAML that load_config accepts and that holds the winner.
+// with a note, measures the input config's own fusion as a point, and writes a YAML that
+// load_config accepts and that holds the winner.
 #include "app/tune.h"
 
 #include <gtest/gtest.h>
@@ -125,6 +126,19 @@ TEST(TuneBinary, EndsWithinItsBudgetAndWritesAConfigThatLoads) {
     }
   }
   EXPECT_GE(pass_points, 1);
+  // The config's own fusion (gpt_tiny: every pass on) is measured against the best of the passes
+  // stage, since the advice may name too little; it is a point like the others.
+  int input_points = 0;
+  for (const nlohmann::json& point : points) {
+    if (point["stage"] != "input" || point["against"].get<std::string>().empty()) continue;
+    ++input_points;
+    EXPECT_EQ(point["name"], "input");
+    const std::vector<std::string> overrides = point["overrides"];
+    EXPECT_TRUE(contains(overrides, "fusion.enabled=true")) << point.dump();
+    EXPECT_TRUE(contains(overrides, "fusion.vertical.attention=true")) << point.dump();
+    EXPECT_TRUE(contains(overrides, "fusion.horizontal.qkv=true")) << point.dump();
+  }
+  EXPECT_EQ(input_points, 1) << json.dump(1);
   const std::vector<std::string> notes = json["notes"];
   bool bucket_note = false;
   for (const std::string& note : notes)
