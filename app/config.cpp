@@ -149,18 +149,22 @@ class Reader {
     sources_.from_dump.erase(key);
   }
 
-  // Defaults that only make sense for long runs shrink to fit a short one, with a note; a value
-  // the user set is never changed (validate() refuses it instead).
+  // Defaults that only make sense for long runs shrink to fit a short one, with a note; so does a
+  // value a resolved dump (a run's config.yaml, tune's output) carries, since that run fitted or
+  // defaulted it for its own length. A value the user set is never changed (validate() refuses it
+  // instead).
   void fit_defaults() {
     OptimConfig& optim = config_.optim;
-    if (sources_.set_at.count("optim.warmup_steps") == 0 &&
+    const std::string key = "optim.warmup_steps";
+    const bool from_dump = sources_.from_dump.count(key) > 0;
+    if ((sources_.set_at.count(key) == 0 || from_dump) &&
         optim.warmup_steps > config_.train.steps) {
       // Once per job: under mpirun only world rank 0 says it (every rank applies it).
       const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
       if (rank == nullptr || std::string(rank) == "0") {
-        std::printf(
-            "note: optim.warmup_steps defaults to %d, more than train.steps = %d; using %d\n",
-            optim.warmup_steps, config_.train.steps, config_.train.steps);
+        std::printf("note: optim.warmup_steps %s %d, more than train.steps = %d; using %d\n",
+                    from_dump ? "in the resolved config is" : "defaults to", optim.warmup_steps,
+                    config_.train.steps, config_.train.steps);
         std::fflush(stdout);
       }
       optim.warmup_steps = config_.train.steps;

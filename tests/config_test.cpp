@@ -225,6 +225,14 @@ TEST(Config, CrossFieldChecks) {
   EXPECT_NE(
       parse_error("train:\n  steps: 10\noptim:\n  warmup_steps: 20\n").find("optim.warmup_steps"),
       std::string::npos);
+  // A resolved dump's warmup (fitted or defaulted by the run that wrote it) is clamped too, so a
+  // run's config.yaml can be reused for a shorter run; a --set warmup is not.
+  Config six_steps;
+  six_steps.train.steps = six_steps.optim.warmup_steps = 6;
+  const std::string dump = config_to_yaml(six_steps);
+  EXPECT_EQ(parse_config(dump, "run/config.yaml", {"train.steps=3"}).optim.warmup_steps, 3);
+  EXPECT_THROW(parse_config(dump, "run/config.yaml", {"train.steps=3", "optim.warmup_steps=6"}),
+               Error);
   EXPECT_NE(parse_error("optim:\n  min_lr: 0.01\n").find("optim.min_lr"), std::string::npos);
   EXPECT_NE(parse_error("comm:\n  first_bucket_mb: 8\n").find("comm.bucket_mb"), std::string::npos);
   EXPECT_NE(parse_error("data:\n  augment: flip\n").find("only to model.arch resnet"),
