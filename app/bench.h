@@ -1,9 +1,9 @@
 // What `fusiontrain bench` computes, apart from running it: the variant list (named strategies,
 // the --ablation names, ad-hoc `name:key=value;...` variants and --sweep values), the statistics
 // of the interleaved rounds (median, p10, p90, speedup over the baseline with its p10-p90 interval
-// of per-round ratios), the final-loss check, and the Markdown table and JSON. app/bench_job.cpp
-// runs the Trainers and fills BenchVariantResult; everything here is pure so tests check it
-// without training.
+// of per-round ratios), the final-loss check, and the Markdown table and JSON (app/bench.cpp; the
+// table, throughput and JSON output in app/bench_report.cpp). app/bench_job.cpp runs the Trainers
+// and fills BenchVariantResult; everything here is pure so tests check it without training.
 // Thread safety: pure functions.
 #pragma once
 #include <cstdint>

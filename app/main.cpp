@@ -283,6 +283,10 @@ int main(int argc, char** argv) {
       if (app.got_subcommand(simulate)) return ft::run_simulate(simulate_args, comm.get());
       if (app.got_subcommand(tune)) return ft::run_tune(tune_args, comm.get());
       if (app.got_subcommand(bandwidth)) return ft::run_bandwidth(*comm, bandwidth_args);
+    } catch (const ft::CollectiveError& error) {
+      // Every rank stops here together: one report, and a clean exit instead of an abort.
+      if (rank == 0) std::fprintf(stderr, "rank 0: error: %s\n", error.what());
+      return 1;
     } catch (const std::exception& error) {
       std::fprintf(stderr, "rank %d: error: %s\n", rank, error.what());
       std::fflush(stderr);

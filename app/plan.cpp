@@ -3,6 +3,7 @@
 #include "app/plan.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -214,6 +215,19 @@ std::string plan_to_json(const Plan& plan, const std::string& config_path, int b
                                  {"passes", passes},
                                  {"decisions", decisions}};
   return report.dump(2);
+}
+
+std::string binary_bytes_text(double bytes) {
+  static const char* const kSuffixes[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int suffix = 0;
+  while (bytes >= 1023.5 && suffix < 4) {
+    bytes /= 1024.0;
+    ++suffix;
+  }
+  char text[32];
+  const char* format = suffix == 0 || bytes >= 100 ? "%.0f%s" : bytes >= 10 ? "%.1f%s" : "%.2f%s";
+  std::snprintf(text, sizeof(text), format, bytes, kSuffixes[suffix]);
+  return text;
 }
 
 }  // namespace ft

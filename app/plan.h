@@ -72,6 +72,10 @@ Plan build_plan(const std::function<Graph()>& build_eager, const ParamStore& par
 // or "conv_shortcut skipped at layer2.0.conv1: padding overhead 0.80 > 0.25".
 std::string describe_decision(const FusionDecision& decision);
 
+// Bytes in binary units with three significant digits: "512B", "1.50MiB", "46.5MiB", "128KiB";
+// what plan's and bench's tables print.
+std::string binary_bytes_text(double bytes);
+
 // The whole plan as JSON text (what --json writes).
 std::string plan_to_json(const Plan& plan, const std::string& config_path, int batch);
 

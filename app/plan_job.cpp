@@ -40,22 +40,6 @@ std::string si(double amount, const char* unit = "") {
   return text;
 }
 
-// Bytes in binary units: "1.50MiB".
-std::string mib(double bytes) {
-  static const char* const kSuffixes[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int suffix = 0;
-  while (bytes >= 1023.5 && suffix < 4) {
-    bytes /= 1024.0;
-    ++suffix;
-  }
-  char text[32];
-  if (suffix == 0)
-    std::snprintf(text, sizeof(text), "%.0fB", bytes);
-  else
-    std::snprintf(text, sizeof(text), "%.3g%s", bytes, kSuffixes[suffix]);
-  return text;
-}
-
 void print_op_table(const char* title, const PlanGraph& graph, GraphMode mode) {
   std::printf("%s: %zu ops\n", title, graph.ops.size());
   std::printf("%3s %-21s %-18s %-36s %8s %8s %8s %5s %5s\n", "#", "name", "kind",
@@ -64,8 +48,8 @@ void print_op_table(const char* title, const PlanGraph& graph, GraphMode mode) {
   for (const PlanOp& op : graph.ops) {
     std::printf("%3d %-21s %-18s %-36s %8s %8s %8s %5.1f %5d\n", op.index, fit(op.name, 21).c_str(),
                 fit(op.kind, 18).c_str(), fit(op.shapes, 36).c_str(), si(op.flops).c_str(),
-                mib(op.cost.bytes_read).c_str(), mib(op.cost.bytes_written).c_str(), op.intensity,
-                op.eager_ops);
+                binary_bytes_text(op.cost.bytes_read).c_str(),
+                binary_bytes_text(op.cost.bytes_written).c_str(), op.intensity, op.eager_ops);
   }
   std::printf("\n");
 }
@@ -96,22 +80,22 @@ void print_totals(const Plan& plan) {
       static_cast<double>(after.ops));
   row(train ? "FLOPs (forward + backward)" : "FLOPs", si(before.flops), si(after.flops),
       before.flops, after.flops);
-  row("bytes moved (forward)", mib(before.bytes_moved), mib(after.bytes_moved), before.bytes_moved,
-      after.bytes_moved);
+  row("bytes moved (forward)", binary_bytes_text(before.bytes_moved),
+      binary_bytes_text(after.bytes_moved), before.bytes_moved, after.bytes_moved);
   const PlanMemory& m0 = before.memory;
   const PlanMemory& m1 = after.memory;
   if (train) {
-    row("activations (kept to backward)", mib(m0.activation_bytes), mib(m1.activation_bytes),
-        m0.activation_bytes, m1.activation_bytes);
-    row("  of which saved by ops", mib(m0.saved_bytes), mib(m1.saved_bytes), m0.saved_bytes,
-        m1.saved_bytes);
-    row("activation gradients", mib(m0.gradient_bytes), mib(m1.gradient_bytes), m0.gradient_bytes,
-        m1.gradient_bytes);
-    row("peak activation memory", mib(m0.peak_bytes), mib(m1.peak_bytes), m0.peak_bytes,
-        m1.peak_bytes);
+    row("activations (kept to backward)", binary_bytes_text(m0.activation_bytes),
+        binary_bytes_text(m1.activation_bytes), m0.activation_bytes, m1.activation_bytes);
+    row("  of which saved by ops", binary_bytes_text(m0.saved_bytes),
+        binary_bytes_text(m1.saved_bytes), m0.saved_bytes, m1.saved_bytes);
+    row("activation gradients", binary_bytes_text(m0.gradient_bytes),
+        binary_bytes_text(m1.gradient_bytes), m0.gradient_bytes, m1.gradient_bytes);
+    row("peak activation memory", binary_bytes_text(m0.peak_bytes),
+        binary_bytes_text(m1.peak_bytes), m0.peak_bytes, m1.peak_bytes);
   } else {
-    row("peak activation memory (live)", mib(m0.peak_bytes), mib(m1.peak_bytes), m0.peak_bytes,
-        m1.peak_bytes);
+    row("peak activation memory (live)", binary_bytes_text(m0.peak_bytes),
+        binary_bytes_text(m1.peak_bytes), m0.peak_bytes, m1.peak_bytes);
   }
 }
 

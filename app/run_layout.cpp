@@ -105,15 +105,22 @@ void require_writable_run_layout(const Config& config, const std::string& json_p
   if (!in_new_run_dir) require_writable_file("--json", json_path, OutputWrite::kInPlace);
 }
 
-// runs/latest -> the run dir, when the run dir was named automatically. A real directory there
-// (an older layout) is left alone.
+// runs/latest -> the run dir, when the run dir was named automatically. A real file or directory
+// there (an older layout, or the user's) is left alone, with a note saying so.
 void point_latest_at(const std::string& run_dir) {
   const std::filesystem::path latest = std::filesystem::path(run_dir).parent_path() / "latest";
   std::error_code error;
-  if (std::filesystem::exists(latest, error) && !std::filesystem::is_symlink(latest, error)) return;
+  if (std::filesystem::exists(latest, error) && !std::filesystem::is_symlink(latest, error)) {
+    std::printf("note: %s is not a symlink, so it was left alone and does not point at this run\n",
+                latest.string().c_str());
+    return;
+  }
   std::filesystem::remove(latest, error);
   std::filesystem::create_directory_symlink(std::filesystem::path(run_dir).filename(), latest,
                                             error);
+  if (error)
+    std::printf("note: could not point %s at this run: %s\n", latest.string().c_str(),
+                error.message().c_str());
 }
 
 // The settings a reader needs at start: what differs from the defaults in fusion, comm and

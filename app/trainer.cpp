@@ -141,18 +141,31 @@ StepStats Trainer::train_step() {
 void Trainer::skip_diverged_step(StepStats& stats, bool locally_finite) {
   // Parameters and optimizer state stay those of the last good step.
   stats.skipped = true;
+  // "nan", not the C library's "-nan" for a NaN with its sign bit set.
+  auto number = [](float value) {
+    std::ostringstream text;
+    if (std::isnan(value))
+      text << "nan";
+    else
+      text << value;
+    return text.str();
+  };
   std::ostringstream what;
   what << "step " << step_ + 1 << ": ";
   if (locally_finite)
-    what << "the loss or gradient norm of another rank is not finite (here loss " << stats.loss
-         << ", gradient norm " << stats.grad_norm << ")";
+    what << "the loss or gradient norm of another rank is not finite (here loss "
+         << number(stats.loss) << ", gradient norm " << number(stats.grad_norm) << ")";
   else if (!std::isfinite(stats.loss))
-    what << "loss is " << stats.loss << " (gradient norm " << stats.grad_norm << ")";
+    what << "loss is " << number(stats.loss) << " (gradient norm " << number(stats.grad_norm)
+         << ")";
   else
-    what << "gradient norm is " << stats.grad_norm << " (loss " << stats.loss << ")";
+    what << "gradient norm is " << number(stats.grad_norm) << " (loss " << number(stats.loss)
+         << ")";
+  // Every rank took the vote above, so every rank stops here, at the same step.
   if (config_.train.nan_policy != "skip_step")
-    FT_FAIL(what.str(), "; stopping the run (train.nan_policy: stop; skip_step skips such steps); ",
-            last_checkpoint_text());
+    throw CollectiveError(detail::concat(
+        what.str(), "; stopping the run (train.nan_policy: stop; skip_step skips such steps); ",
+        last_checkpoint_text()));
   ++skipped_steps_;
   Tensor& buffers = params_.flat_buffers();
   if (buffers.numel() > 0) {  // BatchNorm's running statistics as they were before the step
@@ -160,9 +173,10 @@ void Trainer::skip_diverged_step(StepStats& stats, bool locally_finite) {
     params_.mark_changed();
   }
   if (skipped_steps_ > config_.train.max_skipped_steps)
-    FT_FAIL(what.str(), "; stopping the run: ", skipped_steps_,
-            " steps skipped, more than train.max_skipped_steps = ", config_.train.max_skipped_steps,
-            "; ", last_checkpoint_text());
+    throw CollectiveError(detail::concat(
+        what.str(), "; stopping the run: ", skipped_steps_,
+        " steps skipped, more than train.max_skipped_steps = ", config_.train.max_skipped_steps,
+        "; ", last_checkpoint_text()));
 }
 
 uint64_t Trainer::dropout_seed(int micro) const {

@@ -20,6 +20,13 @@ class OutOfMemory : public Error {
   explicit OutOfMemory(const std::string& what) : Error(what) {}
 };
 
+// An error every rank raises at the same point of the same step, because the ranks decided it
+// together (a vote on divergence): rank 0 alone reports it, and no rank has to abort the others.
+class CollectiveError : public Error {
+ public:
+  explicit CollectiveError(const std::string& what) : Error(what) {}
+};
+
 namespace detail {
 template <typename... Args>
 std::string concat(const Args&... args) {

@@ -1,8 +1,8 @@
 // "Training must never destroy good work", through the CLI: a diverging run stops (or skips
 // steps, up to a limit) without writing a non-finite checkpoint; a fresh run refuses to write
-// over another run's checkpoints; resume checks its metadata; loading checks tensor values and
-// names; eval checks the architecture; dead writers' temp files are cleaned up; a --json that
-// cannot be written is an error.
+// over another run's checkpoints; resume checks its metadata; dead writers' temp files are
+// cleaned up; a --json that cannot be written is an error. Loading checks (tensor values, names,
+// architecture) are in tests/guard_load_test.cpp.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -12,41 +12,20 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/safetensors.h"
+#include "tests/guard_test_util.h"
 #include "tests/run_command.h"
 
 namespace ft {
 namespace {
 
 namespace fs = std::filesystem;
-using test::run_fusiontrain;
-using test::RunResult;
-
-constexpr int kTimeout = 60;
-
-// A fresh directory per test (ctest runs every test as its own process, in parallel).
-std::string fresh_dir(const std::string& name) {
-  const std::string dir =
-      ::testing::TempDir() + "/guard_" + std::to_string(::getpid()) + "_" + name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-// A one-layer GPT that trains a step in milliseconds, writing under `dir`.
-std::string tiny_train(const std::string& dir, const std::string& extra = "") {
-  return "train --config configs/gpt_tiny.yaml --set model.n_layer=1 --set model.d_model=16 "
-         "--set model.n_head=2 --set model.seq_len=16 --set train.batch_size=2 "
-         "--set train.threads=1 --set train.eval_every=0 --set train.eval_batches=1 "
-         "--set optim.warmup_steps=0 --set train.steps=3 --set train.run_dir=" +
-         dir + " --set train.checkpoint_dir=" + dir + "/ck " + extra;
-}
+using namespace guard_test;  // the helpers of tests/guard_test_util.h
 
 // Diverges within a few steps: plain SGD at lr 10 without clipping.
 const char* const kDiverge =
@@ -76,21 +55,6 @@ std::vector<nlohmann::json> json_lines(const std::string& path) {
   while (std::getline(in, line))
     if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
   return rows;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-// Trains the tiny model for `steps` into dir/ck and returns the final checkpoint's path.
-std::string trained_checkpoint(const std::string& dir, int steps = 3,
-                               const std::string& extra = "") {
-  const RunResult run = run_fusiontrain(
-      tiny_train(dir, "--set train.steps=" + std::to_string(steps) + " " + extra), kTimeout);
-  EXPECT_EQ(run.exit_code, 0) << run.output;
-  char name[64];
-  std::snprintf(name, sizeof(name), "/ck/step_%06d.safetensors", steps);
-  return dir + name;
 }
 
 TEST(GuardDivergence, NanStopsWithNonZeroExitAndNoNonFiniteCheckpoint) {
@@ -277,83 +241,6 @@ TEST(GuardResume, FinishedRunSaysSoAndWritesNothing) {
   EXPECT_FALSE(fs::exists(out)) << "a finished run's resume wrote into " << out;
 }
 
-TEST(GuardLoad, NonFiniteTensorIsAnErrorNamingTensorAndFile) {
-  const std::string dir = fresh_dir("load_nan");
-  const std::string good = trained_checkpoint(dir);
-  for (float bad_value :
-       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
-    SafetensorsFile file = load_safetensors(good);
-    file.tensors.at("h.0.mlp.c_fc.weight").data[5] = bad_value;
-    const std::string bad = dir + "/bad.safetensors";
-    save_safetensors(bad, file);
-    const RunResult eval = run_fusiontrain("eval --checkpoint " + bad, kTimeout);
-    EXPECT_NE(eval.exit_code, 0) << eval.output;
-    EXPECT_TRUE(contains(eval.output, bad + ": tensor 'h.0.mlp.c_fc.weight' holds a non-finite"))
-        << eval.output;
-    const RunResult resume = run_fusiontrain(
-        tiny_train(dir + "/r", "--set train.steps=5 --set train.resume=" + bad), kTimeout);
-    EXPECT_NE(resume.exit_code, 0) << resume.output;
-    EXPECT_TRUE(contains(resume.output, "tensor 'h.0.mlp.c_fc.weight' holds a non-finite"))
-        << resume.output;
-  }
-}
-
-// Weights that are finite but so large that the forward overflows: eval prints the nan loss and
-// exits non-zero.
-TEST(GuardLoad, EvalOfAModelThatOverflowsIsAnError) {
-  const std::string dir = fresh_dir("load_overflow");
-  SafetensorsFile file = load_safetensors(trained_checkpoint(dir));
-  for (float& weight : file.tensors.at("wte.weight").data) weight = weight < 0 ? -3e38f : 3e38f;
-  const std::string huge = dir + "/huge.safetensors";
-  save_safetensors(huge, file);
-  const RunResult eval = run_fusiontrain("eval --checkpoint " + huge, kTimeout);
-  EXPECT_NE(eval.exit_code, 0) << eval.output;
-  EXPECT_TRUE(contains(eval.output, "eval: the loss of " + huge)) << eval.output;
-  EXPECT_TRUE(contains(eval.output, "the model overflows")) << eval.output;
-}
-
-TEST(GuardLoad, ExtraTensorsAreListed) {
-  const std::string dir = fresh_dir("extra");
-  const std::string two_layers = trained_checkpoint(dir, 3, "--set model.n_layer=2");
-  const RunResult eval =
-      run_fusiontrain("eval --checkpoint " + two_layers + " --set model.n_layer=1", kTimeout);
-  EXPECT_NE(eval.exit_code, 0) << eval.output;
-  EXPECT_TRUE(contains(eval.output, "the model does not have")) << eval.output;
-  EXPECT_TRUE(contains(eval.output, "h.1.mlp.c_fc.weight")) << eval.output;
-  EXPECT_TRUE(contains(eval.output, "h.1.ln_1.weight")) << eval.output;
-  EXPECT_FALSE(contains(eval.output, "h.0.")) << eval.output;
-  EXPECT_FALSE(contains(eval.output, "optim.exp_avg.h.0")) << "state of known params is fine";
-  const RunResult same = run_fusiontrain("eval --checkpoint " + two_layers, kTimeout);
-  EXPECT_EQ(same.exit_code, 0) << same.output;
-}
-
-TEST(GuardLoad, EvalWithAConfigOfAnotherArchSaysSoFirst) {
-  const std::string dir = fresh_dir("arch");
-  const std::string gpt = trained_checkpoint(dir);
-  const RunResult eval =
-      run_fusiontrain("eval --checkpoint " + gpt + " --config configs/resnet8.yaml", kTimeout);
-  EXPECT_NE(eval.exit_code, 0) << eval.output;
-  EXPECT_TRUE(contains(eval.output, "the checkpoint is a 'gpt' model")) << eval.output;
-  EXPECT_TRUE(contains(eval.output, "model.arch 'resnet'")) << eval.output;
-  EXPECT_FALSE(contains(eval.output, "has no tensor")) << eval.output;
-}
-
-// Resuming a GPT checkpoint in a ResNet run names both archs, not the optimizer state that differs.
-TEST(GuardLoad, ResumeOfAnotherArchSaysSoFirst) {
-  const std::string dir = fresh_dir("resume_arch");
-  const std::string gpt = trained_checkpoint(dir);
-  const RunResult resume = run_fusiontrain(
-      "train --config configs/resnet8.yaml --set train.steps=3 --set optim.warmup_steps=0 "
-      "--set train.threads=1 --set train.run_dir=" +
-          dir + "/resnet --set train.resume=" + gpt,
-      kTimeout);
-  EXPECT_NE(resume.exit_code, 0) << resume.output;
-  EXPECT_TRUE(contains(resume.output, gpt + ": train.resume: the checkpoint is a 'gpt' model"))
-      << resume.output;
-  EXPECT_TRUE(contains(resume.output, "this run's model.arch is 'resnet'")) << resume.output;
-  EXPECT_FALSE(contains(resume.output, "written by optimizer")) << resume.output;
-}
-
 // A pid that no process has now (kill fails with ESRCH).
 int dead_pid() {
   for (int pid = 999999; pid > 100000; --pid)
@@ -401,6 +288,14 @@ TEST(GuardDivergence, EveryRankStopsAtTheSameStepUnderMpirun) {
   EXPECT_NE(run.exit_code, 0) << run.output;
   EXPECT_NE(run.exit_code, 124) << "a rank hung:\n" << run.output;
   EXPECT_TRUE(contains(run.output, "stopping the run (train.nan_policy: stop")) << run.output;
+  // The ranks voted, so they stop together: one report from rank 0, and no abort.
+  size_t reports = 0;
+  for (size_t at = 0; (at = run.output.find("error: step ", at)) != std::string::npos; ++at)
+    ++reports;
+  EXPECT_EQ(reports, 1u) << run.output;
+  EXPECT_TRUE(contains(run.output, "rank 0: error: step ")) << run.output;
+  EXPECT_FALSE(contains(run.output, "MPI_ABORT")) << run.output;
+  EXPECT_FALSE(contains(run.output, "-nan")) << run.output;
   for (const std::string& path : checkpoints_in(dir + "/ck"))
     EXPECT_EQ(first_non_finite(load_safetensors(path)), "") << path;
 }

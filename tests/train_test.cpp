@@ -248,6 +248,18 @@ TEST(RunHistory, DefaultRunDirsAreUniqueWithinASecond) {
   EXPECT_EQ(names.size(), 3u) << three.output;
 }
 
+// runs/latest is the user's file, not our symlink: left alone, and the run says so.
+TEST(RunHistory, LatestThatIsNotASymlinkIsLeftAloneWithANote) {
+  const std::string dir = fresh_dir("latest");
+  fs::create_directories(dir + "/runs");
+  std::ofstream(dir + "/runs/latest") << "mine\n";
+  const RunResult run =
+      test::run_shell("cd " + dir + " && timeout 60 " + tiny_flags("--set train.steps=1"));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("note: runs/latest is not a symlink"), std::string::npos) << run.output;
+  EXPECT_FALSE(fs::is_symlink(dir + "/runs/latest"));
+}
+
 // SIGINT and SIGTERM once the first step is logged: a message naming the step and the newest
 // checkpoint, exit 128 + signo, and every metrics row written whole up to that step.
 TEST(RunHistory, InterruptSaysWhereItStoppedAndKeepsMetricsWhole) {
