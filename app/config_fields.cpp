@@ -106,7 +106,8 @@ std::vector<Field> build_fields() {
        "nan_policy skip_step only: stop once more steps than this have been skipped"},
       {FT_KEY(train.overwrite), true_or_false(),
        "let a fresh run (no train.resume) write into a checkpoint_dir that already holds "
-       "checkpoints, or a run_dir that holds another run's config.yaml or metrics.jsonl"},
+       "checkpoints (moved into its replaced-TIME subdirectory first), or a run_dir that "
+       "holds another run's config.yaml or metrics.jsonl"},
 
       {FT_KEY(optim.name), one_of({"adamw", "sgd"}), "optimizer"},
       {FT_KEY(optim.lr), above_up_to(0, 10), "peak learning rate, reached after warmup"},

@@ -28,6 +28,36 @@ int count_checkpoints(const std::string& directory) {
   return count;
 }
 
+// train.overwrite on a fresh run: the previous run's checkpoints move into
+// <directory>/replaced-<time>[-N]/ instead of staying beside the new ones, where a resume from
+// "the newest" could pick a file of the other run; nothing is deleted. Says what moved where.
+void set_aside_checkpoints(const std::string& directory) {
+  namespace fs = std::filesystem;
+  if (count_checkpoints(directory) == 0) return;
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
+  fs::path aside = fs::path(directory) / (std::string("replaced-") + stamp);
+  for (int suffix = 2; ::mkdir(aside.c_str(), 0777) != 0; ++suffix) {
+    FT_REQUIRE(errno == EEXIST, "train.overwrite: cannot create '", aside.string(),
+               "' to set the previous run's checkpoints aside: ", std::strerror(errno));
+    aside = fs::path(directory) / (std::string("replaced-") + stamp + "-" + std::to_string(suffix));
+  }
+  int moved = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator(directory)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    std::error_code error;
+    fs::rename(entry.path(), aside / entry.path().filename(), error);
+    FT_REQUIRE(!error, "train.overwrite: cannot move '", entry.path().string(), "' into '",
+               aside.string(), "': ", error.message());
+    ++moved;
+  }
+  std::printf("note: train.overwrite: moved the previous run's %d checkpoint(s) to %s\n", moved,
+              aside.string().c_str());
+}
+
 }  // namespace
 
 // "1:05" or "1:02:05".
@@ -141,7 +171,11 @@ std::string non_default_settings(const Config& config) {
 // A fresh run must not write its step_N files, config.yaml or metrics.jsonl over another run's:
 // rank 0 looks (it is the one that writes), every rank follows its answer.
 void refuse_to_overwrite(const Config& config, Communicator* comm, bool is_root) {
-  if (!config.train.resume.empty() || config.train.overwrite) return;
+  if (!config.train.resume.empty()) return;
+  if (config.train.overwrite) {
+    if (is_root) set_aside_checkpoints(config.train.checkpoint_dir);
+    return;
+  }
   namespace fs = std::filesystem;
   const fs::path run_dir(config.train.run_dir);
   std::error_code error;

@@ -40,7 +40,8 @@ std::string checkpoint_path(const Config& config, int step);
 
 // A fresh run must not write its step_N files, config.yaml or metrics.jsonl over another run's:
 // rank 0 looks (it is the one that writes), every rank follows its answer. Throws ft::Error
-// naming train.overwrite.
+// naming train.overwrite. With train.overwrite, rank 0 instead moves the checkpoints it finds
+// into <checkpoint_dir>/replaced-<time>/, so the new run's never mix with them.
 void refuse_to_overwrite(const Config& config, Communicator* comm, bool is_root);
 
 // SIGINT and SIGTERM end the process at once with exit status 128 + signo; with `print` (rank 0)

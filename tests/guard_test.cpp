@@ -189,6 +189,15 @@ TEST(GuardOverwrite, FreshRunRefusesADirectoryWithCheckpoints) {
 
   const RunResult forced = run_fusiontrain(tiny_train(dir, "--set train.overwrite=true"), kTimeout);
   EXPECT_EQ(forced.exit_code, 0) << forced.output;
+  // Overwriting sets the previous run's checkpoints aside, unchanged, instead of mixing them in.
+  EXPECT_TRUE(contains(forced.output, "note: train.overwrite: moved the previous run's"))
+      << forced.output;
+  std::vector<std::string> set_aside;
+  for (const auto& entry : fs::directory_iterator(dir + "/ck"))
+    if (entry.is_directory() && entry.path().filename().string().rfind("replaced-", 0) == 0)
+      set_aside.push_back(entry.path().string());
+  ASSERT_EQ(set_aside.size(), 1u) << forced.output;
+  EXPECT_EQ(read_file(set_aside[0] + "/" + fs::path(first).filename().string()), before);
   const RunResult resumed =
       run_fusiontrain(tiny_train(dir, "--set train.steps=5 --set train.resume=" + first), kTimeout);
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
