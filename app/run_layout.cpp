@@ -28,23 +28,45 @@ int count_checkpoints(const std::string& directory) {
   return count;
 }
 
+// "20261201-233523": local time, as run directories are named.
+std::string local_stamp(std::time_t time) {
+  char stamp[32];
+  std::tm local{};
+  localtime_r(&time, &local);
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
+  return stamp;
+}
+
+// `base` for suffix 1, else "base-<suffix>".
+std::string suffixed(const std::string& base, int suffix) {
+  return suffix > 1 ? base + "-" + std::to_string(suffix) : base;
+}
+
+// Claims `base`, else base-2, -3, ...: mkdir either creates the directory or fails with EEXIST,
+// so two runs started in the same second never share one. Returns the suffix (1: none).
+int claim_directory(const std::string& base, const std::string& what) {
+  std::error_code error;
+  std::filesystem::create_directories(std::filesystem::path(base).parent_path(), error);
+  for (int suffix = 1;; ++suffix) {
+    const std::string path = suffixed(base, suffix);
+    if (::mkdir(path.c_str(), 0777) == 0) return suffix;
+    const int err = errno;
+    FT_REQUIRE(err == EEXIST && suffix < 10000, "cannot create ", what, " '", path,
+               "': ", std::strerror(err));
+  }
+}
+
 // train.overwrite on a fresh run: the previous run's checkpoints move into
 // <directory>/replaced-<time>[-N]/ instead of staying beside the new ones, where a resume from
 // "the newest" could pick a file of the other run; nothing is deleted. Says what moved where.
 void set_aside_checkpoints(const std::string& directory) {
   namespace fs = std::filesystem;
   if (count_checkpoints(directory) == 0) return;
-  char stamp[32];
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  localtime_r(&now, &local);
-  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
-  fs::path aside = fs::path(directory) / (std::string("replaced-") + stamp);
-  for (int suffix = 2; ::mkdir(aside.c_str(), 0777) != 0; ++suffix) {
-    FT_REQUIRE(errno == EEXIST, "train.overwrite: cannot create '", aside.string(),
-               "' to set the previous run's checkpoints aside: ", std::strerror(errno));
-    aside = fs::path(directory) / (std::string("replaced-") + stamp + "-" + std::to_string(suffix));
-  }
+  const std::string base =
+      (fs::path(directory) / ("replaced-" + local_stamp(std::time(nullptr)))).string();
+  const fs::path aside = suffixed(base, claim_directory(base,
+                                                        "the folder for the previous "
+                                                        "run's checkpoints (train.overwrite)"));
   int moved = 0;
   for (const fs::directory_entry& entry : fs::directory_iterator(directory)) {
     if (entry.path().extension() != ".safetensors") continue;
@@ -71,28 +93,10 @@ std::string clock_text(double seconds) {
   return text;
 }
 
-// Claims runs/<base>, else runs/<base>-2, -3, ...: mkdir either creates the directory or fails
-// with EEXIST, so two runs started in the same second never share one. Returns the suffix.
-int claim_run_dir(const std::string& base) {
-  std::error_code error;
-  std::filesystem::create_directories(std::filesystem::path(base).parent_path(), error);
-  for (int suffix = 1;; ++suffix) {
-    const std::string path = suffix == 1 ? base : base + "-" + std::to_string(suffix);
-    if (::mkdir(path.c_str(), 0777) == 0) return suffix;
-    const int err = errno;
-    FT_REQUIRE(err == EEXIST && suffix < 10000, "cannot create the run directory '", path,
-               "': ", std::strerror(err), "; set train.run_dir to a directory that can be created");
-  }
-}
-
 // runs/<config stem>-<YYYYmmdd-HHMMSS of `start`, local time>.
 std::string run_dir_base(const Config& config, std::time_t start) {
-  char stamp[32];
-  std::tm local{};
-  localtime_r(&start, &local);
-  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
   const std::string stem = std::filesystem::path(config.source_path).stem().string();
-  return "runs/" + (stem.empty() ? std::string("run") : stem) + "-" + stamp;
+  return "runs/" + (stem.empty() ? std::string("run") : stem) + "-" + local_stamp(start);
 }
 
 // train.run_dir and train.checkpoint_dir when left empty: runs/<config stem>-<rank 0's local
@@ -107,10 +111,13 @@ Config resolve_run_layout(Config config, Communicator* comm, bool is_root) {
     const std::time_t start =
         (static_cast<std::time_t>(now[0]) << 16) | static_cast<std::time_t>(now[1]);
     const std::string base = run_dir_base(config, start);
-    float suffix = is_root ? static_cast<float>(claim_run_dir(base)) : 0;
+    float suffix = is_root ? static_cast<float>(claim_directory(
+                                 base,
+                                 "the run directory (set train.run_dir to one that can be "
+                                 "created)"))
+                           : 0;
     if (comm != nullptr) comm->broadcast(&suffix, 1, 0);
-    config.train.run_dir =
-        suffix > 1 ? base + "-" + std::to_string(static_cast<int>(suffix)) : base;
+    config.train.run_dir = suffixed(base, static_cast<int>(suffix));
   }
   if (config.train.checkpoint_dir.empty())
     config.train.checkpoint_dir =
