@@ -9,6 +9,7 @@
 #include <benchmark/benchmark.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/profiled_steps.h"
@@ -16,6 +17,7 @@
 #include "model/executor.h"
 #include "model/ops/batchnorm.h"
 #include "model/ops/conv2d.h"
+#include "model/ops/winograd.h"
 #include "model/resnet.h"
 
 namespace {
@@ -47,8 +49,9 @@ BENCHMARK(BM_ResnetForwardBackward)
     ->UseRealTime();
 
 // Args: channels, spatial size (16/28, 32/14, 64/7 are ResNet's stages at width 16), and
-// ConvAlgorithm as an int (2 direct, 3 transposed, 4 Winograd F4x4, 5 = 4 with F2x2); range(3) = 1
-// adds backward.
+// Args: channels, spatial size, ConvAlgorithm as an int (2 direct, 3 transposed, 4 Winograd
+// F4x4, 5 = 4 with F2x2), 1 to add backward, the Winograd kernels' vector lanes (8 AVX2, 16
+// AVX-512; skipped where the CPU lacks them; 0 for oneDNN) and the batch.
 // GFLOP/s counts the direct convolution's flops (2 * 9 * C * outputs per pass), so Winograd's
 // figure is an effective rate that can pass the core's peak.
 void conv_passes(benchmark::State& state) {
@@ -56,12 +59,23 @@ void conv_passes(benchmark::State& state) {
   const int channels = static_cast<int>(state.range(0));
   const int size = static_cast<int>(state.range(1));
   const bool with_backward = state.range(3) != 0;
+  const int lanes = static_cast<int>(state.range(4));
+  const int batch = static_cast<int>(state.range(5));
+  const ft::WinogradIsa saved_isa = ft::winograd_isa();
+  if (lanes != 0) {
+    const ft::WinogradIsa isa = lanes == 16 ? ft::WinogradIsa::kAvx512 : ft::WinogradIsa::kAvx2;
+    if (!ft::winograd_isa_available(isa)) {
+      state.SkipWithError("this CPU has no AVX-512");
+      return;
+    }
+    ft::winograd_set_isa(isa);
+  }
   ft::ParamStore params;
   const ft::ParamId weight =
       params.add("weight", {channels, channels, 3, 3}, ft::ParamInit::kNormal, 0.1f, true);
   params.allocate();
   params.initialize(1);
-  ft::Conv2dOp op(kBatch, channels, channels, size, size, 3, 1, 1);
+  ft::Conv2dOp op(batch, channels, channels, size, size, 3, 1, 1);
   const bool f2 = state.range(2) == 5;
   op.algorithm = f2 ? ft::ConvAlgorithm::kWinograd : static_cast<ft::ConvAlgorithm>(state.range(2));
   op.winograd_tile = f2 ? ft::WinogradTile::k2x2 : ft::WinogradTile::k4x4;
@@ -82,31 +96,40 @@ void conv_passes(benchmark::State& state) {
     op.forward(ws, params);
     if (with_backward) op.backward(ws, params);
   }
-  state.SetLabel(op.forward_impl());
+  ft::winograd_set_isa(saved_isa);
+  state.SetLabel(lanes == 0
+                     ? std::string(op.forward_impl())
+                     : std::string(op.forward_impl()) + "/" + (lanes == 16 ? "avx512" : "avx2"));
   const double passes = with_backward ? 3.0 : 1.0;
   state.counters["GFLOP/s"] = benchmark::Counter(
       passes * 2.0 * 9 * channels * static_cast<double>(ft::shape_numel(op.output_shape())) *
           state.iterations() / 1e9,
       benchmark::Counter::kIsRate);
 }
+// The three stage shapes: oneDNN's two algorithms, then both Winograd tiles at both widths.
+void stage_shapes(benchmark::internal::Benchmark* bench,
+                  const std::vector<int64_t>& onednn_algorithms, int64_t backward,
+                  const std::vector<int64_t>& batches) {
+  bench->ArgNames({"channels", "size", "algorithm", "backward", "lanes", "batch"});
+  for (const auto& [channels, size] : {std::pair<int64_t, int64_t>{16, 28}, {32, 14}, {64, 7}}) {
+    bench->ArgsProduct({{channels}, {size}, onednn_algorithms, {backward}, {0}, batches});
+    bench->ArgsProduct({{channels}, {size}, {4, 5}, {backward}, {8, 16}, batches});
+  }
+}
 void BM_Conv2dForward(benchmark::State& state) {
   conv_passes(state);
 }
 BENCHMARK(BM_Conv2dForward)
-    ->ArgNames({"channels", "size", "algorithm", "backward"})
-    ->ArgsProduct({{16}, {28}, {2, 3, 4, 5}, {0}})
-    ->ArgsProduct({{32}, {14}, {2, 3, 4, 5}, {0}})
-    ->ArgsProduct({{64}, {7}, {2, 3, 4, 5}, {0}})
+    ->Apply([](benchmark::internal::Benchmark* bench) {
+      stage_shapes(bench, {2, 3}, 0, {1, 64});
+    })
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 void BM_Conv2dForwardBackward(benchmark::State& state) {
   conv_passes(state);
 }
 BENCHMARK(BM_Conv2dForwardBackward)
-    ->ArgNames({"channels", "size", "algorithm", "backward"})
-    ->ArgsProduct({{16}, {28}, {2, 4, 5}, {1}})
-    ->ArgsProduct({{32}, {14}, {2, 4, 5}, {1}})
-    ->ArgsProduct({{64}, {7}, {2, 4, 5}, {1}})
+    ->Apply([](benchmark::internal::Benchmark* bench) { stage_shapes(bench, {2}, 1, {kBatch}); })
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -222,12 +222,13 @@ Config gpt_config(bool fused, const std::vector<std::string>& extra = {}) {
   return load_config(source_path("configs/gpt_tiny.yaml"), overrides);
 }
 
-Config resnet_config(bool fused, const char* max_padding_overhead = "0.25") {
+Config resnet_config(bool fused, const char* max_padding_overhead = "0.25",
+                     const char* lr = "0.02") {
   return load_config(source_path("configs/resnet8.yaml"),
                      // lr 0.1 (the preset's) amplifies a 1e-6 rounding change to 1e-2 in ten
                      // steps, which would hide a real bug among rounding; 0.02 does not.
-                     {"train.threads=1", "train.steps=20", "train.batch_size=8", "optim.lr=0.02",
-                      "data.test_limit=64",
+                     {"train.threads=1", "train.steps=20", "train.batch_size=8",
+                      std::string("optim.lr=") + lr, "data.test_limit=64",
                       std::string("fusion.horizontal.max_padding_overhead=") + max_padding_overhead,
                       std::string("fusion.enabled=") + (fused ? "true" : "false")});
 }
@@ -253,8 +254,11 @@ TEST(FusionTrajectory, ResnetTwentyStepsAgree) {
 // The merged shortcut convolution rounds differently from the two it replaces (its one-step
 // gradients agree to 1e-5 in ResnetTwins); SGD at batch 8 amplifies any 1e-6 change, the eager
 // graph's own included, past 1e-4 after about 15 steps, so its trajectory is compared over 10.
+// At lr 0.02 the 9th batch sends a 5e-7 difference to 8e-5 when the Winograd kernels run at 16
+// lanes (the fused run against itself at 8 lanes does the same: it is the rounding, not the
+// fusion); at lr 0.01 the ten steps stay within 2e-7 at both widths.
 TEST(FusionTrajectory, ResnetWithConvShortcutTenStepsAgree) {
-  expect_same_trajectory(resnet_config(false, "1"), resnet_config(true, "1"), 10);
+  expect_same_trajectory(resnet_config(false, "1", "0.01"), resnet_config(true, "1", "0.01"), 10);
 }
 
 // A checkpoint written by an unfused run loads into a fused one (and the reverse) with the same

@@ -1,6 +1,7 @@
-// Winograd F(2x2, 3x3) kernels against a direct convolution summed in double: forward, backward
-// data (the flipped-kernel convolution) and the weight gradient, on even and odd sizes (odd ones
-// leave half-empty edge tiles), overwrite and accumulate.
+// Winograd F(2x2, 3x3) and F(4x4, 3x3) kernels against a direct convolution summed in double:
+// forward, backward data (the flipped-kernel convolution) and the weight gradient, on even and odd
+// sizes (odd ones leave half-empty edge tiles), overwrite and accumulate, at both vector widths
+// (AVX-512 cases skip on CPUs without it).
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -21,6 +22,7 @@ namespace {
 struct Case {
   int batch, height, width, in_channels, out_channels;
   WinogradTile tile;
+  WinogradIsa isa;
 };
 
 std::vector<float> random_vector(size_t count, uint64_t seed) {
@@ -72,7 +74,20 @@ double tolerance(const Case& c) {
   return c.tile == WinogradTile::k2x2 ? 2e-6 : 2e-5;
 }
 
-class Winograd : public ::testing::TestWithParam<Case> {};
+// Runs each case on its vector width's kernels, and restores the default afterwards.
+class Winograd : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (!winograd_isa_available(GetParam().isa))
+      GTEST_SKIP() << "this CPU has no AVX-512 (or the build did not compile those kernels); "
+                   << "the AVX2 cases cover it";
+    winograd_set_isa(GetParam().isa);
+  }
+  void TearDown() override { winograd_set_isa(saved_); }
+
+ private:
+  WinogradIsa saved_ = winograd_isa();
+};
 
 // Runs a scope with `threads` OpenMP threads (ctest sets OMP_NUM_THREADS=1), more than this
 // machine's cores so that several threads share the blocks of a call.
@@ -119,7 +134,7 @@ TEST_P(Winograd, ForwardMatchesDirectAndAccumulates) {
 // (in and out swapped) with the flipped kernel w'[c,o,p,q] = w[o,c,2-p,2-q].
 TEST_P(Winograd, BackwardDataMatchesFlippedKernelConvolution) {
   const Case c = GetParam();
-  const Case swapped{c.batch, c.height, c.width, c.out_channels, c.in_channels, c.tile};
+  const Case swapped{c.batch, c.height, c.width, c.out_channels, c.in_channels, c.tile, c.isa};
   const auto dy =
       random_vector(static_cast<size_t>(c.batch) * c.height * c.width * c.out_channels, 4);
   const auto w = random_vector(static_cast<size_t>(c.out_channels) * c.in_channels * 9, 5);
@@ -178,23 +193,26 @@ TEST_P(Winograd, WeightGradMatchesCorrelationAndAccumulates) {
   EXPECT_LT(relative_error(dw_threaded, want), 4 * tolerance(c));
 }
 
-// Every shape with both variants: whole tiles, partial edge tiles in either direction (odd sizes
-// for F2, sizes not a multiple of 4 for F4), more inputs than outputs and fewer, one pixel, and
-// more tiles than one block.
+// Every shape with both variants at both widths: whole tiles, partial edge tiles in either
+// direction (odd sizes for F2, sizes not a multiple of 4 for F4), more inputs than outputs and
+// fewer, one pixel, more tiles than one block, and 48 channels (AVX-512 GEMMs take 32 columns a
+// panel, then 16).
 std::vector<Case> cases() {
-  const int shapes[][5] = {{2, 8, 8, 16, 16}, {2, 7, 5, 16, 32},   {1, 7, 7, 32, 16},
-                           {3, 1, 1, 16, 16}, {2, 14, 14, 64, 64}, {1, 28, 28, 16, 16},
-                           {2, 6, 10, 16, 16}};
+  const int shapes[][5] = {{2, 8, 8, 16, 16},  {2, 7, 5, 16, 32},   {1, 7, 7, 32, 16},
+                           {3, 1, 1, 16, 16},  {2, 14, 14, 64, 64}, {1, 28, 28, 16, 16},
+                           {2, 6, 10, 16, 16}, {1, 9, 11, 48, 16},  {1, 10, 6, 16, 48}};
   std::vector<Case> all;
-  for (WinogradTile tile : {WinogradTile::k2x2, WinogradTile::k4x4})
-    for (const auto& s : shapes) all.push_back({s[0], s[1], s[2], s[3], s[4], tile});
+  for (WinogradIsa isa : {WinogradIsa::kAvx2, WinogradIsa::kAvx512})
+    for (WinogradTile tile : {WinogradTile::k2x2, WinogradTile::k4x4})
+      for (const auto& s : shapes) all.push_back({s[0], s[1], s[2], s[3], s[4], tile, isa});
   return all;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Winograd, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            const Case& c = info.param;
-                           return std::string(c.tile == WinogradTile::k2x2 ? "f2_" : "f4_") + "b" +
+                           return std::string(winograd_isa_name(c.isa)) + "_" +
+                                  (c.tile == WinogradTile::k2x2 ? "f2_" : "f4_") + "b" +
                                   std::to_string(c.batch) + "_" + std::to_string(c.height) + "x" +
                                   std::to_string(c.width) + "_" + std::to_string(c.in_channels) +
                                   "to" + std::to_string(c.out_channels);

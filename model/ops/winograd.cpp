@@ -1,226 +1,25 @@
-// Winograd convolution, forward/backward data and weight gradient, on NHWC, for both variants
-// (model/ops/winograd_tiles.h). Tiles (one per m x m block of outputs, numbered over batch, rows,
-// columns) are processed in blocks small enough that a block's transformed input and its GEMM
-// products stay in L2:
-//   1. transform each tile's window: v[tile][xi][c]                    (adds and scalings)
-//   2. one GEMM per transform point xi: m[.][xi][.] = v[.][xi][.] U[xi]  (the multiplies)
-//   3. transform back to the outputs and write (or add) them
-// Each tile's points sit together (tile-major), so the transforms read and write contiguous
-// memory; the GEMMs take the stride. The transforms vectorise over 8 channels; the GEMMs use a
-// 6x16 register tile, 12 AVX accumulators, written with GCC vector extensions so the compiler
-// emits FMAs for the target.
+// The public Winograd entry points (model/ops/winograd.h): the weight transform, and a dispatch
+// to the kernels of model/ops/winograd_kernels.h at the widest vector width the CPU runs. The
+// 8-lane kernels are compiled here, with the build's flags; the 16-lane ones in
+// winograd_avx512.cpp with AVX-512 enabled, and they run only where the CPU reports AVX-512.
 #include "model/ops/winograd.h"
 
-#include <omp.h>
-
-#include <algorithm>
-#include <vector>
+#include <atomic>
+#include <cstdlib>
+#include <string>
 
 #include "core/check.h"
-#include "model/ops/winograd_gemm.h"
-#include "model/ops/winograd_tiles.h"
+#include "model/ops/winograd_kernels.h"
 
 namespace ft {
 namespace {
 
 using winograd::F2;
 using winograd::F4;
+using winograd::KernelTable;
 using winograd::load8;
 using winograd::store8;
 using winograd::Vec8;
-
-using winograd::kCols;
-using winograd::kRows;
-using winograd::multiply;
-
-template <typename V>
-struct TileGrid {
-  explicit TileGrid(const WinogradShape& shape)
-      : rows((shape.height + V::kOut - 1) / V::kOut),
-        cols((shape.width + V::kOut - 1) / V::kOut),
-        count(static_cast<int64_t>(shape.batch) * rows * cols) {}
-  int rows, cols;
-  int64_t count;
-};
-
-// Where a tile's outputs start: image, row, column. Walks the tiles in order with next(), since
-// a division per tile cost more than a third of a 16-channel transform.
-template <typename V>
-struct TileOrigin {
-  TileOrigin(int64_t tile, const TileGrid<V>& grid)
-      : image(static_cast<int>(tile / (grid.rows * grid.cols))),
-        row(V::kOut * static_cast<int>(tile % (grid.rows * grid.cols) / grid.cols)),
-        col(V::kOut * static_cast<int>(tile % grid.cols)),
-        last_row(V::kOut * (grid.rows - 1)),
-        last_col(V::kOut * (grid.cols - 1)) {}
-  void next() {
-    if (col < last_col) {
-      col += V::kOut;
-      return;
-    }
-    col = 0;
-    if (row < last_row) {
-      row += V::kOut;
-      return;
-    }
-    row = 0;
-    ++image;
-  }
-  int image, row, col;
-  int last_row, last_col;
-};
-
-// Tiles per block: points x tiles x (in + out) floats, the block's working set, near 256 KB.
-template <typename V>
-int block_tiles(int in_channels, int out_channels) {
-  int tiles = 65536 / (V::kPoints * (in_channels + out_channels));
-  tiles -= tiles % kRows;
-  return std::max(kRows, tiles);
-}
-
-// `channels` zeros that loads of the padding point at, so the inner loops never branch.
-const float* zero_channels(int channels) {
-  thread_local std::vector<float> zeros;
-  if (static_cast<int>(zeros.size()) < channels) zeros.assign(channels, 0.0f);
-  return zeros.data();
-}
-
-// v[t][xi][c] = (B^T d B)[xi] for the `count` tiles from `first`, d the tile's window of x,
-// starting one row and column before its outputs (zero outside x: the padding).
-template <typename V>
-void transform_input(float* v, const float* x, const WinogradShape& shape, int channels,
-                     const TileGrid<V>& grid, int64_t first, int count) {
-  constexpr int W = V::kWindow;
-  const float* zeros = zero_channels(channels);
-  const int64_t image_size = static_cast<int64_t>(shape.height) * shape.width * channels;
-  TileOrigin<V> origin(first, grid);
-  for (int t = 0; t < count; ++t, origin.next()) {
-    const float* window[W][W];
-    for (int r = 0; r < W; ++r) {
-      const int row = origin.row - 1 + r;
-      const bool row_inside = row >= 0 && row < shape.height;
-      for (int q = 0; q < W; ++q) {
-        const int col = origin.col - 1 + q;
-        window[r][q] = row_inside && col >= 0 && col < shape.width
-                           ? x + origin.image * image_size +
-                                 (static_cast<int64_t>(row) * shape.width + col) * channels
-                           : zeros;
-      }
-    }
-    // The next tile along the row reads kOut new columns; ask for them now, since waiting on
-    // them in the loop below cost as much as the transform's arithmetic.
-    for (int r = 0; r < W; ++r)
-      if (window[r][W - 1] != zeros)
-        for (int line = 0; line < V::kOut * channels; line += 16)
-          __builtin_prefetch(window[r][W - 1] + channels + line);
-    float* out = v + static_cast<int64_t>(t) * V::kPoints * channels;
-    for (int c = 0; c < channels; c += 8) {
-      Vec8 columns[W][W];  // columns[q] = B^T (column q of d)
-      for (int q = 0; q < W; ++q) {
-        Vec8 column[W];
-        for (int r = 0; r < W; ++r) column[r] = load8(window[r][q] + c);
-        V::input(column, columns[q]);
-      }
-      for (int r = 0; r < W; ++r) {
-        Vec8 row[W], transformed[W];
-        for (int q = 0; q < W; ++q) row[q] = columns[q][r];
-        V::input(row, transformed);
-        for (int q = 0; q < W; ++q) store8(out + (r * W + q) * channels + c, transformed[q]);
-      }
-    }
-  }
-}
-
-// y tile (=, or +=) A^T m A for each tile, m[t][xi][o]; outputs past the edge are dropped.
-// With an epilogue (inference only, write is kOverwrite), each output vector gets the bias, the
-// residual and the ReLU before its one store.
-template <typename V>
-void transform_output(float* y, const float* m, const WinogradShape& shape, int channels,
-                      const TileGrid<V>& grid, int64_t first, int count, WinogradWrite write,
-                      const WinogradEpilogue* epilogue) {
-  constexpr int W = V::kWindow, M = V::kOut;
-  TileOrigin<V> origin(first, grid);
-  for (int t = 0; t < count; ++t, origin.next()) {
-    const float* at = m + static_cast<int64_t>(t) * V::kPoints * channels;
-    const int rows = std::min(M, shape.height - origin.row);
-    const int cols = std::min(M, shape.width - origin.col);
-    float* y_tile =
-        y + ((static_cast<int64_t>(origin.image) * shape.height + origin.row) * shape.width +
-             origin.col) *
-                channels;
-    for (int c = 0; c < channels; c += 8) {
-      Vec8 columns[W][M];  // columns[q] = A^T (column q of m)
-      for (int q = 0; q < W; ++q) {
-        Vec8 column[W];
-        for (int r = 0; r < W; ++r) column[r] = load8(at + (r * W + q) * channels + c);
-        V::output(column, columns[q]);
-      }
-      for (int r = 0; r < rows; ++r) {
-        Vec8 row[W], outputs[M];
-        for (int q = 0; q < W; ++q) row[q] = columns[q][r];
-        V::output(row, outputs);
-        for (int q = 0; q < cols; ++q) {
-          const int64_t offset = (static_cast<int64_t>(r) * shape.width + q) * channels + c;
-          float* to = y_tile + offset;
-          if (epilogue != nullptr) {
-            Vec8 value = outputs[q];
-            if (epilogue->bias != nullptr) value += load8(epilogue->bias + c);
-            if (epilogue->residual != nullptr) value += load8(epilogue->residual + (to - y));
-            if (epilogue->relu) value = value > 0.0f ? value : Vec8{};
-            store8(to, value);
-          } else {
-            store8(to, write == WinogradWrite::kAccumulate ? load8(to) + outputs[q] : outputs[q]);
-          }
-        }
-      }
-    }
-  }
-}
-
-// g[t][xi][o] = (A dy_tile A^T)[xi], dy_tile the tile's outputs' gradient (zero past the edge).
-template <typename V>
-void transform_output_grad(float* g, const float* dy, const WinogradShape& shape, int channels,
-                           const TileGrid<V>& grid, int64_t first, int count) {
-  constexpr int W = V::kWindow, M = V::kOut;
-  const float* zeros = zero_channels(channels);
-  TileOrigin<V> origin(first, grid);
-  for (int t = 0; t < count; ++t, origin.next()) {
-    const float* window[M][M];
-    for (int r = 0; r < M; ++r)
-      for (int q = 0; q < M; ++q)
-        window[r][q] =
-            origin.row + r < shape.height && origin.col + q < shape.width
-                ? dy + ((static_cast<int64_t>(origin.image) * shape.height + origin.row + r) *
-                            shape.width +
-                        origin.col + q) *
-                           channels
-                : zeros;
-    float* out = g + static_cast<int64_t>(t) * V::kPoints * channels;
-    for (int c = 0; c < channels; c += 8) {
-      Vec8 columns[M][W];  // columns[q] = A (column q of dy)
-      for (int q = 0; q < M; ++q) {
-        Vec8 column[M];
-        for (int r = 0; r < M; ++r) column[r] = load8(window[r][q] + c);
-        V::grad(column, columns[q]);
-      }
-      for (int r = 0; r < W; ++r) {
-        Vec8 row[M], transformed[W];
-        for (int q = 0; q < M; ++q) row[q] = columns[q][r];
-        V::grad(row, transformed);
-        for (int q = 0; q < W; ++q) store8(out + (r * W + q) * channels + c, transformed[q]);
-      }
-    }
-  }
-}
-
-// Per-thread buffers, each reused by its thread across calls.
-enum BufferSlot { kInputSlot, kProductSlot, kWeightGradSlot, kSlots };
-float* thread_buffer(BufferSlot slot, int64_t count) {
-  thread_local std::vector<float> buffers[kSlots];
-  std::vector<float>& buffer = buffers[slot];
-  if (static_cast<int64_t>(buffer.size()) < count) buffer.resize(count);
-  return buffer.data();
-}
 
 void check_shape(const WinogradShape& shape) {
   FT_CHECK(shape.batch > 0 && shape.height > 0 && shape.width > 0,
@@ -231,19 +30,47 @@ void check_shape(const WinogradShape& shape) {
            " out=", shape.out_channels);
 }
 
-}  // namespace
+constexpr const char* kIsaVariable = "FT_CPU_ISA";
 
-bool winograd_supports(int in_channels, int out_channels) {
-  return in_channels > 0 && out_channels > 0 && in_channels % kCols == 0 &&
-         out_channels % kCols == 0;
+// Whether this build has the AVX-512 kernels and this CPU (and its OS) can run them.
+bool avx512_runs() {
+#if FT_WINOGRAD_AVX512
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
 }
 
-int64_t winograd_weights_numel(int in_channels, int out_channels, WinogradTile tile) {
-  const int points = tile == WinogradTile::k2x2 ? F2::kPoints : F4::kPoints;
-  return static_cast<int64_t>(points) * in_channels * out_channels;
+// The widest width that runs, unless the environment's FT_CPU_ISA names a narrower one.
+WinogradIsa initial_isa() {
+  const WinogradIsa widest = avx512_runs() ? WinogradIsa::kAvx512 : WinogradIsa::kAvx2;
+  const char* requested = std::getenv(kIsaVariable);
+  if (requested == nullptr) return widest;
+  const std::string name = requested;
+  if (name == "avx2") return WinogradIsa::kAvx2;
+  FT_REQUIRE(name == "avx512", "environment variable ", kIsaVariable, "=", name,
+             " is not one of: avx2, avx512");
+  FT_REQUIRE(widest == WinogradIsa::kAvx512, kIsaVariable,
+             "=avx512, but this CPU has no AVX-512 (or this build did not compile the AVX-512 "
+             "kernels); use avx2 or leave it unset");
+  return WinogradIsa::kAvx512;
 }
 
-namespace {
+std::atomic<WinogradIsa>& chosen_isa() {
+  static std::atomic<WinogradIsa> isa{initial_isa()};
+  return isa;
+}
+
+const KernelTable& kernels() {
+  static const KernelTable avx2 = winograd::kernels_of_width<8>();
+#if FT_WINOGRAD_AVX512
+  if (chosen_isa().load(std::memory_order_relaxed) == WinogradIsa::kAvx512)
+    return winograd::avx512_kernels();
+#endif
+  return avx2;
+}
 
 // U = G g G^T for every (o, c), at U[xi][c][o] (forward) or U[xi][o][c] (backward data, with the
 // flipped kernel). Eight kernels that are neighbours in the layout's rows go through the
@@ -280,93 +107,35 @@ void transform_weights(float* transformed, const float* weight, int out_channels
     }
 }
 
-template <typename V>
-void conv(float* y, const float* x, const float* transformed, const WinogradShape& shape,
-          WinogradWrite write, const WinogradEpilogue* epilogue) {
-  const TileGrid<V> grid(shape);
-  const int in = shape.in_channels, out = shape.out_channels;
-  const int block = block_tiles<V>(in, out);
-  const int64_t blocks = (grid.count + block - 1) / block;
-#pragma omp parallel
-  {
-    float* v = thread_buffer(kInputSlot, static_cast<int64_t>(V::kPoints) * block * in);
-    float* m = thread_buffer(kProductSlot, static_cast<int64_t>(V::kPoints) * block * out);
-#pragma omp for schedule(static)
-    for (int64_t index = 0; index < blocks; ++index) {
-      const int64_t first = index * block;
-      const int count = static_cast<int>(std::min<int64_t>(block, grid.count - first));
-      transform_input<V>(v, x, shape, in, grid, first, count);
-      for (int xi = 0; xi < V::kPoints; ++xi)
-        multiply(m + static_cast<int64_t>(xi) * out, V::kPoints * out,
-                 v + static_cast<int64_t>(xi) * in, V::kPoints * in, 1,
-                 transformed + static_cast<int64_t>(xi) * in * out, out, count, out, in,
-                 WinogradWrite::kOverwrite);
-      transform_output<V>(y, m, shape, out, grid, first, count, write, epilogue);
-    }
-  }
-}
-
-// du[xi][o][c] = sum over tiles of g[t][xi][o] v[t][xi][c], per thread in a fixed block order and
-// summed over threads in thread order, so a given thread count always gives the same bits.
-// Then weight_grad[o][c] += G^T du[.][o][c] G.
-template <typename V>
-void conv_weight_grad(float* weight_grad, const float* x, const float* dy,
-                      const WinogradShape& shape) {
-  constexpr int W = V::kWindow;
-  const TileGrid<V> grid(shape);
-  const int in = shape.in_channels, out = shape.out_channels;
-  const int block = block_tiles<V>(in, out);
-  const int64_t blocks = (grid.count + block - 1) / block;
-  const int64_t du_numel = static_cast<int64_t>(V::kPoints) * in * out;
-  // Each thread's partial du lives in its own reused buffer; its first block overwrites it, so
-  // nothing is zeroed. A thread that got no block leaves nullptr.
-  std::vector<float*> partials(omp_get_max_threads(), nullptr);
-#pragma omp parallel
-  {
-    float* v = thread_buffer(kInputSlot, static_cast<int64_t>(V::kPoints) * block * in);
-    float* g = thread_buffer(kProductSlot, static_cast<int64_t>(V::kPoints) * block * out);
-    float* du = thread_buffer(kWeightGradSlot, du_numel);
-    WinogradWrite write = WinogradWrite::kOverwrite;
-#pragma omp for schedule(static)
-    for (int64_t index = 0; index < blocks; ++index) {
-      const int64_t first = index * block;
-      const int count = static_cast<int>(std::min<int64_t>(block, grid.count - first));
-      transform_input<V>(v, x, shape, in, grid, first, count);
-      transform_output_grad<V>(g, dy, shape, out, grid, first, count);
-      for (int xi = 0; xi < V::kPoints; ++xi)
-        multiply(du + xi * static_cast<int64_t>(out) * in, in, g + static_cast<int64_t>(xi) * out,
-                 1, V::kPoints * out, v + static_cast<int64_t>(xi) * in, V::kPoints * in, out, in,
-                 count, write);
-      write = WinogradWrite::kAccumulate;
-      partials[omp_get_thread_num()] = du;
-    }
-  }
-  float* du = partials[0];  // thread 0 always gets the first block under schedule(static)
-  for (size_t thread = 1; thread < partials.size(); ++thread)
-    if (partials[thread] != nullptr)
-      for (int64_t i = 0; i < du_numel; ++i) du[i] += partials[thread][i];
-  // Eight neighbouring (o, c) pairs at a time, as Vec8 lanes (see transform_weights).
-  const int64_t point_stride = static_cast<int64_t>(out) * in;
-  for (int64_t pair = 0; pair < point_stride; pair += 8) {  // pair = o * in + c
-    Vec8 columns[W][3];                                     // columns[s] = G^T (column s of du)
-    for (int s = 0; s < W; ++s) {
-      Vec8 column[W];
-      for (int r = 0; r < W; ++r) column[r] = load8(du + (r * W + s) * point_stride + pair);
-      V::kernel_grad(column, columns[s]);
-    }
-    float taps[9][8];  // taps[tap][lane]
-    for (int p = 0; p < 3; ++p) {
-      Vec8 row[W], row_taps[3];
-      for (int s = 0; s < W; ++s) row[s] = columns[s][p];
-      V::kernel_grad(row, row_taps);
-      for (int q = 0; q < 3; ++q) store8(taps[3 * p + q], row_taps[q]);
-    }
-    for (int lane = 0; lane < 8; ++lane)
-      for (int tap = 0; tap < 9; ++tap) weight_grad[(pair + lane) * 9 + tap] += taps[tap][lane];
-  }
-}
-
 }  // namespace
+
+bool winograd_isa_available(WinogradIsa isa) {
+  return isa == WinogradIsa::kAvx2 || avx512_runs();
+}
+
+WinogradIsa winograd_isa() {
+  return chosen_isa().load(std::memory_order_relaxed);
+}
+
+void winograd_set_isa(WinogradIsa isa) {
+  FT_CHECK(winograd_isa_available(isa), "winograd: ", winograd_isa_name(isa),
+           " kernels do not run on this CPU or were not built");
+  chosen_isa().store(isa, std::memory_order_relaxed);
+}
+
+const char* winograd_isa_name(WinogradIsa isa) {
+  return isa == WinogradIsa::kAvx512 ? "avx512" : "avx2";
+}
+
+bool winograd_supports(int in_channels, int out_channels) {
+  return in_channels > 0 && out_channels > 0 && in_channels % winograd::kCols == 0 &&
+         out_channels % winograd::kCols == 0;
+}
+
+int64_t winograd_weights_numel(int in_channels, int out_channels, WinogradTile tile) {
+  const int points = tile == WinogradTile::k2x2 ? F2::kPoints : F4::kPoints;
+  return static_cast<int64_t>(points) * in_channels * out_channels;
+}
 
 void winograd_transform_weights(float* transformed, const float* weight, int out_channels,
                                 int in_channels, WinogradTile tile, WinogradPass pass) {
@@ -379,28 +148,25 @@ void winograd_transform_weights(float* transformed, const float* weight, int out
 void winograd_conv(float* y, const float* x, const float* transformed, const WinogradShape& shape,
                    WinogradWrite write) {
   check_shape(shape);
-  if (shape.tile == WinogradTile::k2x2)
-    conv<F2>(y, x, transformed, shape, write, nullptr);
-  else
-    conv<F4>(y, x, transformed, shape, write, nullptr);
+  const KernelTable& table = kernels();
+  (shape.tile == WinogradTile::k2x2 ? table.conv_f2 : table.conv_f4)(y, x, transformed, shape,
+                                                                     write, nullptr);
 }
 
 void winograd_conv_inference(float* y, const float* x, const float* transformed,
                              const WinogradShape& shape, const WinogradEpilogue& epilogue) {
   check_shape(shape);
-  if (shape.tile == WinogradTile::k2x2)
-    conv<F2>(y, x, transformed, shape, WinogradWrite::kOverwrite, &epilogue);
-  else
-    conv<F4>(y, x, transformed, shape, WinogradWrite::kOverwrite, &epilogue);
+  const KernelTable& table = kernels();
+  (shape.tile == WinogradTile::k2x2 ? table.conv_f2 : table.conv_f4)(
+      y, x, transformed, shape, WinogradWrite::kOverwrite, &epilogue);
 }
 
 void winograd_conv_weight_grad(float* weight_grad, const float* x, const float* dy,
                                const WinogradShape& shape) {
   check_shape(shape);
-  if (shape.tile == WinogradTile::k2x2)
-    conv_weight_grad<F2>(weight_grad, x, dy, shape);
-  else
-    conv_weight_grad<F4>(weight_grad, x, dy, shape);
+  const KernelTable& table = kernels();
+  (shape.tile == WinogradTile::k2x2 ? table.weight_grad_f2 : table.weight_grad_f4)(weight_grad, x,
+                                                                                   dy, shape);
 }
 
 }  // namespace ft

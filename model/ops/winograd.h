@@ -39,6 +39,21 @@ enum class WinogradPass {
 // Whether to overwrite the output or add into it (a gradient that already holds a shortcut's).
 enum class WinogradWrite { kOverwrite, kAccumulate };
 
+// The kernels' vector width. By default the widest the build compiled and the CPU runs: AVX-512
+// (16 lanes) on CPUs that have it, else AVX2 (8 lanes). Every width computes the same sums in
+// the same order within a lane, but its register tiles group them differently, so results may
+// differ in the last bits between widths (never between runs of one width). The environment
+// variable FT_CPU_ISA=avx2 selects the AVX2 kernels on an AVX-512 CPU (to compare, or to
+// reproduce an AVX2 machine's bits); a value other than avx2 or avx512, or avx512 on a CPU
+// without it, makes the first Winograd call throw an error that names the variable.
+enum class WinogradIsa { kAvx2, kAvx512 };
+WinogradIsa winograd_isa();
+bool winograd_isa_available(WinogradIsa isa);
+// For tests and benchmarks, which compare widths on one machine. Not thread-safe against running
+// kernels. REQUIRES: winograd_isa_available(isa) (else throws).
+void winograd_set_isa(WinogradIsa isa);
+const char* winograd_isa_name(WinogradIsa isa);  // "avx2", "avx512"
+
 // Whether the kernels take these channel counts: multiples of 16, one register tile wide.
 bool winograd_supports(int in_channels, int out_channels);
 

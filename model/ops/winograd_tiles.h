@@ -1,6 +1,6 @@
 // The 1-D transforms of the two Winograd variants, F(2, 3) and F(4, 3) (Lavin and Gray 2015,
 // points 0, +-1 and 0, +-1, +-2, infinity). A 2-D transform applies the 1-D one to every column,
-// then to every row. Each takes T = float or Vec8 (eight channels, or eight kernels), and
+// then to every row. Each takes T = float or a Vec (8 or 16 channels, or kernels), and
 // spells its matrix out as adds and scalings, since a general matrix product would multiply by
 // the zeros too (the compiler may not drop x * 0 under IEEE rules).
 //   input   B^T z   (window -> points)      the input tile
@@ -8,19 +8,44 @@
 //   grad    A z     (out -> points)         an output-gradient tile, for the weight gradient
 //   kernel  G g     (3 -> points)           the 3x3 kernel
 //   kernel_grad  G^T u  (points -> 3)       back from the transformed kernel gradient
-// Internal to model/ops/winograd.cpp (and its tests); not a public header.
+// Internal to model/ops/winograd.cpp and model/ops/winograd_avx512.cpp; not a public header.
+// Everything here has internal linkage (the unnamed namespace): the two files compile it with
+// different instruction sets, and the linker must never pick one file's copy for the other.
 #pragma once
 
 namespace ft::winograd {
+namespace {
 
-// Eight floats; aligned(4) lets it load and store at any float address.
-typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
+// L floats, one AVX2 (8) or AVX-512 (16) register; aligned(4) lets it load and store at any
+// float address.
+template <int L>
+struct Lanes;
+template <>
+struct Lanes<8> {
+  typedef float Vec __attribute__((vector_size(32), aligned(4)));
+};
+template <>
+struct Lanes<16> {
+  typedef float Vec __attribute__((vector_size(64), aligned(4)));
+};
+template <int L>
+using Vec = typename Lanes<L>::Vec;
 
+template <int L>
+inline Vec<L> load(const float* at) {
+  return *reinterpret_cast<const Vec<L>*>(at);
+}
+template <int L>
+inline void store(float* at, Vec<L> value) {
+  *reinterpret_cast<Vec<L>*>(at) = value;
+}
+
+using Vec8 = Vec<8>;
 inline Vec8 load8(const float* at) {
-  return *reinterpret_cast<const Vec8*>(at);
+  return load<8>(at);
 }
 inline void store8(float* at, Vec8 value) {
-  *reinterpret_cast<Vec8*>(at) = value;
+  store<8>(at, value);
 }
 
 // F(2x2, 3x3): 4x4 windows, 2x2 outputs, 16 points. Coefficients 0, +-1, +-1/2: exact enough to
@@ -132,4 +157,5 @@ struct F4 {
   }
 };
 
+}  // namespace
 }  // namespace ft::winograd
