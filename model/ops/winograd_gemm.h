@@ -47,10 +47,18 @@ __attribute__((noinline)) void multiply_tile(float* c, int64_t ldc, const float*
     low##r += a_value * b_low;                             \
     if constexpr (kVecs == 2) high##r += a_value * b_high; \
   }
-    FT_ROW_FMA(0)
-    FT_ROW_FMA(1)
-    FT_ROW_FMA(2) FT_ROW_FMA(3) FT_ROW_FMA(4) FT_ROW_FMA(5) FT_ROW_FMA(6) FT_ROW_FMA(7)
-        FT_ROW_FMA(8) FT_ROW_FMA(9) FT_ROW_FMA(10) FT_ROW_FMA(11)
+    FT_ROW_FMA(0);
+    FT_ROW_FMA(1);
+    FT_ROW_FMA(2);
+    FT_ROW_FMA(3);
+    FT_ROW_FMA(4);
+    FT_ROW_FMA(5);
+    FT_ROW_FMA(6);
+    FT_ROW_FMA(7);
+    FT_ROW_FMA(8);
+    FT_ROW_FMA(9);
+    FT_ROW_FMA(10);
+    FT_ROW_FMA(11);
 #undef FT_ROW_FMA
   }
 #define FT_ROW_STORE(r)                                                      \
@@ -60,10 +68,18 @@ __attribute__((noinline)) void multiply_tile(float* c, int64_t ldc, const float*
     if constexpr (kVecs == 2)                                                \
       store<L>(row + L, kAccumulate ? load<L>(row + L) + high##r : high##r); \
   }
-  FT_ROW_STORE(0)
-  FT_ROW_STORE(1)
-  FT_ROW_STORE(2) FT_ROW_STORE(3) FT_ROW_STORE(4) FT_ROW_STORE(5) FT_ROW_STORE(6) FT_ROW_STORE(7)
-      FT_ROW_STORE(8) FT_ROW_STORE(9) FT_ROW_STORE(10) FT_ROW_STORE(11)
+  FT_ROW_STORE(0);
+  FT_ROW_STORE(1);
+  FT_ROW_STORE(2);
+  FT_ROW_STORE(3);
+  FT_ROW_STORE(4);
+  FT_ROW_STORE(5);
+  FT_ROW_STORE(6);
+  FT_ROW_STORE(7);
+  FT_ROW_STORE(8);
+  FT_ROW_STORE(9);
+  FT_ROW_STORE(10);
+  FT_ROW_STORE(11);
 #undef FT_ROW_STORE
 }
 
