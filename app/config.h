@@ -92,6 +92,7 @@ struct CommConfig {
   bool overlap = true;
   bool reorder_buckets = false;
   bool deterministic = false;  // true: rank-order sums, bitwise independent of bucketing
+  double timeout_s = 600;      // a blocking wait on other ranks longer than this ends the run
   EmulateConfig emulate;
 };
 

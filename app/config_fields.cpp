@@ -180,6 +180,9 @@ std::vector<Field> build_fields() {
        "sum gradients in rank order, so bucketing never changes a bit (from 3 ranks a "
        "point-to-point fold instead of the MPI library's collective); false = MPI's own tuned, "
        "topology-aware allreduce"},
+      {FT_KEY(comm.timeout_s), in(0, 86400),
+       "seconds a rank may wait on the others inside one collective before it reports a stalled "
+       "or dead rank and exits, which stops the job (mpi backend); 0 = wait for ever"},
       {FT_KEY(comm.emulate.latency_us), in(0, 1e6),
        "added latency per message in microseconds; needs bandwidth_gbps > 0"},
       {FT_KEY(comm.emulate.bandwidth_gbps), in(0, 1e4),

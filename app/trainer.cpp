@@ -62,6 +62,7 @@ Trainer::Trainer(const Config& config, Communicator* comm) : config_(config), co
   schedule_ = LrSchedule{config.optim.lr, config.optim.min_lr, config.optim.warmup_steps,
                          config.train.steps};
   if (comm != nullptr) {
+    comm->set_timeout_s(config.comm.timeout_s);
     check_same_config(*comm, flatten_config(config), config.source_path);
     broadcast_parameters(*comm, params_);
     Communicator* grad_comm = comm;

@@ -62,6 +62,11 @@ class Communicator {
                                                       const AllreduceOptions& options) = 0;
   virtual void broadcast(float* buffer, size_t count, int root) = 0;
   virtual void barrier() = 0;
+
+  // How long a blocking wait on the other ranks may take before this rank reports a stalled or
+  // dead peer and exits (comm.timeout_s; comm/collective_watchdog.h); 0 waits for ever. Backends
+  // without a watchdog (NCCL for now) ignore it.
+  virtual void set_timeout_s(double /*seconds*/) {}
 };
 
 }  // namespace ft

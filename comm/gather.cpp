@@ -24,6 +24,7 @@ std::vector<std::string> gather_strings(Communicator& comm, const std::string& m
   FT_CHECK(root >= 0 && root < comm.size(), "gather root ", root, " is not a rank of ",
            comm.size());
   MpiCommunicator* mpi = &as_mpi(comm, "gather_strings");
+  CollectiveWatchdog::Scope watched(mpi->watchdog(), "gather", 0);
   FT_CHECK(mine.size() <= static_cast<size_t>(INT_MAX), "gather of ", mine.size(),
            " bytes exceeds MPI's int count");
   const int length = static_cast<int>(mine.size());
@@ -47,7 +48,9 @@ std::vector<std::string> gather_strings(Communicator& comm, const std::string& m
 
 double shared_clock_zero_ms(Communicator& comm, int rounds) {
   FT_CHECK(rounds >= 1, "shared_clock_zero_ms needs rounds >= 1, got ", rounds);
-  const MPI_Comm mpi = as_mpi(comm, "shared_clock_zero_ms").mpi_comm();
+  MpiCommunicator& mpi_comm = as_mpi(comm, "shared_clock_zero_ms");
+  CollectiveWatchdog::Scope watched(mpi_comm.watchdog(), "clock exchange", 0);
+  const MPI_Comm mpi = mpi_comm.mpi_comm();
   constexpr int kTag = 7101;
   // offset[r] = rank r's clock minus rank 0's, at the same instant.
   std::vector<double> offsets(static_cast<size_t>(comm.size()), 0.0);

@@ -20,8 +20,8 @@ void scale(float* buffer, size_t count, float factor) {
 // An in-flight allreduce: native requests, or a FoldAllreduce with its own scratch area.
 class MpiHandle final : public CommHandle {
  public:
-  MpiHandle(float* buffer, size_t count, float post_scale)
-      : buffer_(buffer), count_(count), post_scale_(post_scale) {}
+  MpiHandle(float* buffer, size_t count, float post_scale, CollectiveWatchdog* watchdog)
+      : buffer_(buffer), count_(count), post_scale_(post_scale), watchdog_(watchdog) {}
 
   // MPI may still be writing the buffer, so an unwaited handle finishes here; never throws.
   ~MpiHandle() override {
@@ -33,6 +33,7 @@ class MpiHandle final : public CommHandle {
 
   void wait() override {
     if (done_) return;
+    CollectiveWatchdog::Scope watched(*watchdog_, "allreduce", count_);
     if (fold_) {
       fold_->progress(true);
     } else {
@@ -68,6 +69,7 @@ class MpiHandle final : public CommHandle {
   float* buffer_;
   size_t count_;
   float post_scale_;
+  CollectiveWatchdog* watchdog_;  // the communicator's; outlives the handle
   bool done_ = false;
 };
 
@@ -86,6 +88,7 @@ MpiCommunicator::MpiCommunicator() {
   FT_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm));
   MPI_Comm_rank(node_comm, &local_rank_);
   MPI_Comm_free(&node_comm);
+  watchdog_ = std::make_unique<CollectiveWatchdog>(rank_);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -102,6 +105,7 @@ bool MpiCommunicator::folds(Summation summation) const {
 
 void MpiCommunicator::allreduce(float* buffer, size_t count, const AllreduceOptions& options) {
   FT_CHECK(buffer != nullptr || count == 0, "allreduce of ", count, " floats at nullptr");
+  CollectiveWatchdog::Scope watched(*watchdog_, "allreduce", count);
   if (folds(options.summation)) {
     FoldAllreduce(comm_, next_sequence_++, buffer, count, &scratch_).progress(true);
   } else {
@@ -118,7 +122,7 @@ std::unique_ptr<CommHandle> MpiCommunicator::allreduce_async(float* buffer, size
   FT_CHECK(buffer != nullptr || count == 0, "allreduce_async of ", count, " floats at nullptr");
   const float post_scale =
       options.op == ReduceOp::kAverage ? 1.0f / static_cast<float>(size_) : 1.0f;
-  auto handle = std::make_unique<MpiHandle>(buffer, count, post_scale);
+  auto handle = std::make_unique<MpiHandle>(buffer, count, post_scale, watchdog_.get());
   if (folds(options.summation)) {
     handle->fold_ =
         std::make_unique<FoldAllreduce>(comm_, next_sequence_++, buffer, count, &handle->scratch_);
@@ -137,6 +141,7 @@ std::unique_ptr<CommHandle> MpiCommunicator::allreduce_async(float* buffer, size
 void MpiCommunicator::broadcast(float* buffer, size_t count, int root) {
   FT_CHECK(root >= 0 && root < size_, "broadcast root ", root, " outside [0, ", size_, ")");
   FT_CHECK(buffer != nullptr || count == 0, "broadcast of ", count, " floats at nullptr");
+  CollectiveWatchdog::Scope watched(*watchdog_, "broadcast", count);
   for (size_t begin = 0; begin < count; begin += kMaxChunk) {
     const int chunk = static_cast<int>(std::min(kMaxChunk, count - begin));
     FT_MPI_CHECK(MPI_Bcast(buffer + begin, chunk, MPI_FLOAT, root, comm_));
@@ -144,6 +149,7 @@ void MpiCommunicator::broadcast(float* buffer, size_t count, int root) {
 }
 
 void MpiCommunicator::barrier() {
+  CollectiveWatchdog::Scope watched(*watchdog_, "barrier", 0);
   FT_MPI_CHECK(MPI_Barrier(comm_));
 }
 

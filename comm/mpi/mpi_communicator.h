@@ -5,14 +5,18 @@
 // Summation::kRankOrder folds sums in rank order (FoldAllreduce, used from three ranks up; two
 // ranks add exactly one pair, so MPI_Allreduce is already exact there), so results are bitwise
 // independent of how gradients are bucketed. kAverage is a sum followed by one scale pass.
+// Every blocking wait is watched (comm/collective_watchdog.h): one that outlives comm.timeout_s
+// ends the process with a report instead of hanging.
 // Thread safety: MPI calls happen on whichever thread calls in; callers serialise them (the
 // runtime grants MPI_THREAD_SERIALIZED), as the Communicator contract already requires.
 #pragma once
 #include <mpi.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "comm/collective_watchdog.h"
 #include "comm/communicator.h"
 
 namespace ft {
@@ -37,8 +41,11 @@ class MpiCommunicator final : public Communicator {
                                               const AllreduceOptions& options) override;
   void broadcast(float* buffer, size_t count, int root) override;
   void barrier() override;
+  void set_timeout_s(double seconds) override { watchdog_->set_timeout_s(seconds); }
 
   MPI_Comm mpi_comm() const { return comm_; }
+  // Every blocking wait on mpi_comm() holds one of these (comm/gather.cpp's too).
+  CollectiveWatchdog& watchdog() { return *watchdog_; }
 
  private:
   // True when `summation` needs FoldAllreduce rather than the library's call.
@@ -48,8 +55,9 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   int local_rank_ = 0;
-  std::vector<float> scratch_;  // FoldAllreduce's receive area for blocking calls
-  int64_t next_sequence_ = 0;   // FoldAllreduce operations started, the same on every rank
+  std::unique_ptr<CollectiveWatchdog> watchdog_;  // created once rank_ is known
+  std::vector<float> scratch_;                    // FoldAllreduce's receive area for blocking calls
+  int64_t next_sequence_ = 0;  // FoldAllreduce operations started, the same on every rank
 };
 
 }  // namespace ft
