@@ -36,14 +36,17 @@ void sleep_s(double seconds) {
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 
+// One watched wait that blocks for `seconds`.
+void wait_watched(CollectiveWatchdog& watchdog, const char* what, size_t count, double seconds) {
+  CollectiveWatchdog::Scope watched(watchdog, what, count);
+  sleep_s(seconds);
+}
+
 TEST(CollectiveWatchdog, AWaitPastTheTimeoutIsReportedOnceWithWhatAndWhere) {
   Reports reports;
   CollectiveWatchdog watchdog(3, reports.recorder());
   watchdog.set_timeout_s(0.1);
-  {
-    CollectiveWatchdog::Scope watched(watchdog, "allreduce", 1024);
-    sleep_s(0.5);
-  }
+  wait_watched(watchdog, "allreduce", 1024, 0.5);
   const std::vector<std::string> got = reports.get();
   ASSERT_EQ(got.size(), 1u);
   EXPECT_NE(got[0].find("rank 3: error: allreduce of 1024 floats has waited 0.1 s"),
@@ -56,16 +59,11 @@ TEST(CollectiveWatchdog, WaitsThatEndInTimeAreNotReportedAndALaterLongOneIs) {
   Reports reports;
   CollectiveWatchdog watchdog(0, reports.recorder());
   watchdog.set_timeout_s(0.2);
-  for (int wait = 0; wait < 30; ++wait) {  // 0.3 s of short waits in all: each ends in time
-    CollectiveWatchdog::Scope watched(watchdog, "broadcast", 8);
-    sleep_s(0.01);
-  }
+  for (int wait = 0; wait < 30; ++wait)  // 0.3 s of short waits in all: each ends in time
+    wait_watched(watchdog, "broadcast", 8, 0.01);
   sleep_s(0.3);  // disarmed: time outside a wait never counts
   EXPECT_TRUE(reports.get().empty());
-  {
-    CollectiveWatchdog::Scope watched(watchdog, "barrier", 0);
-    sleep_s(0.5);
-  }
+  wait_watched(watchdog, "barrier", 0, 0.5);
   const std::vector<std::string> got = reports.get();
   ASSERT_EQ(got.size(), 1u);
   EXPECT_NE(got[0].find("rank 0: error: barrier has waited 0.2 s"), std::string::npos) << got[0];
@@ -75,10 +73,7 @@ TEST(CollectiveWatchdog, ZeroTimeoutWaitsForEver) {
   Reports reports;
   CollectiveWatchdog watchdog(1, reports.recorder());
   watchdog.set_timeout_s(0);
-  {
-    CollectiveWatchdog::Scope watched(watchdog, "allreduce", 1);
-    sleep_s(0.3);
-  }
+  wait_watched(watchdog, "allreduce", 1, 0.3);
   EXPECT_TRUE(reports.get().empty());
 }
 
