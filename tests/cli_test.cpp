@@ -251,4 +251,19 @@ TEST(Cli, TrainChecksItsDirectoriesAndTraceBeforeTheFirstStep) {
   }
 }
 
+// FT_CPU_ISA (model/ops/winograd.h) picks the Winograd kernels' width; a value the kernels do
+// not have stops the first convolution with an error naming the variable and the choices. One
+// ResNet step, whose convolutions run on Winograd; avx2 exists everywhere and trains.
+TEST(Cli, UnknownCpuIsaIsAnErrorNamingTheVariable) {
+  const std::string resnet_train =
+      "train --config configs/resnet8.yaml --set train.steps=1 --set optim.warmup_steps=0 "
+      "--set train.batch_size=2 "
+      "--set train.eval_every=0 --set train.overwrite=true --set train.run_dir=" +
+      ::testing::TempDir() + "/isa_run";
+  expect_error(run_command("env FT_CPU_ISA=sse4 ", resnet_train),
+               "environment variable FT_CPU_ISA=sse4 is not one of: avx2, avx512");
+  const RunResult avx2 = run_command("env FT_CPU_ISA=avx2 ", resnet_train);
+  EXPECT_EQ(avx2.exit_code, 0) << avx2.output;
+}
+
 }  // namespace
