@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "core/check.h"
 #include "model/ops/winograd_kernels.h"
@@ -108,6 +109,29 @@ void transform_weights(float* transformed, const float* weight, int out_channels
 }
 
 }  // namespace
+
+namespace winograd {
+
+float* thread_buffer(BufferSlot slot, int64_t count) {
+  thread_local std::vector<float> buffers[kBufferSlots];
+  std::vector<float>& buffer = buffers[static_cast<int>(slot)];
+  if (static_cast<int64_t>(buffer.size()) < count) buffer.resize(count);
+  return buffer.data();
+}
+
+const float* zero_channels(int channels) {
+  thread_local std::vector<float> zeros;
+  if (static_cast<int>(zeros.size()) < channels) zeros.assign(channels, 0.0f);
+  return zeros.data();
+}
+
+float** thread_partials(int threads) {
+  thread_local std::vector<float*> partials;
+  partials.assign(threads, nullptr);
+  return partials.data();
+}
+
+}  // namespace winograd
 
 bool winograd_isa_available(WinogradIsa isa) {
   return isa == WinogradIsa::kAvx2 || avx512_runs();

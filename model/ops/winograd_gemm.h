@@ -6,7 +6,6 @@
 //   AVX-512 (16 lanes): 6 rows x 32 columns where the columns allow, else 12 rows x 16
 // Internal to the Winograd kernels, with internal linkage (see winograd_tiles.h).
 #pragma once
-#include <algorithm>
 #include <cstdint>
 
 #include "model/ops/winograd.h"
@@ -102,7 +101,7 @@ inline void multiply_panel(float* c, int64_t ldc, const float* a, int64_t a_row,
     float* c_tile = c + row * ldc + col;
     const float* a_tile = a + row * a_row;
     const float* b_panel = b + col;
-    switch (std::min(kMaxRows, rows - row)) {
+    switch (rows - row < kMaxRows ? rows - row : kMaxRows) {
 #define FT_MULTIPLY_CASE(n)                                                                    \
   case n:                                                                                      \
     if constexpr (n <= kMaxRows)                                                               \

@@ -14,8 +14,7 @@
 #pragma once
 #include <omp.h>
 
-#include <algorithm>
-#include <vector>
+#include <cstdint>
 
 #include "model/ops/winograd.h"
 #include "model/ops/winograd_gemm.h"
@@ -38,7 +37,32 @@ struct KernelTable {
 // (FT_WINOGRAD_AVX512); REQUIRES: the CPU has AVX-512 F, VL, BW and DQ.
 const KernelTable& avx512_kernels();
 
+// What the kernels need from the standard library, defined in winograd.cpp with the build's
+// flags. winograd_avx512.cpp must instantiate no standard template itself: such an instance is
+// a weak symbol that the linker may pick for the whole program, and compiled with AVX-512 it
+// would crash an AVX2 machine at the first std::vector<float>::resize. The ctest
+// winograd_avx512.no_weak_symbols (tests/no_weak_symbols.sh) checks its object file with nm.
+enum class BufferSlot { kInput, kProduct, kWeightGrad };
+constexpr int kBufferSlots = 3;
+// This thread's buffer for `slot`, at least `count` floats, reused across calls.
+float* thread_buffer(BufferSlot slot, int64_t count);
+// At least `channels` zeros that loads of the padding point at, so the inner loops never branch.
+const float* zero_channels(int channels);
+// `threads` pointers, all null, for conv_weight_grad's per-thread partial sums (the caller's
+// thread's; valid until its next call).
+float** thread_partials(int threads);
+
 namespace {
+
+// std::min and std::max are templates (see above).
+template <typename T>
+constexpr T at_most(T a, T b) {
+  return b < a ? b : a;
+}
+template <typename T>
+constexpr T at_least(T a, T b) {
+  return a < b ? b : a;
+}
 
 template <typename V>
 struct TileGrid {
@@ -82,14 +106,7 @@ template <typename V, int L>
 int block_tiles(int in_channels, int out_channels) {
   int tiles = 65536 / (V::kPoints * (in_channels + out_channels));
   tiles -= tiles % kBlockRows<L>;
-  return std::max(kBlockRows<L>, tiles);
-}
-
-// `channels` zeros that loads of the padding point at, so the inner loops never branch.
-const float* zero_channels(int channels) {
-  thread_local std::vector<float> zeros;
-  if (static_cast<int>(zeros.size()) < channels) zeros.assign(channels, 0.0f);
-  return zeros.data();
+  return at_least(kBlockRows<L>, tiles);
 }
 
 // v[t][xi][c] = (B^T d B)[xi] for the `count` tiles from `first`, d the tile's window of x,
@@ -149,8 +166,8 @@ void transform_output(float* y, const float* m, const WinogradShape& shape, int 
   TileOrigin<V> origin(first, grid);
   for (int t = 0; t < count; ++t, origin.next()) {
     const float* at = m + static_cast<int64_t>(t) * V::kPoints * channels;
-    const int rows = std::min(M, shape.height - origin.row);
-    const int cols = std::min(M, shape.width - origin.col);
+    const int rows = at_most(M, shape.height - origin.row);
+    const int cols = at_most(M, shape.width - origin.col);
     float* y_tile =
         y + ((static_cast<int64_t>(origin.image) * shape.height + origin.row) * shape.width +
              origin.col) *
@@ -221,15 +238,6 @@ void transform_output_grad(float* g, const float* dy, const WinogradShape& shape
   }
 }
 
-// Per-thread buffers, each reused by its thread across calls.
-enum BufferSlot { kInputSlot, kProductSlot, kWeightGradSlot, kSlots };
-float* thread_buffer(BufferSlot slot, int64_t count) {
-  thread_local std::vector<float> buffers[kSlots];
-  std::vector<float>& buffer = buffers[slot];
-  if (static_cast<int64_t>(buffer.size()) < count) buffer.resize(count);
-  return buffer.data();
-}
-
 template <typename V, int L>
 void conv(float* y, const float* x, const float* transformed, const WinogradShape& shape,
           WinogradWrite write, const WinogradEpilogue* epilogue) {
@@ -239,12 +247,12 @@ void conv(float* y, const float* x, const float* transformed, const WinogradShap
   const int64_t blocks = (grid.count + block - 1) / block;
 #pragma omp parallel
   {
-    float* v = thread_buffer(kInputSlot, static_cast<int64_t>(V::kPoints) * block * in);
-    float* m = thread_buffer(kProductSlot, static_cast<int64_t>(V::kPoints) * block * out);
+    float* v = thread_buffer(BufferSlot::kInput, static_cast<int64_t>(V::kPoints) * block * in);
+    float* m = thread_buffer(BufferSlot::kProduct, static_cast<int64_t>(V::kPoints) * block * out);
 #pragma omp for schedule(static)
     for (int64_t index = 0; index < blocks; ++index) {
       const int64_t first = index * block;
-      const int count = static_cast<int>(std::min<int64_t>(block, grid.count - first));
+      const int count = static_cast<int>(at_most<int64_t>(block, grid.count - first));
       transform_input<V, L>(v, x, shape, in, grid, first, count);
       for (int xi = 0; xi < V::kPoints; ++xi)
         multiply<L>(m + static_cast<int64_t>(xi) * out, V::kPoints * out,
@@ -270,17 +278,18 @@ void conv_weight_grad(float* weight_grad, const float* x, const float* dy,
   const int64_t du_numel = static_cast<int64_t>(V::kPoints) * in * out;
   // Each thread's partial du lives in its own reused buffer; its first block overwrites it, so
   // nothing is zeroed. A thread that got no block leaves nullptr.
-  std::vector<float*> partials(omp_get_max_threads(), nullptr);
+  const int threads = omp_get_max_threads();
+  float** partials = thread_partials(threads);
 #pragma omp parallel
   {
-    float* v = thread_buffer(kInputSlot, static_cast<int64_t>(V::kPoints) * block * in);
-    float* g = thread_buffer(kProductSlot, static_cast<int64_t>(V::kPoints) * block * out);
-    float* du = thread_buffer(kWeightGradSlot, du_numel);
+    float* v = thread_buffer(BufferSlot::kInput, static_cast<int64_t>(V::kPoints) * block * in);
+    float* g = thread_buffer(BufferSlot::kProduct, static_cast<int64_t>(V::kPoints) * block * out);
+    float* du = thread_buffer(BufferSlot::kWeightGrad, du_numel);
     WinogradWrite write = WinogradWrite::kOverwrite;
 #pragma omp for schedule(static)
     for (int64_t index = 0; index < blocks; ++index) {
       const int64_t first = index * block;
-      const int count = static_cast<int>(std::min<int64_t>(block, grid.count - first));
+      const int count = static_cast<int>(at_most<int64_t>(block, grid.count - first));
       transform_input<V, L>(v, x, shape, in, grid, first, count);
       transform_output_grad<V, L>(g, dy, shape, out, grid, first, count);
       for (int xi = 0; xi < V::kPoints; ++xi)
@@ -292,7 +301,7 @@ void conv_weight_grad(float* weight_grad, const float* x, const float* dy,
     }
   }
   float* du = partials[0];  // thread 0 always gets the first block under schedule(static)
-  for (size_t thread = 1; thread < partials.size(); ++thread)
+  for (int thread = 1; thread < threads; ++thread)
     if (partials[thread] != nullptr)
       for (int64_t i = 0; i < du_numel; ++i) du[i] += partials[thread][i];
   // L neighbouring (o, c) pairs at a time, as vector lanes (see transform_weights).
