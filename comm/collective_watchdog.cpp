@@ -46,6 +46,9 @@ CollectiveWatchdog::Scope::~Scope() {
 void CollectiveWatchdog::arm(const char* what, size_t count) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    // One deadline at a time: an inner wait's end would disarm the outer one.
+    FT_CHECK(!armed_, "collective watchdog: a ", what, " began inside the wait of ", what_,
+             " (watched waits do not nest)");
     armed_ = true;
     deadline_ = std::chrono::steady_clock::now() +
                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(

@@ -40,6 +40,7 @@ class CollectiveWatchdog {
   class Scope {
    public:
     // what: the collective, as "allreduce" or "broadcast"; count: its floats (0 if none).
+    // REQUIRES: no other Scope of this watchdog is alive (waits do not nest; throws otherwise).
     Scope(CollectiveWatchdog& watchdog, const char* what, size_t count);
     ~Scope();
     Scope(const Scope&) = delete;

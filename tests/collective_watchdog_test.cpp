@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/check.h"
+
 namespace ft {
 namespace {
 
@@ -75,6 +77,14 @@ TEST(CollectiveWatchdog, ZeroTimeoutWaitsForEver) {
   watchdog.set_timeout_s(0);
   wait_watched(watchdog, "allreduce", 1, 0.3);
   EXPECT_TRUE(reports.get().empty());
+}
+
+TEST(CollectiveWatchdog, NestedWaitsAreRefused) {
+  Reports reports;
+  CollectiveWatchdog watchdog(2, reports.recorder());
+  watchdog.set_timeout_s(5);
+  CollectiveWatchdog::Scope outer(watchdog, "allreduce", 4);
+  EXPECT_THROW(CollectiveWatchdog::Scope inner(watchdog, "broadcast", 4), Error);
 }
 
 }  // namespace
