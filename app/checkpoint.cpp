@@ -170,6 +170,11 @@ int64_t first_non_finite(const float* data, int64_t count) {
 
 SafetensorsFile load_checkpoint_file(const std::string& path) {
   SafetensorsFile file = load_safetensors(path);
+  require_checkpoint(file, path);
+  return file;
+}
+
+void require_checkpoint(const SafetensorsFile& file, const std::string& path) {
   auto format = file.metadata.find("format");
   // An export has the trained weights but not the optimizer state or counters a checkpoint has;
   // the way out is the checkpoint it names as its source.
@@ -184,7 +189,6 @@ SafetensorsFile load_checkpoint_file(const std::string& path) {
   if (format == file.metadata.end() || format->second != kFormat)
     FT_FAIL(path, ": not a fusiontrain checkpoint (metadata 'format' should be '", kFormat, "')");
   require_finite_tensors(file, path);
-  return file;
 }
 
 Trainer::HostState Trainer::host_state() {

@@ -222,8 +222,8 @@ ExportedResnet::ExportedResnet(const std::string& path, Device device) : path_(p
              "'); make one with `fusiontrain export --checkpoint CKPT --out FILE`");
   const std::string& arch = metadata_entry(metadata_, "arch", path);
   FT_REQUIRE(arch == "resnet", path, ": is a ", arch,
-             " export; infer runs ResNet exports (sample text from a GPT with `fusiontrain sample "
-             "--checkpoint CKPT`)");
+             " export; infer runs ResNet exports (`fusiontrain sample --model FILE` generates "
+             "text from a GPT export)");
   shape_ = shape_from_json(metadata_json(metadata_, "model", path), path);
   try {
     stats_.mean = metadata_json(metadata_, "image_mean", path).get<float>();

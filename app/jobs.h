@@ -102,9 +102,10 @@ struct InferArgs {
 int run_infer(const InferArgs& args);
 
 struct SampleArgs {
-  std::string config_path;  // optional: defaults to the checkpoint's embedded config
+  std::string config_path;  // optional: defaults to the checkpoint's (or export's) embedded config
   std::vector<std::string> overrides;
-  std::string checkpoint_path;
+  std::string checkpoint_path;        // a training checkpoint, or
+  std::string model_path;             // a GPT export (fusiontrain export): exactly one of the two
   std::string prompt;                 // bytes; empty = a single newline byte
   std::optional<int> max_new_tokens;  // unset = inference.max_new_tokens
   // Unset = inference.temperature; 0 = greedy. A double, as typed: 1e-50 is refused, not a

@@ -162,10 +162,15 @@ int main(int argc, char** argv) {
 
   ft::SampleArgs sample_args;
   CLI::App* sample = app.add_subcommand(
-      "sample", "generate text from a GPT checkpoint with a KV cache, and report tokens/s");
+      "sample",
+      "generate text from a GPT checkpoint or export with a KV cache, and report tokens/s");
   add_config_flags(sample, &sample_args.config_path, &sample_args.overrides);
-  sample->add_option("--checkpoint", sample_args.checkpoint_path, "checkpoint (.safetensors)")
-      ->required();
+  CLI::Option* sample_checkpoint_flag = sample->add_option(
+      "--checkpoint", sample_args.checkpoint_path, "training checkpoint (.safetensors)");
+  sample
+      ->add_option("--model", sample_args.model_path,
+                   "GPT export (.safetensors, from `fusiontrain export`), instead of --checkpoint")
+      ->excludes(sample_checkpoint_flag);
   sample->add_option("--prompt", sample_args.prompt, "text to continue (default: one newline)");
   int sample_max_new_tokens = 0, sample_top_k = 0;
   double sample_temperature = 0;

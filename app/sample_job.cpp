@@ -1,6 +1,7 @@
-// `fusiontrain sample`: loads a GPT checkpoint and generates bytes after a prompt with the KV-cache
-// decoder (model/gpt_decode.h), printing the text and tokens/s; --no-kv-cache recomputes the
-// window for every byte, and --compare-no-cache times both and checks they wrote the same text.
+// `fusiontrain sample`: loads a GPT checkpoint (or export) and generates bytes after a prompt with
+// the KV-cache decoder (model/gpt_decode.h), printing the text and tokens/s; --no-kv-cache
+// recomputes the window for every byte, and --compare-no-cache times both and checks they wrote the
+// same text.
 #include <omp.h>
 
 #include <algorithm>
@@ -8,8 +9,10 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "app/flag_checks.h"
+#include "app/inference_model.h"
 #include "app/jobs.h"
 #include "app/trainer.h"
 #include "core/atomic_file.h"
@@ -101,16 +104,56 @@ int first_difference(const std::vector<int32_t>& a, const std::vector<int32_t>& 
   return a.size() == b.size() ? -1 : static_cast<int>(std::min(a.size(), b.size()));
 }
 
+// The GPT's weights and config: a training checkpoint (--checkpoint) or an export (--model),
+// which hold the parameters under the same names and the config in their metadata.
+struct GptWeights {
+  std::string path;
+  SafetensorsFile file;
+};
+
+GptWeights load_gpt_weights(const SampleArgs& args) {
+  GptWeights weights;
+  const bool from_export = !args.model_path.empty();
+  weights.path = from_export ? args.model_path : args.checkpoint_path;
+  if (weights.path.empty())
+    FT_FAIL(
+        "sample needs --checkpoint CKPT (a training checkpoint) or --model FILE (a GPT export)");
+  if (from_export) {
+    weights.file = load_safetensors(weights.path);
+    const auto& metadata = weights.file.metadata;
+    auto format = metadata.find("format");
+    FT_REQUIRE(format != metadata.end() && format->second == kExportFormat, weights.path,
+               ": not a fusiontrain export (metadata 'format' should be '", kExportFormat,
+               "'); a training checkpoint goes to --checkpoint");
+    auto arch = metadata.find("arch");
+    FT_REQUIRE(arch != metadata.end() && arch->second == "gpt", weights.path, ": is a ",
+               arch == metadata.end() ? std::string("model without 'arch'") : arch->second,
+               " export; sample generates text from GPT exports (`fusiontrain infer --model` runs "
+               "ResNet ones)");
+  } else {
+    weights.file = load_safetensors(weights.path);
+    auto format = weights.file.metadata.find("format");
+    FT_REQUIRE(format == weights.file.metadata.end() || format->second != kExportFormat,
+               weights.path, " is an export (metadata 'format' '", kExportFormat,
+               "'); pass it as --model ", weights.path,
+               " (--checkpoint takes training checkpoints)");
+    require_checkpoint(weights.file, weights.path);
+  }
+  return weights;
+}
+
 }  // namespace
 
 int run_sample(const SampleArgs& args) {
-  if (args.checkpoint_path.empty()) FT_FAIL("sample needs --checkpoint FILE");
-  const Config config = args.config_path.empty()
-                            ? checkpoint_config(args.checkpoint_path, args.overrides)
-                            : load_config(args.config_path, args.overrides);
+  // With --config the flags are checked before the weights file is read; without, the config is
+  // the one the file embeds.
+  std::optional<GptWeights> weights;
+  if (args.config_path.empty()) weights = load_gpt_weights(args);
+  const Config config = weights ? checkpoint_config(weights->file, weights->path, args.overrides)
+                                : load_config(args.config_path, args.overrides);
   if (config.model.arch != "gpt")
     FT_FAIL("sample needs a GPT checkpoint; model.arch is ", config.model.arch, " in ",
-            args.config_path.empty() ? args.checkpoint_path : args.config_path);
+            args.config_path.empty() ? weights->path : args.config_path);
   if (config.model.vocab_size != 256)
     FT_FAIL("sample generates bytes: model.vocab_size must be 256, is ", config.model.vocab_size);
   if (args.no_kv_cache && args.compare_no_cache)
@@ -137,7 +180,8 @@ int run_sample(const SampleArgs& args) {
   ParamStore params;
   const GptParamIds ids = register_gpt_params(shape, params);
   params.allocate();
-  load_checkpoint_params(args.checkpoint_path, params);
+  if (!weights) weights = load_gpt_weights(args);
+  load_checkpoint_params(weights->file, weights->path, params);
   GptDecoder decoder(shape, ids, params);
 
   const bool run_cached = !args.no_kv_cache;
@@ -163,7 +207,7 @@ int run_sample(const SampleArgs& args) {
       static_cast<unsigned long long>(settings.seed), threads);
 
   nlohmann::json row = {{"type", "sample"},
-                        {"checkpoint", args.checkpoint_path},
+                        {args.model_path.empty() ? "checkpoint" : "model", weights->path},
                         {"prompt", prompt_text},
                         // What the model conditioned on: the prompt, or its cropped tail.
                         {"prompt_in_context", bytes_to_text(prompt)},

@@ -129,6 +129,8 @@ class Trainer {
 // A checkpoint file, read and checked: fusiontrain format, every tensor finite. Throws ft::Error
 // naming the file and the defect.
 SafetensorsFile load_checkpoint_file(const std::string& path);
+// The checks load_checkpoint_file makes, on a file already read from `path`.
+void require_checkpoint(const SafetensorsFile& file, const std::string& path);
 // Reads a checkpoint's parameters (and buffers) into `params` by name; used by eval and infer.
 // Throws ft::Error naming the file and the first missing or mis-shaped tensor, or listing the
 // tensors `params` does not have (optimizer state "optim.<slot>.<param>" of a known param aside).

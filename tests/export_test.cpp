@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -70,6 +71,11 @@ const std::string& resnet_export() {
 }
 
 // The header of a safetensors file, parsed with nlohmann-json only.
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+}
+
 nlohmann::json read_header(const std::string& path) {
   const std::string bytes = read_file(path);
   uint64_t length = 0;
@@ -281,7 +287,7 @@ TEST(Export, FoldBnFalseIsRefusedNamingWhereItWasSet) {
       << forced.output;
 }
 
-TEST(Export, GptExportHoldsTheParametersAndInferPointsToSample) {
+TEST(Export, GptExportHoldsTheParametersAndSamplesLikeItsCheckpoint) {
   const Config config =
       parse_config("model: {arch: gpt, n_layer: 1, n_head: 2, d_model: 16, seq_len: 8}\n", "test");
   ParamStore params;
@@ -305,17 +311,42 @@ TEST(Export, GptExportHoldsTheParametersAndInferPointsToSample) {
   const test::RunResult infer = run_fusiontrain("infer --model " + out, 60);
   EXPECT_EQ(infer.exit_code, 1);
   EXPECT_NE(infer.output.find("sample"), std::string::npos) << infer.output;
-  // sample and eval read training checkpoints: they say the file is an export and name its source.
-  for (const std::string job : {"sample", "eval"}) {
-    const test::RunResult refused = run_fusiontrain(job + " --checkpoint " + out, 60);
-    EXPECT_EQ(refused.exit_code, 1) << refused.output;
-    EXPECT_NE(refused.output.find(out + " is an export (metadata 'format' 'fusiontrain-export-1')"),
-              std::string::npos)
-        << refused.output;
-    EXPECT_NE(refused.output.find("(metadata source_checkpoint: " + checkpoint + ")"),
-              std::string::npos)
-        << refused.output;
-  }
+  // eval reads training checkpoints: it says the file is an export and names its source.
+  const test::RunResult refused = run_fusiontrain("eval --checkpoint " + out, 60);
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find(out + " is an export (metadata 'format' 'fusiontrain-export-1')"),
+            std::string::npos)
+      << refused.output;
+  EXPECT_NE(refused.output.find("(metadata source_checkpoint: " + checkpoint + ")"),
+            std::string::npos)
+      << refused.output;
+  // sample takes the export as --model, and writes what it writes from the checkpoint.
+  const test::RunResult misplaced = run_fusiontrain("sample --checkpoint " + out, 60);
+  EXPECT_EQ(misplaced.exit_code, 1) << misplaced.output;
+  EXPECT_NE(misplaced.output.find("pass it as --model " + out), std::string::npos)
+      << misplaced.output;
+  const std::string flags = " --prompt 'Call me' --max-new-tokens 24 --seed 5 --json ";
+  const test::RunResult from_checkpoint = run_fusiontrain(
+      "sample --checkpoint " + checkpoint + flags + temp_path("ckpt.sample.json"), 60);
+  const test::RunResult from_export =
+      run_fusiontrain("sample --model " + out + flags + temp_path("export.sample.json"), 60);
+  ASSERT_EQ(from_checkpoint.exit_code, 0) << from_checkpoint.output;
+  ASSERT_EQ(from_export.exit_code, 0) << from_export.output;
+  const nlohmann::json checkpoint_row = read_json(temp_path("ckpt.sample.json"));
+  const nlohmann::json export_row = read_json(temp_path("export.sample.json"));
+  EXPECT_EQ(export_row.at("new_tokens"), checkpoint_row.at("new_tokens"));
+  EXPECT_EQ(export_row.at("new_tokens").size(), 24u);
+  EXPECT_EQ(export_row.at("model"), out);
+  // A checkpoint is no export, and a ResNet export samples no text.
+  const test::RunResult not_export = run_fusiontrain("sample --model " + checkpoint, 60);
+  EXPECT_EQ(not_export.exit_code, 1) << not_export.output;
+  EXPECT_NE(not_export.output.find("a training checkpoint goes to --checkpoint"), std::string::npos)
+      << not_export.output;
+  const test::RunResult resnet = run_fusiontrain("sample --model " + resnet_export(), 60);
+  EXPECT_EQ(resnet.exit_code, 1) << resnet.output;
+  EXPECT_NE(resnet.output.find("is a resnet export; sample generates text from GPT exports"),
+            std::string::npos)
+      << resnet.output;
 }
 
 // --compare-unfolded with a checkpoint the export was not made from compares two models: refused,
