@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "app/inference_model.h"
 #include "app/task.h"
@@ -71,6 +72,15 @@ const std::string& resnet_export() {
 }
 
 // The header of a safetensors file, parsed with nlohmann-json only.
+// `fusiontrain args` exits 1 with an error containing every one of `needles`.
+void expect_refused(const std::string& args, const std::vector<std::string>& needles) {
+  const test::RunResult result = run_fusiontrain(args, 60);
+  EXPECT_EQ(result.exit_code, 1) << args << "\n" << result.output;
+  for (const std::string& needle : needles)
+    EXPECT_NE(result.output.find(needle), std::string::npos)
+        << args << ": expected '" << needle << "' in: " << result.output;
+}
+
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   return nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
@@ -312,19 +322,11 @@ TEST(Export, GptExportHoldsTheParametersAndSamplesLikeItsCheckpoint) {
   EXPECT_EQ(infer.exit_code, 1);
   EXPECT_NE(infer.output.find("sample"), std::string::npos) << infer.output;
   // eval reads training checkpoints: it says the file is an export and names its source.
-  const test::RunResult refused = run_fusiontrain("eval --checkpoint " + out, 60);
-  EXPECT_EQ(refused.exit_code, 1) << refused.output;
-  EXPECT_NE(refused.output.find(out + " is an export (metadata 'format' 'fusiontrain-export-1')"),
-            std::string::npos)
-      << refused.output;
-  EXPECT_NE(refused.output.find("(metadata source_checkpoint: " + checkpoint + ")"),
-            std::string::npos)
-      << refused.output;
+  expect_refused("eval --checkpoint " + out,
+                 {out + " is an export (metadata 'format' 'fusiontrain-export-1')",
+                  "(metadata source_checkpoint: " + checkpoint + ")"});
   // sample takes the export as --model, and writes what it writes from the checkpoint.
-  const test::RunResult misplaced = run_fusiontrain("sample --checkpoint " + out, 60);
-  EXPECT_EQ(misplaced.exit_code, 1) << misplaced.output;
-  EXPECT_NE(misplaced.output.find("pass it as --model " + out), std::string::npos)
-      << misplaced.output;
+  expect_refused("sample --checkpoint " + out, {"pass it as --model " + out});
   const std::string flags = " --prompt 'Call me' --max-new-tokens 24 --seed 5 --json ";
   const test::RunResult from_checkpoint = run_fusiontrain(
       "sample --checkpoint " + checkpoint + flags + temp_path("ckpt.sample.json"), 60);
@@ -338,15 +340,9 @@ TEST(Export, GptExportHoldsTheParametersAndSamplesLikeItsCheckpoint) {
   EXPECT_EQ(export_row.at("new_tokens").size(), 24u);
   EXPECT_EQ(export_row.at("model"), out);
   // A checkpoint is no export, and a ResNet export samples no text.
-  const test::RunResult not_export = run_fusiontrain("sample --model " + checkpoint, 60);
-  EXPECT_EQ(not_export.exit_code, 1) << not_export.output;
-  EXPECT_NE(not_export.output.find("a training checkpoint goes to --checkpoint"), std::string::npos)
-      << not_export.output;
-  const test::RunResult resnet = run_fusiontrain("sample --model " + resnet_export(), 60);
-  EXPECT_EQ(resnet.exit_code, 1) << resnet.output;
-  EXPECT_NE(resnet.output.find("is a resnet export; sample generates text from GPT exports"),
-            std::string::npos)
-      << resnet.output;
+  expect_refused("sample --model " + checkpoint, {"a training checkpoint goes to --checkpoint"});
+  expect_refused("sample --model " + resnet_export(),
+                 {"is a resnet export; sample generates text from GPT exports"});
 }
 
 // --compare-unfolded with a checkpoint the export was not made from compares two models: refused,
