@@ -141,7 +141,7 @@ std::vector<Field> build_fields() {
       {FT_KEY(fusion.vertical.attention), true_or_false(),
        "scores -> causal softmax -> weighted sum as one tiled op with an online softmax (gpt)"},
       {FT_KEY(fusion.vertical.bn_relu), true_or_false(),
-       "BatchNorm -> ReLU and residual add -> ReLU as one op each (resnet)"},
+       "BatchNorm -> ReLU and [BatchNorm(s) ->] residual add -> ReLU as one op each (resnet)"},
       {FT_KEY(fusion.horizontal.qkv), true_or_false(),
        "the q, k and v Linears as one GEMM into a [rows, 3C] buffer (gpt)"},
       {FT_KEY(fusion.horizontal.batched_layernorm), true_or_false(),

@@ -23,6 +23,7 @@ const char* vertical_pass_key(OpKind producer, OpKind consumer) {
   if (producer == K::kLmHead && consumer == K::kCrossEntropy) return "fusion.vertical.classifier";
   if ((producer == K::kBatchNorm || producer == K::kResidualAdd) && consumer == K::kRelu)
     return "fusion.vertical.bn_relu";
+  if (producer == K::kBatchNorm && consumer == K::kResidualAdd) return "fusion.vertical.bn_relu";
   return nullptr;
 }
 

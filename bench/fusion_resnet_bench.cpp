@@ -2,6 +2,8 @@
 // three stage shapes (batch 64: 28x28x16, 14x14x32, 7x7x64):
 //   BM_BatchNormRelu  BatchNormReluOp       vs BatchNorm2dOp -> ReluOp
 //   BM_AddRelu        AddReluOp             vs ResidualAddOp -> ReluOp
+//   BM_BatchNormAddRelu BatchNormAddReluOp  vs BatchNorm2dOp [+ BatchNorm2dOp] -> ResidualAddOp
+//                                              -> ReluOp (identity or normalised shortcut)
 // Ops run directly on a hand-built workspace with fresh input gradients, as the executor hands
 // them over in a ResNet step, so the times are the ops' alone.
 // Counters:
@@ -12,12 +14,15 @@
 #include <benchmark/benchmark.h>
 
 #include <memory>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "bench/profiled_steps.h"
 #include "core/rng.h"
 #include "fusion/ops/add_relu.h"
+#include "fusion/ops/batchnorm_add_relu.h"
 #include "fusion/ops/batchnorm_relu.h"
 #include "model/ops/batchnorm.h"
 #include "model/ops/relu.h"
@@ -37,6 +42,12 @@ constexpr double kBatchNormReluUnfusedFloats = 13, kBatchNormReluFusedFloats = 1
 //   backward reads ds, writes da, db (3): 11. AddReluOp: forward 3, backward reads y and dy,
 //   writes da and db (4): 7.
 constexpr double kAddReluUnfusedFloats = 11, kAddReluFusedFloats = 7;
+//   BatchNorm2dOp -> ResidualAddOp -> ReluOp: 8 + 3 + 5 + 3 = 19; the shortcut's BatchNorm2dOp
+//   another 8: 27. BatchNormAddReluOp: forward reads x twice and r, writes y (4), backward reads
+//   dy, y and x twice, writes dx and dr (8): 12; with the shortcut's BatchNorm forward 5, backward
+//   reads dy and y four times, x and x_s twice, writes dx and dx_s (12): 17.
+constexpr double kBatchNormAddReluUnfusedFloats[] = {19, 27};
+constexpr double kBatchNormAddReluFusedFloats[] = {12, 17};
 
 // A workspace of `count` values of `shape`, values and gradients ~ N(0, 1), every gradient
 // fresh (the ops overwrite them).
@@ -137,6 +148,56 @@ void BM_AddRelu(benchmark::State& state) {
   set_bytes(state, fused ? kAddReluFusedFloats : kAddReluUnfusedFloats, numel);
 }
 
+// Args: channels, spatial size, fused (0/1), normalised shortcut (0/1).
+void BM_BatchNormAddRelu(benchmark::State& state) {
+  ft::bench::set_threads_from_env();
+  const int channels = static_cast<int>(state.range(0));
+  const int size = static_cast<int>(state.range(1));
+  const bool fused = state.range(2) != 0, normalised = state.range(3) != 0;
+  const ft::Shape shape{kBatch, size, size, channels};
+  const int64_t numel = ft::shape_numel(shape);
+  ft::ParamStore params;
+  std::vector<ft::ParamId> ids;
+  for (int bn = 0; bn < (normalised ? 2 : 1); ++bn) {
+    const std::string prefix = "bn" + std::to_string(bn);
+    ids.push_back(params.add(prefix + ".weight", {channels}, ft::ParamInit::kNormal, 1.0f, false));
+    ids.push_back(params.add(prefix + ".bias", {channels}, ft::ParamInit::kNormal, 1.0f, false));
+    ids.push_back(params.add_buffer(prefix + ".running_mean", {channels}, ft::ParamInit::kZeros));
+    ids.push_back(params.add_buffer(prefix + ".running_var", {channels}, ft::ParamInit::kOnes));
+  }
+  params.allocate();
+  params.initialize(1);
+  // x, r or x_s, y; unfused also z, z_s, the sum.
+  ft::Workspace ws = make_workspace(shape, 6);
+  std::vector<std::unique_ptr<ft::Op>> owned;
+  const std::vector<ft::ParamId> main_ids(ids.begin(), ids.begin() + 4);
+  if (fused) {
+    const ft::BatchNormSettings settings;
+    owned.push_back(std::make_unique<ft::BatchNormAddReluOp>(kBatch, channels, size, size, settings,
+                                                             normalised ? &settings : nullptr));
+    wire(*owned[0], {0, 1}, {2}, ids);
+  } else {
+    owned.push_back(std::make_unique<ft::BatchNorm2dOp>(kBatch, channels, size, size));
+    wire(*owned.back(), {0}, {3}, main_ids);
+    ft::ValueId summand = 1;
+    if (normalised) {
+      owned.push_back(std::make_unique<ft::BatchNorm2dOp>(kBatch, channels, size, size));
+      wire(*owned.back(), {1}, {4}, std::vector<ft::ParamId>(ids.begin() + 4, ids.end()));
+      summand = 4;
+    }
+    owned.push_back(std::make_unique<ft::ResidualAddOp>(numel));
+    wire(*owned.back(), {3, summand}, {5}, {});
+    owned.push_back(std::make_unique<ft::ReluOp>(numel));
+    wire(*owned.back(), {5}, {2}, {});
+  }
+  std::vector<ft::Op*> ops;
+  for (auto& op : owned) ops.push_back(op.get());
+  run_steps(state, ops, ws, params);
+  set_bytes(state,
+            (fused ? kBatchNormAddReluFusedFloats : kBatchNormAddReluUnfusedFloats)[normalised],
+            numel);
+}
+
 void resnet8_shapes(benchmark::internal::Benchmark* benchmark) {
   benchmark->ArgNames({"channels", "size", "fused"});
   for (const auto& [channels, size] : {std::pair{16, 28}, {32, 14}, {64, 7}})
@@ -146,6 +207,15 @@ void resnet8_shapes(benchmark::internal::Benchmark* benchmark) {
 
 BENCHMARK(BM_BatchNormRelu)->Apply(resnet8_shapes);
 BENCHMARK(BM_AddRelu)->Apply(resnet8_shapes);
+
+// resnet8's adds: the identity block at 28x28x16, the downsampling blocks at 14x14x32 and 7x7x64.
+void resnet8_adds(benchmark::internal::Benchmark* benchmark) {
+  benchmark->ArgNames({"channels", "size", "fused", "bn_shortcut"});
+  for (const auto& [channels, size, normalised] : {std::tuple{16, 28, 0}, {32, 14, 1}, {64, 7, 1}})
+    for (int fused : {0, 1}) benchmark->Args({channels, size, fused, normalised});
+  benchmark->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK(BM_BatchNormAddRelu)->Apply(resnet8_adds);
 
 }  // namespace
 

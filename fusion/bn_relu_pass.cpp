@@ -3,14 +3,20 @@
 //   BatchNorm2dOp        -> ReluOp  =>  BatchNormReluOp           (train graphs)
 //   BatchNormInferenceOp -> ReluOp  =>  BatchNormInferenceReluOp  (eval graphs)
 //   ResidualAddOp        -> ReluOp  =>  AddReluOp
-// The unfused twins are the pairs themselves; tests/fusion_resnet_test.cpp checks they agree.
-// Every BatchNorm and residual add is a candidate; those not followed by a sole ReLU (bn2 and the
-// shortcut's BN feed the add) are skipped with the reason.
+// In train graphs the add also absorbs the BatchNorms whose only reader it is (a block's bn2 and
+// a downsampling block's shortcut BN), as many as max_ops allows beyond the add and the ReLU:
+//   BatchNorm2dOp [+ BatchNorm2dOp] -> ResidualAddOp -> ReluOp  =>  BatchNormAddReluOp
+// (3 or 4 eager ops; with max_ops 2 the add and ReLU alone). The unfused twins are the chains
+// themselves; tests/fusion_resnet_test.cpp and fusion_bn_add_relu_test.cpp check they agree.
+// Every BatchNorm and residual add is a candidate; those not followed by a sole ReLU are skipped
+// with the reason, and a BatchNorm that feeds such an add is decided with it.
 // Thread safety: stateless.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fusion/ops/add_relu.h"
+#include "fusion/ops/batchnorm_add_relu.h"
 #include "fusion/ops/batchnorm_relu.h"
 #include "fusion/pass_util.h"
 #include "fusion/passes.h"
@@ -63,6 +69,59 @@ std::unique_ptr<Op> fused_with_relu(const Graph& graph, const Op& op, std::strin
   }
 }
 
+// True when `op` is a train-graph BatchNorm whose only reader is a residual add whose only reader
+// is a ReLU: the add's turn decides whether it is absorbed.
+bool feeds_residual_relu(const Graph& graph, const GraphIndex& index, const Op& op) {
+  if (op.op_kind() != OpKind::kBatchNorm) return false;
+  std::string why;
+  const int add = sole_reader(index, op.outputs[0], "", "", &why);
+  if (add < 0 || graph.ops[add]->op_kind() != OpKind::kResidualAdd) return false;
+  return sole_relu(graph, index, graph.ops[add]->outputs[0], &why) >= 0;
+}
+
+// The train-graph BatchNorms among the summands of the add at `add_index` that only the add
+// reads, in input order, as many as max_ops leaves room for; those beyond it are skipped.
+std::vector<int> absorbable_batchnorms(const Graph& graph, const GraphIndex& index, int add_index,
+                                       PassContext& context) {
+  std::vector<int> absorbed;
+  for (ValueId summand : graph.ops[add_index]->inputs) {
+    const int producer = index.producer(summand);
+    if (producer < 0 || !feeds_residual_relu(graph, index, *graph.ops[producer])) continue;
+    const int chain_ops = kPairOps + static_cast<int>(absorbed.size()) + 1;
+    if (within_max_ops(context, kPass, graph.ops[producer]->name, chain_ops))
+      absorbed.push_back(producer);
+  }
+  return absorbed;
+}
+
+// BatchNormAddReluOp for the add at `add_index` and the BatchNorms `absorbed` (main first).
+std::unique_ptr<Op> batchnorm_add_relu(const Graph& graph, int add_index,
+                                       const std::vector<int>& absorbed) {
+  const auto& main = static_cast<const BatchNorm2dOp&>(*graph.ops[absorbed[0]]);
+  const Op& add = *graph.ops[add_index];
+  BatchNormSettings shortcut_settings;
+  const bool normalised = absorbed.size() == 2;
+  if (normalised) {
+    const auto& shortcut = static_cast<const BatchNorm2dOp&>(*graph.ops[absorbed[1]]);
+    shortcut_settings = {shortcut.momentum(), shortcut.eps()};
+  }
+  auto fused = std::make_unique<BatchNormAddReluOp>(
+      main.batch(), main.channels(), main.height(), main.width(),
+      BatchNormSettings{main.momentum(), main.eps()}, normalised ? &shortcut_settings : nullptr);
+  fused->inputs = graph.ops[absorbed[0]]->inputs;
+  fused->params = graph.ops[absorbed[0]]->params;
+  const ValueId main_output = graph.ops[absorbed[0]]->outputs[0];
+  if (normalised) {
+    const Op& shortcut = *graph.ops[absorbed[1]];
+    fused->inputs.push_back(shortcut.inputs[0]);
+    fused->params.insert(fused->params.end(), shortcut.params.begin(), shortcut.params.end());
+  } else {
+    // The summand that is not the main BatchNorm's output.
+    fused->inputs.push_back(add.inputs[0] == main_output ? add.inputs[1] : add.inputs[0]);
+  }
+  return fused;
+}
+
 class BnReluPass : public FusionPass {
  public:
   const char* name() const override { return kPass; }
@@ -75,25 +134,42 @@ class BnReluPass : public FusionPass {
       if (!is_candidate(op.op_kind())) continue;
       const std::string site = op.name;
       const GraphIndex index(graph);
+      if (feeds_residual_relu(graph, index, op)) continue;  // decided at the add
       std::string why;
       const int relu_index = sole_relu(graph, index, op.outputs[0], &why);
       if (relu_index < 0) {
         context.skipped(kPass, site, why);
         continue;
       }
-      if (!within_max_ops(context, kPass, site, kPairOps)) continue;
+      const bool pair_fits = within_max_ops(context, kPass, site, kPairOps);
+      // Also when the pair does not fit, so that each BatchNorm before the add has its decision.
+      const std::vector<int> absorbed = op.op_kind() == OpKind::kResidualAdd
+                                            ? absorbable_batchnorms(graph, index, op_index, context)
+                                            : std::vector<int>{};
+      if (!pair_fits) continue;
       std::string what;
-      std::unique_ptr<Op> replacement = fused_with_relu(graph, op, &what);
+      std::unique_ptr<Op> replacement;
+      std::vector<int> removed = {op_index, relu_index};
+      if (absorbed.empty()) {
+        replacement = fused_with_relu(graph, op, &what);
+        replacement->inputs = op.inputs;
+        replacement->params = op.params;
+      } else {
+        replacement = batchnorm_add_relu(graph, op_index, absorbed);
+        what = absorbed.size() == 2 ? "batchnorm2d x2+residual+relu -> batchnorm_add_relu"
+                                    : "batchnorm2d+residual+relu -> batchnorm_add_relu";
+        removed.insert(removed.end(), absorbed.begin(), absorbed.end());
+      }
+      const int eager_ops = static_cast<int>(removed.size());
       replacement->name = site + "_relu";
-      replacement->inputs = op.inputs;
       replacement->outputs = graph.ops[relu_index]->outputs;
-      replacement->params = op.params;
-      replacement->eager_ops = kPairOps;
-      // Placed where the ReLU was; only the ReLU read the intermediate, which is now dead.
-      replace_op_set(graph, {op_index, relu_index}, std::move(replacement));
-      context.fused(kPass, site, what, kPairOps);
+      replacement->eager_ops = eager_ops;
+      // Placed where the ReLU was; only the ReLU read the intermediate, which is now dead. The
+      // absorbed BatchNorms came before the add, so the op after the add moves up by them.
+      replace_op_set(graph, removed, std::move(replacement));
+      context.fused(kPass, site, what, eager_ops);
       ++fused;
-      --op_index;  // the op now at op_index followed the removed one
+      op_index -= 1 + static_cast<int>(absorbed.size());
     }
     return fused;
   }

@@ -19,7 +19,7 @@ struct FusionOptions {
     bool residual_layernorm = true;  // (dropout ->) residual add -> LayerNorm
     bool classifier = true;          // LM head -> softmax cross-entropy
     bool attention = true;           // scores -> causal softmax -> weighted sum
-    bool bn_relu = true;             // BatchNorm -> ReLU; residual add -> ReLU
+    bool bn_relu = true;             // BatchNorm -> ReLU; [BatchNorm(s) ->] add -> ReLU
   } vertical;
   struct Horizontal {
     bool qkv = true;                     // q, k, v Linears -> one GEMM

@@ -56,6 +56,8 @@ const char* op_kind_name(OpKind kind) {
       return "batchnorm_inference_relu";
     case OpKind::kAddRelu:
       return "add_relu";
+    case OpKind::kBatchNormAddRelu:
+      return "batchnorm_add_relu";
     case OpKind::kQkvLinear:
       return "qkv_linear";
     case OpKind::kBatchedLayerNorm:

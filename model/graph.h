@@ -53,6 +53,7 @@ enum class OpKind {
   kBatchNormRelu,
   kBatchNormInferenceRelu,  // eval: running statistics + ReLU
   kAddRelu,
+  kBatchNormAddRelu,  // train: BatchNorm (+ the shortcut's) + residual add + ReLU
   kQkvLinear,
   kBatchedLayerNorm,
   kConvShortcut,

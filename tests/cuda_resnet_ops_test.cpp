@@ -28,6 +28,7 @@ namespace ft {
 namespace {
 
 using device_compare::DeviceRun;
+using device_compare::expect_twins_close;
 using device_compare::GraphBuilder;
 
 constexpr double kElementwiseRtol = 1e-5, kElementwiseAtol = 1e-5;
@@ -37,31 +38,6 @@ void expect_cuda_matches_cpu(const GraphBuilder& build, double rtol, double atol
   const DeviceRun cpu = device_compare::run_on(Device::kCpu, build, {});
   const DeviceRun cuda = device_compare::run_on(test::kGpu, build, {});
   device_compare::expect_runs_close(cuda, cpu, rtol, atol);
-}
-
-// Fused against unfused on one device: the values both graphs name alike (inputs and results),
-// their gradients, parameter gradients, buffers and the loss.
-void expect_twins_close(const DeviceRun& fused, const DeviceRun& unfused, double rtol,
-                        double atol) {
-  int shared = 0;
-  for (size_t f = 0; f < fused.names.size(); ++f)
-    for (size_t u = 0; u < unfused.names.size(); ++u) {
-      if (fused.names[f] != unfused.names[u]) continue;
-      ++shared;
-      const std::string name = fused.names[f];
-      for (const std::string& text : {device_compare::difference("value " + name, fused.values[f],
-                                                                 unfused.values[u], rtol, atol),
-                                      device_compare::difference("grad of " + name, fused.grads[f],
-                                                                 unfused.grads[u], rtol, atol)})
-        if (!text.empty()) ADD_FAILURE() << text;
-    }
-  EXPECT_GE(shared, 2) << "the twins share no input and result names";
-  for (const std::string& text :
-       {device_compare::difference("parameter gradients", fused.param_grads, unfused.param_grads,
-                                   rtol, atol),
-        device_compare::difference("buffers", fused.buffers, unfused.buffers, rtol, atol),
-        device_compare::difference("loss", {fused.loss}, {unfused.loss}, rtol, atol)})
-    if (!text.empty()) ADD_FAILURE() << text;
 }
 
 // ---- Conv2dOp ----

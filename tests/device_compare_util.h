@@ -155,5 +155,29 @@ inline void expect_runs_close(const DeviceRun& actual, const DeviceRun& expected
     ADD_FAILURE() << text << " (rtol " << rtol << ", atol " << atol << ")";
 }
 
+// Fused against unfused on one device (tests/cuda_*_test.cpp, the BatchNormAddReluOp tests): the
+// values both graphs name alike (inputs and results), their gradients, parameter gradients, buffers
+// and the loss.
+inline void expect_twins_close(const DeviceRun& fused, const DeviceRun& unfused, double rtol,
+                               double atol) {
+  int shared = 0;
+  for (size_t f = 0; f < fused.names.size(); ++f)
+    for (size_t u = 0; u < unfused.names.size(); ++u) {
+      if (fused.names[f] != unfused.names[u]) continue;
+      ++shared;
+      const std::string name = fused.names[f];
+      for (const std::string& text :
+           {difference("value " + name, fused.values[f], unfused.values[u], rtol, atol),
+            difference("grad of " + name, fused.grads[f], unfused.grads[u], rtol, atol)})
+        if (!text.empty()) ADD_FAILURE() << text;
+    }
+  EXPECT_GE(shared, 2) << "the twins share no input and result names";
+  for (const std::string& text :
+       {difference("parameter gradients", fused.param_grads, unfused.param_grads, rtol, atol),
+        difference("buffers", fused.buffers, unfused.buffers, rtol, atol),
+        difference("loss", {fused.loss}, {unfused.loss}, rtol, atol)})
+    if (!text.empty()) ADD_FAILURE() << text;
+}
+
 }  // namespace device_compare
 }  // namespace ft

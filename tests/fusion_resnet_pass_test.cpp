@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "fusion/ops/batchnorm_add_relu.h"
 #include "fusion/passes.h"
 #include "fusion/pipeline.h"
 #include "model/executor.h"
@@ -102,26 +103,73 @@ FusionOptions padding_allowed() {
   return options;
 }
 
+FusionOptions with_max_ops(int max_ops) {
+  FusionOptions options;
+  options.max_ops = max_ops;
+  return options;
+}
+
 TEST(BnReluPass, FusesEveryBatchNormAndAddFollowedByARelu) {
   const ResnetRun run(GraphMode::kTrain, only(make_bn_relu_pass()), FusionOptions{});
-  // stem bn1 and each block's bn1 feed a ReLU; bn2 and the shortcut BNs feed the add.
+  // stem bn1 and each block's bn1 feed a ReLU; each add takes in bn2 and, in the two
+  // downsampling blocks, the shortcut's BN.
   EXPECT_EQ(run.count(OpKind::kBatchNormRelu), 4);
-  EXPECT_EQ(run.count(OpKind::kAddRelu), 3);
-  EXPECT_EQ(run.count(OpKind::kBatchNorm), 5);
+  EXPECT_EQ(run.count(OpKind::kBatchNormAddRelu), 3);
+  EXPECT_EQ(run.count(OpKind::kAddRelu), 0);
+  EXPECT_EQ(run.count(OpKind::kBatchNorm), 0);
   EXPECT_EQ(run.count(OpKind::kRelu), 0);
   EXPECT_EQ(run.count(OpKind::kResidualAdd), 0);
   const std::vector<FusionDecision> fused = run.decisions(true);
   ASSERT_EQ(fused.size(), 7u);
   EXPECT_EQ(fused[0].site, "bn1");
   EXPECT_EQ(fused[0].ops_absorbed, 2);
+  std::vector<int> absorbed_by_adds;
+  for (const FusionDecision& d : fused)
+    if (d.reason.find("batchnorm_add_relu") != std::string::npos)
+      absorbed_by_adds.push_back(d.ops_absorbed);
+  EXPECT_EQ(absorbed_by_adds, (std::vector<int>{3, 4, 4}));
+  int normalised = 0;
   for (const auto& op : run.graph.ops) {
-    if (op->op_kind() != OpKind::kBatchNormRelu && op->op_kind() != OpKind::kAddRelu) continue;
-    EXPECT_EQ(op->eager_ops, 2) << op->name;
+    if (op->op_kind() == OpKind::kBatchNormRelu) {
+      EXPECT_EQ(op->eager_ops, 2) << op->name;
+    }
+    if (op->op_kind() != OpKind::kBatchNormAddRelu) continue;
+    const auto& fused_op = static_cast<const BatchNormAddReluOp&>(*op);
+    normalised += fused_op.normalised_shortcut();
+    EXPECT_EQ(op->params.size(), fused_op.normalised_shortcut() ? 8u : 4u) << op->name;
+    EXPECT_EQ(op->eager_ops, fused_op.normalised_shortcut() ? 4 : 3) << op->name;
   }
+  EXPECT_EQ(normalised, 2);
+  EXPECT_TRUE(run.decisions(false).empty());
+}
+
+TEST(BnReluPass, MaxOpsTwoKeepsTheBatchNormsBeforeTheAdd) {
+  const ResnetRun run(GraphMode::kTrain, only(make_bn_relu_pass()), with_max_ops(2));
+  EXPECT_EQ(run.count(OpKind::kBatchNormRelu), 4);
+  EXPECT_EQ(run.count(OpKind::kAddRelu), 3);
+  EXPECT_EQ(run.count(OpKind::kBatchNormAddRelu), 0);
+  EXPECT_EQ(run.count(OpKind::kBatchNorm), 5);
   const std::vector<FusionDecision> skipped = run.decisions(false);
   ASSERT_EQ(skipped.size(), 5u);
   EXPECT_EQ(skipped[0].site, "layer1.0.bn2");
-  EXPECT_EQ(skipped[0].reason, "output feeds a residual, not a relu");
+  for (const FusionDecision& d : skipped) EXPECT_EQ(d.reason, "max_ops 2") << d.site;
+}
+
+TEST(BnReluPass, MaxOpsThreeTakesOneBatchNormPerAdd) {
+  const ResnetRun run(GraphMode::kTrain, only(make_bn_relu_pass()), with_max_ops(3));
+  EXPECT_EQ(run.count(OpKind::kBatchNormAddRelu), 3);
+  EXPECT_EQ(run.count(OpKind::kBatchNorm), 2);  // the shortcut BNs
+  for (const auto& op : run.graph.ops) {
+    if (op->op_kind() != OpKind::kBatchNormAddRelu) continue;
+    EXPECT_FALSE(static_cast<const BatchNormAddReluOp&>(*op).normalised_shortcut()) << op->name;
+    EXPECT_EQ(op->eager_ops, 3) << op->name;
+  }
+  const std::vector<FusionDecision> skipped = run.decisions(false);
+  ASSERT_EQ(skipped.size(), 2u);
+  for (const FusionDecision& d : skipped) {
+    EXPECT_NE(d.site.find("downsample"), std::string::npos) << d.site;
+    EXPECT_EQ(d.reason, "max_ops 3");
+  }
 }
 
 TEST(BnReluPass, EvalGraphsGetTheRunningStatisticsVariant) {
@@ -129,6 +177,7 @@ TEST(BnReluPass, EvalGraphsGetTheRunningStatisticsVariant) {
   EXPECT_EQ(run.count(OpKind::kBatchNormInferenceRelu), 4);
   EXPECT_EQ(run.count(OpKind::kBatchNormRelu), 0);
   EXPECT_EQ(run.count(OpKind::kAddRelu), 3);
+  EXPECT_EQ(run.count(OpKind::kBatchNormAddRelu), 0);  // train graphs only
   EXPECT_EQ(run.count(OpKind::kBatchNormInference), 5);
 }
 
@@ -200,7 +249,24 @@ TEST(ResnetPasses, MaxOpsOneFusesNothingAndSaysSo) {
   EXPECT_TRUE(run.decisions(true).empty());
   int capped = 0;
   for (const FusionDecision& d : run.fusion.decisions) capped += d.reason == "max_ops 1";
-  EXPECT_EQ(capped, 2 + 7);  // two conv pairs, four BN+ReLU, three add+ReLU
+  // two conv pairs, four BN+ReLU, three add+ReLU and the five BNs before the adds
+  EXPECT_EQ(capped, 2 + 7 + 5);
+}
+
+// One step of each: the same logits, every parameter gradient and the running statistics.
+void expect_same_step(ResnetRun& fused, ResnetRun& eager) {
+  fused.step();
+  eager.step();
+  EXPECT_LT(rel_diff(fused.ws.values[fused.graph.output], eager.ws.values[eager.graph.output]),
+            kTolerance);
+  for (ParamId id = 0; id < eager.params.size(); ++id) {
+    const bool trainable = eager.params[id].trainable;
+    // Gradients of trainable tensors; values of the running statistics.
+    EXPECT_LT(trainable ? rel_diff(fused.params[id].grad, eager.params[id].grad)
+                        : rel_diff(fused.params[id].value, eager.params[id].value),
+              kTolerance)
+        << eager.params[id].name;
+  }
 }
 
 // Both passes on against the eager graph: the same loss, logits, every parameter gradient and
@@ -215,19 +281,9 @@ TEST(ResnetPasses, FusedModelMatchesTheEagerOne) {
   ResnetRun eager(GraphMode::kTrain, FusionPipeline{}, FusionOptions{});
   ASSERT_EQ(fused.count(OpKind::kConvShortcut), 2);
   ASSERT_EQ(fused.count(OpKind::kBatchNormRelu), 4);
-  ASSERT_EQ(fused.graph.ops.size(), eager.graph.ops.size() - 2 - 7);
-  fused.step();
-  eager.step();
-  EXPECT_LT(rel_diff(fused.ws.values[fused.graph.output], eager.ws.values[eager.graph.output]),
-            kTolerance);
-  for (ParamId id = 0; id < eager.params.size(); ++id) {
-    const bool trainable = eager.params[id].trainable;
-    // Gradients of trainable tensors; values of the running statistics.
-    EXPECT_LT(trainable ? rel_diff(fused.params[id].grad, eager.params[id].grad)
-                        : rel_diff(fused.params[id].value, eager.params[id].value),
-              kTolerance)
-        << eager.params[id].name;
-  }
+  ASSERT_EQ(fused.count(OpKind::kBatchNormAddRelu), 3);
+  ASSERT_EQ(fused.graph.ops.size(), eager.graph.ops.size() - 2 - 4 - (2 + 3 + 3));
+  expect_same_step(fused, eager);
   const float initial_loss = eager.executor->loss(eager.ws);
   for (int step = 0; step < 20; ++step) {
     EXPECT_NEAR(fused.executor->loss(fused.ws), eager.executor->loss(eager.ws), 1e-4f) << step;
@@ -240,6 +296,16 @@ TEST(ResnetPasses, FusedModelMatchesTheEagerOne) {
     }
   }
   EXPECT_LT(fused.executor->loss(fused.ws), 0.85f * initial_loss) << "the trajectory is flat";
+}
+
+// max_ops 3: the downsampling blocks' BatchNormAddReluOp takes the separate shortcut BN's output
+// as its identity summand.
+TEST(ResnetPasses, MaxOpsThreeMatchesTheEagerOne) {
+  ResnetRun fused(GraphMode::kTrain, only(make_bn_relu_pass()), with_max_ops(3));
+  ResnetRun eager(GraphMode::kTrain, FusionPipeline{}, FusionOptions{});
+  ASSERT_EQ(fused.count(OpKind::kBatchNormAddRelu), 3);
+  ASSERT_EQ(fused.count(OpKind::kBatchNorm), 2);
+  expect_same_step(fused, eager);
 }
 
 TEST(ResnetPasses, FusedEvalGraphMatchesTheEagerOne) {

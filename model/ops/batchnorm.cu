@@ -182,12 +182,11 @@ const dim3 kPartialSumsBlock(kChannelsPerBlock, kRowLanes);
 
 }  // namespace
 
-void batchnorm_forward_train_cuda(float* y, float* saved_mean, float* saved_invstd,
-                                  float* running_mean, float* running_var, float* partials,
-                                  float* coefficients, const float* x, const float* gamma,
-                                  const float* beta, int64_t rows, int channels, float momentum,
-                                  float eps, BatchNormActivation activation, CudaStream stream) {
-  if (rows <= 0 || channels <= 0) return;
+void batchnorm_train_statistics_cuda(float* saved_mean, float* saved_invstd, float* running_mean,
+                                     float* running_var, float* partials, float* coefficients,
+                                     const float* x, const float* gamma, const float* beta,
+                                     int64_t rows, int channels, float momentum, float eps,
+                                     CudaStream stream) {
   partial_sums_kernel<false, false>
       <<<partial_sums_grid(rows, channels), kPartialSumsBlock, 0, stream>>>(
           partials, x, nullptr, nullptr, x, rows, channels);
@@ -196,11 +195,41 @@ void batchnorm_forward_train_cuda(float* y, float* saved_mean, float* saved_invs
       saved_mean, saved_invstd, running_mean, running_var, coefficients, partials, x, gamma, beta,
       chunk_count(rows), rows, channels, momentum, eps);
   FT_CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_forward_train_cuda(float* y, float* saved_mean, float* saved_invstd,
+                                  float* running_mean, float* running_var, float* partials,
+                                  float* coefficients, const float* x, const float* gamma,
+                                  const float* beta, int64_t rows, int channels, float momentum,
+                                  float eps, BatchNormActivation activation, CudaStream stream) {
+  if (rows <= 0 || channels <= 0) return;
+  batchnorm_train_statistics_cuda(saved_mean, saved_invstd, running_mean, running_var, partials,
+                                  coefficients, x, gamma, beta, rows, channels, momentum, eps,
+                                  stream);
   const int64_t numel = rows * channels;
   const auto scale_shift = activation == BatchNormActivation::kRelu ? scale_shift_kernel<true>
                                                                     : scale_shift_kernel<false>;
   scale_shift<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(
       y, x, coefficients, coefficients + channels, numel, channels);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_backward_statistics_cuda(float* dgamma, float* dbeta, float* partials,
+                                        float* coefficients, const float* dy,
+                                        const float* relu_output, const float* x,
+                                        const float* gamma, const float* saved_mean,
+                                        const float* saved_invstd, int64_t rows, int channels,
+                                        CudaStream stream) {
+  // One launch site per kernel, so each FT_CUDA_CHECK_LAUNCH counts one launch; the
+  // instantiations take the same arguments, relu_output being null exactly when unmasked.
+  const auto partial_sums =
+      relu_output != nullptr ? partial_sums_kernel<true, true> : partial_sums_kernel<true, false>;
+  partial_sums<<<partial_sums_grid(rows, channels), kPartialSumsBlock, 0, stream>>>(
+      partials, x, dy, relu_output, saved_mean, rows, channels);
+  FT_CUDA_CHECK_LAUNCH();
+  backward_coefficients_kernel<<<channels, kChannelThreads, 0, stream>>>(
+      dgamma, dbeta, coefficients, partials, gamma, saved_invstd, chunk_count(rows), rows,
+      channels);
   FT_CUDA_CHECK_LAUNCH();
 }
 
@@ -211,18 +240,8 @@ void batchnorm_backward_cuda(float* dx, float* dgamma, float* dbeta, float* part
                              CudaStream stream) {
   if (rows <= 0 || channels <= 0) return;
   const bool masked = relu_output != nullptr;
-  const dim3 grid = partial_sums_grid(rows, channels);
-  // One launch site per kernel, so each FT_CUDA_CHECK_LAUNCH counts one launch; the
-  // instantiations take the same arguments, relu_output being null exactly when unmasked.
-  const auto partial_sums =
-      masked ? partial_sums_kernel<true, true> : partial_sums_kernel<true, false>;
-  partial_sums<<<grid, kPartialSumsBlock, 0, stream>>>(partials, x, dy, relu_output, saved_mean,
-                                                       rows, channels);
-  FT_CUDA_CHECK_LAUNCH();
-  backward_coefficients_kernel<<<channels, kChannelThreads, 0, stream>>>(
-      dgamma, dbeta, coefficients, partials, gamma, saved_invstd, chunk_count(rows), rows,
-      channels);
-  FT_CUDA_CHECK_LAUNCH();
+  batchnorm_backward_statistics_cuda(dgamma, dbeta, partials, coefficients, dy, relu_output, x,
+                                     gamma, saved_mean, saved_invstd, rows, channels, stream);
   const int64_t numel = rows * channels;
   const auto input_gradient =
       masked

@@ -62,6 +62,22 @@ void batchnorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy,
                         const float* saved_mean, const float* saved_invstd, int64_t rows,
                         int channels, bool dx_fresh, BatchNormScratch& scratch);
 
+// The per-channel halves of the two functions above, for fused ops that bring their own
+// elementwise pass (fusion/ops/batchnorm_add_relu.h). batchnorm_train_statistics does
+// batchnorm_forward_train's reduction pass and running-statistics update and leaves
+// {scale, shift} [2][C] in scratch.coefficients, so that z = scale x + shift.
+// batchnorm_backward_statistics does batchnorm_backward's reduction pass (dz = dy, or dy masked by
+// relu_output > 0), adds to dgamma and dbeta, and leaves {k_dy, k_x, k_0} [3][C] in
+// scratch.coefficients, so that dx = k_dy dz + k_x (x - mean) + k_0.
+void batchnorm_train_statistics(float* saved_mean, float* saved_invstd, float* running_mean,
+                                float* running_var, const float* x, const float* gamma,
+                                const float* beta, int64_t rows, int channels, float momentum,
+                                float eps, BatchNormScratch& scratch);
+void batchnorm_backward_statistics(float* dgamma, float* dbeta, const float* dy,
+                                   const float* relu_output, const float* x, const float* gamma,
+                                   const float* saved_mean, const float* saved_invstd, int64_t rows,
+                                   int channels, BatchNormScratch& scratch);
+
 // Running statistics: y = activation(gamma (x - running_mean) / sqrt(running_var + eps) + beta).
 // Forward only; nothing is saved and the statistics are not touched.
 void batchnorm_forward_inference(float* y, const float* x, const float* gamma, const float* beta,
@@ -82,6 +98,19 @@ void batchnorm_backward_cuda(float* dx, float* dgamma, float* dbeta, float* part
                              const float* x, const float* gamma, const float* saved_mean,
                              const float* saved_invstd, int64_t rows, int channels, bool dx_fresh,
                              CudaStream stream);
+// The statistics halves on cuda: {scale, shift} [2][C] or {k_dy, k_x, k_0} [3][C] go to
+// `coefficients`.
+void batchnorm_train_statistics_cuda(float* saved_mean, float* saved_invstd, float* running_mean,
+                                     float* running_var, float* partials, float* coefficients,
+                                     const float* x, const float* gamma, const float* beta,
+                                     int64_t rows, int channels, float momentum, float eps,
+                                     CudaStream stream);
+void batchnorm_backward_statistics_cuda(float* dgamma, float* dbeta, float* partials,
+                                        float* coefficients, const float* dy,
+                                        const float* relu_output, const float* x,
+                                        const float* gamma, const float* saved_mean,
+                                        const float* saved_invstd, int64_t rows, int channels,
+                                        CudaStream stream);
 void batchnorm_forward_inference_cuda(float* y, const float* x, const float* gamma,
                                       const float* beta, const float* running_mean,
                                       const float* running_var, int64_t rows, int channels,
@@ -117,6 +146,8 @@ class BatchNorm2dOp : public Op {
   bool forward_ran_ = false;
 };
 
+// On cuda, the device buffers of `scratch` for `rows` x `channels` (kept while the sizes fit).
+void ensure_batchnorm_device_scratch(BatchNormScratch& scratch, int64_t rows, int channels);
 // Shared entry checks of the BatchNorm op family: sizes positive, `rows` (B*H*W) values per
 // channel at least `min_rows`, eps positive, momentum in [0, 1].
 void check_batchnorm_sizes(const char* kind, int batch, int channels, int height, int width,
