@@ -35,9 +35,9 @@ constexpr int kBatch = 64;
 // Floats streamed per element and step:
 //   BatchNorm2dOp forward reads x twice, writes z (3); ReluOp forward reads z, writes y (2);
 //   ReluOp backward reads y and dy, writes dz (3); BatchNorm2dOp backward reads x and dz twice,
-//   writes dx (5): 13. BatchNormReluOp: forward 3, backward reads x, dy and y twice, writes
-//   dx (7): 10.
-constexpr double kBatchNormReluUnfusedFloats = 13, kBatchNormReluFusedFloats = 10;
+//   writes dx (5): 13. BatchNormReluOp: forward 3, backward reads x and dy twice (the mask is
+//   recomputed from x), writes dx (5): 8.
+constexpr double kBatchNormReluUnfusedFloats = 13, kBatchNormReluFusedFloats = 8;
 //   ResidualAddOp forward reads a, b, writes s (3); ReluOp 2 + 3 as above; ResidualAddOp
 //   backward reads ds, writes da, db (3): 11. AddReluOp: forward 3, backward reads y and dy,
 //   writes da and db (4): 7.
@@ -45,9 +45,9 @@ constexpr double kAddReluUnfusedFloats = 11, kAddReluFusedFloats = 7;
 //   BatchNorm2dOp -> ResidualAddOp -> ReluOp: 8 + 3 + 5 + 3 = 19; the shortcut's BatchNorm2dOp
 //   another 8: 27. BatchNormAddReluOp: forward reads x twice and r, writes y (4), backward reads
 //   dy, y and x twice, writes dx and dr (8): 12; with the shortcut's BatchNorm forward 5, backward
-//   reads dy and y four times, x and x_s twice, writes dx and dx_s (12): 17.
+//   reads dy, x and x_s twice (u = z + z_s recomputed), writes dx and dx_s (8): 13.
 constexpr double kBatchNormAddReluUnfusedFloats[] = {19, 27};
-constexpr double kBatchNormAddReluFusedFloats[] = {12, 17};
+constexpr double kBatchNormAddReluFusedFloats[] = {12, 13};
 
 // A workspace of `count` values of `shape`, values and gradients ~ N(0, 1), every gradient
 // fresh (the ops overwrite them).

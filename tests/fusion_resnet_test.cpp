@@ -165,6 +165,10 @@ TEST_P(BatchNormReluTwin, MatchesBatchNormThenReluWithFreshAndAccumulatedGradien
     fused.step();
     unfused.step();
     expect_twins_agree(fused, unfused);
+    // The CPU recomputes the ReLU mask from x (BatchNormMask::kRecomputed): the same mask as
+    // the unfused ReLU's y > 0, so the same input gradient to the bit.
+    EXPECT_TRUE(bitwise_equal(fused.ws.grads[fused.inputs[0]], unfused.ws.grads[unfused.inputs[0]]))
+        << "round " << round;
     for (ParamId id : {2, 3})
       EXPECT_TRUE(bitwise_equal(fused.params[id].value, unfused.params[id].value))
           << fused.params[id].name << " differs after round " << round;

@@ -10,13 +10,15 @@
 //   normalised shortcut:  BN_s's backward with du as its output gradient;
 // the main BatchNorm's backward also takes du (dbeta = sum du, dgamma = sum du x_hat,
 // dx = gamma invstd / M (M du - dbeta - x_hat dgamma); derived in model/ops/batchnorm.cpp).
-// du is formed from dy and y as each element is read and never stored.
+// du is formed as each element is read and never stored.
 // Per element (4 bytes each, fresh gradients) against the unfused chain: forward reads x twice
 // and r once and writes y (4) instead of BatchNorm's 3 + add+ReLU's 3; with BN_s, 5 instead of 9.
 // Backward reads dy, y and x twice and writes dx and dr (8) instead of add+ReLU's 4 + BatchNorm's
-// 5; with BN_s, 12 instead of 14.
+// 5. With BN_s the CPU recomputes u = z + z_s from x and x_s instead of reading y, and sums both
+// BatchNorms' reductions in one pass: dy, x and x_s twice, writes dx and dx_s (8) instead of 14
+// (CUDA reads y and reduces per branch: 12).
 // The unfused twin is BatchNorm2dOp (and BN_s) -> ResidualAddOp -> ReluOp; they agree bit for
-// bit (tests/fusion_bn_add_relu_test.cpp). fusion/bn_add_relu_pass.cpp builds this op.
+// bit (tests/fusion_bn_add_relu_test.cpp). fusion/bn_relu_pass.cpp builds this op.
 // Inputs {x [B,H,W,C], r or x_s [B,H,W,C]}, outputs {y [B,H,W,C]} (the ReLU's output value),
 // params {gamma, beta, running_mean, running_var} of the main BatchNorm, then the same four of
 // BN_s when the shortcut is normalised.

@@ -1,8 +1,10 @@
 // BatchNormReluOp and BatchNormInferenceReluOp: the batchnorm_* functions of
 // model/ops/batchnorm.h with the ReLU applied inside their elementwise passes.
 // Traffic per element against the unfused pair (fresh gradients, 4 bytes each): forward reads x
-// twice and writes y (3) instead of 3 + relu's 2; backward reads x, dy and y twice and writes dx
-// (7) instead of relu's 3 (y, dy, dz) + BatchNorm's 5 (x, dz twice, dx).
+// twice and writes y (3) instead of 3 + relu's 2; backward reads x and dy twice and writes dx
+// (5) instead of relu's 3 (y, dy, dz) + BatchNorm's 5 (x, dz twice, dx). On the CPU the mask
+// z > 0 is recomputed from x (BatchNormMask::kRecomputed), which both passes read anyway; on
+// CUDA it is read from y (7).
 #include "fusion/ops/batchnorm_relu.h"
 
 #include "core/check.h"
@@ -29,7 +31,7 @@ void BatchNormReluOp::forward(Workspace& ws, ParamStore& params) {
   forward_ran_ = true;
 }
 
-// dz = dy * [y > 0] is formed on the fly inside both of batchnorm_backward's passes.
+// dz = dy * [z > 0] is formed on the fly inside both of batchnorm_backward's passes.
 void BatchNormReluOp::backward(Workspace& ws, ParamStore& params) {
   FT_CHECK(forward_ran_, "batchnorm_relu '", name, "': backward before forward");
   batchnorm_op_backward(*this, ws, params, saved_mean_.data(), saved_invstd_.data(), rows_,

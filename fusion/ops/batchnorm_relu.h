@@ -2,8 +2,9 @@
 // BatchNormReluOp (train graphs): BatchNorm2d with batch statistics, then y = max(z, 0), where
 //   z = gamma_c * (x - mean_c) / sqrt(var_c + eps) + beta_c
 // Forward writes only y: z never reaches memory. Backward folds the ReLU mask into BatchNorm's
-// backward. With dz = dy * [z > 0] (and z > 0 exactly where y > 0, so the mask is read from the
-// saved output y and no z is stored), over the M = B*H*W values of channel c:
+// backward. With dz = dy * [z > 0] (z > 0 exactly where y > 0; no z is stored: the CPU recomputes
+// it from x with forward's expression, CUDA reads the mask from y), over the M = B*H*W values of
+// channel c:
 //   dbeta  = sum dz,   dgamma = sum dz * x_hat,   x_hat = (x - mean) * invstd
 //   dx     = gamma * invstd / M * (M dz - sum dz - x_hat * sum dz * x_hat)
 // (derived in model/ops/batchnorm.cpp). Running statistics move exactly as BatchNorm2dOp's.

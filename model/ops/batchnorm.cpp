@@ -14,48 +14,60 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/check.h"
+#include "model/ops/batchnorm_lanes.h"
 #include "model/ops/batchnorm_math.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
 namespace {
 
-// Float partial sums run over at most this many rows (relative error ~1e-5 at worst).
-constexpr int64_t kRowsPerChunk = 128;
+using batchnorm_lanes::kLanes;
+using batchnorm_lanes::kRowsPerChunk;
+using batchnorm_lanes::Lanes;
+using batchnorm_lanes::load;
+using batchnorm_lanes::store;
 
-constexpr int kLanes = 8;
-typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+// Where backward's dz comes from (see BatchNormMask): y for kReluOutput, the normalisation's
+// {scale, shift} [C] each for kRecomputed.
+struct MaskSource {
+  const float* y = nullptr;
+  const float* scale = nullptr;
+  const float* shift = nullptr;
+};
 
-Lanes load(const float* p) {
-  Lanes v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-void store(float* p, Lanes v) {
-  std::memcpy(p, &v, sizeof v);
+// dz at element `at` (channel c) of rows of x: dy, or dy where the ReLU passed its input, which is
+// y > 0, or equally z = scale x + shift > 0 recomputed with forward's expression (batchnorm_math.h
+// helpers, so the mask is the same bit for bit). V is Lanes (channels c..c+7) or float.
+template <BatchNormMask kMask, typename V>
+V masked_dy(V dy, V x, int64_t at, int c, const MaskSource& mask) {
+  V zero = {};
+  if constexpr (kMask == BatchNormMask::kNone) {
+    return dy;
+  } else if constexpr (kMask == BatchNormMask::kReluOutput) {
+    V y;
+    std::memcpy(&y, mask.y + at, sizeof y);
+    return batchnorm_relu_masked(dy, y, zero);
+  } else {
+    V scale, shift;
+    std::memcpy(&scale, mask.scale + c, sizeof scale);
+    std::memcpy(&shift, mask.shift + c, sizeof shift);
+    return batchnorm_relu_masked(dy, batchnorm_scale_shift<false>(scale, x, shift, zero), zero);
+  }
 }
 
-// dy where the ReLU passed its input (y > 0), else 0 (batchnorm_relu_masked).
-Lanes relu_masked(Lanes dy, Lanes y) {
-  const Lanes zero = {};
-  return batchnorm_relu_masked(dy, y, zero);
-}
-float relu_masked(float dy, float y) {
-  return batchnorm_relu_masked(dy, y, 0.0f);
-}
-
-// Over rows [begin, end) of x, with d = x - centre[c] and w = d, or w = dy (kWeighted), or
-// w = dy masked by y > 0 (kMasked): first[c] = sum w, second[c] = sum w * d. Two row
-// accumulators per vector hide the add latency.
-template <bool kWeighted, bool kMasked>
-void sum_centred_chunk(const float* x, const float* dy, const float* y, const float* centre,
+// Over rows [begin, end) of x, with d = x - centre[c] and w = d, or w = dz (kWeighted; dz from
+// dy by kMask): first[c] = sum w, second[c] = sum w * d. Two row accumulators per vector hide
+// the add latency.
+template <bool kWeighted, BatchNormMask kMask>
+void sum_centred_chunk(const float* x, const float* dy, const MaskSource& mask, const float* centre,
                        int64_t begin, int64_t end, int channels, float* first, float* second) {
   const int vector_channels = channels - channels % kLanes;
-  auto weight_at = [&](int64_t at, Lanes d) {
+  auto weight_at = [&](int64_t at, int c, Lanes x_lanes, Lanes d) {
     if (!kWeighted) return d;
-    return kMasked ? relu_masked(load(dy + at), load(y + at)) : load(dy + at);
+    return masked_dy<kMask>(load(dy + at), x_lanes, at, c, mask);
   };
   for (int c = 0; c < vector_channels; c += kLanes) {
     const Lanes k = load(centre + c);
@@ -63,10 +75,11 @@ void sum_centred_chunk(const float* x, const float* dy, const float* y, const fl
     int64_t r = begin;
     for (; r + 1 < end; r += 2) {
       const int64_t at = r * channels + c;
-      const Lanes d_even = load(x + at) - k;
-      const Lanes d_odd = load(x + at + channels) - k;
-      const Lanes w_even = weight_at(at, d_even);
-      const Lanes w_odd = weight_at(at + channels, d_odd);
+      const Lanes x_even = load(x + at), x_odd = load(x + at + channels);
+      const Lanes d_even = x_even - k;
+      const Lanes d_odd = x_odd - k;
+      const Lanes w_even = weight_at(at, c, x_even, d_even);
+      const Lanes w_odd = weight_at(at + channels, c, x_odd, d_odd);
       first_even += w_even;
       second_even += w_even * d_even;
       first_odd += w_odd;
@@ -74,8 +87,9 @@ void sum_centred_chunk(const float* x, const float* dy, const float* y, const fl
     }
     if (r < end) {
       const int64_t at = r * channels + c;
-      const Lanes d = load(x + at) - k;
-      const Lanes weight = weight_at(at, d);
+      const Lanes x_lanes = load(x + at);
+      const Lanes d = x_lanes - k;
+      const Lanes weight = weight_at(at, c, x_lanes, d);
       first_even += weight;
       second_even += weight * d;
     }
@@ -87,8 +101,7 @@ void sum_centred_chunk(const float* x, const float* dy, const float* y, const fl
     for (int64_t r = begin; r < end; ++r) {
       const int64_t at = r * channels + c;
       const float d = x[at] - centre[c];
-      float weight = d;
-      if (kWeighted) weight = kMasked ? relu_masked(dy[at], y[at]) : dy[at];
+      const float weight = kWeighted ? masked_dy<kMask>(dy[at], x[at], at, c, mask) : d;
       first_sum += weight;
       second_sum += weight * d;
     }
@@ -99,18 +112,19 @@ void sum_centred_chunk(const float* x, const float* dy, const float* y, const fl
 
 // sum_centred_chunk over every row: chunks run in parallel and their float sums are added in
 // chunk order into first[C] and second[C] (double), the same for any thread count.
-template <bool kWeighted, bool kMasked>
-void sum_centred(const float* x, const float* dy, const float* y, const float* centre, int64_t rows,
-                 int channels, std::vector<float>& chunk_sums, double* first, double* second) {
+template <bool kWeighted, BatchNormMask kMask>
+void sum_centred(const float* x, const float* dy, const MaskSource& mask, const float* centre,
+                 int64_t rows, int channels, std::vector<float>& chunk_sums, double* first,
+                 double* second) {
   const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
   chunk_sums.resize(static_cast<size_t>(chunks) * 2 * channels);
   float* partials = chunk_sums.data();
 #pragma omp parallel for schedule(static)
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     float* sums = partials + chunk * 2 * channels;
-    sum_centred_chunk<kWeighted, kMasked>(x, dy, y, centre, chunk * kRowsPerChunk,
-                                          std::min(rows, (chunk + 1) * kRowsPerChunk), channels,
-                                          sums, sums + channels);
+    sum_centred_chunk<kWeighted, kMask>(x, dy, mask, centre, chunk * kRowsPerChunk,
+                                        std::min(rows, (chunk + 1) * kRowsPerChunk), channels, sums,
+                                        sums + channels);
   }
   std::fill(first, first + channels, 0.0);
   std::fill(second, second + channels, 0.0);
@@ -150,9 +164,9 @@ void scale_and_shift(float* out, const float* x, const float* scale, const float
 }
 
 // dx[r, c] (+)= k_dy[c] * dz[r, c] + k_x[c] * (x[r, c] - mean[c]) + k_0[c]; `=` when kFresh.
-// dz = dy, or dy masked by y > 0 when kMasked.
-template <bool kFresh, bool kMasked>
-void add_input_gradient(float* dx, const float* x, const float* dy, const float* y,
+// dz from dy by kMask.
+template <bool kFresh, BatchNormMask kMask>
+void add_input_gradient(float* dx, const float* x, const float* dy, const MaskSource& mask,
                         const float* mean, const float* k_dy, const float* k_x, const float* k_0,
                         int64_t rows, int channels) {
   const int vector_channels = channels - channels % kLanes;
@@ -160,15 +174,15 @@ void add_input_gradient(float* dx, const float* x, const float* dy, const float*
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t row = r * channels;
     for (int c = 0; c < vector_channels; c += kLanes) {
-      const Lanes centred = load(x + row + c) - load(mean + c);
-      const Lanes dz =
-          kMasked ? relu_masked(load(dy + row + c), load(y + row + c)) : load(dy + row + c);
+      const Lanes x_lanes = load(x + row + c);
+      const Lanes centred = x_lanes - load(mean + c);
+      const Lanes dz = masked_dy<kMask>(load(dy + row + c), x_lanes, row + c, c, mask);
       const Lanes gradient =
           batchnorm_input_gradient(load(k_dy + c), dz, load(k_x + c), centred, load(k_0 + c));
       store(dx + row + c, kFresh ? gradient : load(dx + row + c) + gradient);
     }
     for (int c = vector_channels; c < channels; ++c) {
-      const float dz = kMasked ? relu_masked(dy[row + c], y[row + c]) : dy[row + c];
+      const float dz = masked_dy<kMask>(dy[row + c], x[row + c], row + c, c, mask);
       const float gradient =
           batchnorm_input_gradient(k_dy[c], dz, k_x[c], x[row + c] - mean[c], k_0[c]);
       dx[row + c] = kFresh ? gradient : dx[row + c] + gradient;
@@ -176,17 +190,25 @@ void add_input_gradient(float* dx, const float* x, const float* dy, const float*
   }
 }
 
-template <bool kMasked>
-void add_input_gradient(float* dx, const float* x, const float* dy, const float* y,
+template <BatchNormMask kMask>
+void add_input_gradient(float* dx, const float* x, const float* dy, const MaskSource& mask,
                         const float* mean, const float* k_dy, const float* k_x, const float* k_0,
                         int64_t rows, int channels, bool fresh) {
   if (fresh)
-    add_input_gradient<true, kMasked>(dx, x, dy, y, mean, k_dy, k_x, k_0, rows, channels);
+    add_input_gradient<true, kMask>(dx, x, dy, mask, mean, k_dy, k_x, k_0, rows, channels);
   else
-    add_input_gradient<false, kMasked>(dx, x, dy, y, mean, k_dy, k_x, k_0, rows, channels);
+    add_input_gradient<false, kMask>(dx, x, dy, mask, mean, k_dy, k_x, k_0, rows, channels);
 }
 
 }  // namespace
+
+// z = scale x + shift with scale = gamma invstd and shift = beta - mean scale: forward's
+// normalisation, and backward's recomputed ReLU mask, from one expression.
+void normalisation_coefficients(float* scale, float* shift, const float* gamma, const float* beta,
+                                const float* mean, const float* invstd, int channels) {
+  for (int c = 0; c < channels; ++c) scale[c] = gamma[c] * invstd[c];
+  for (int c = 0; c < channels; ++c) shift[c] = beta[c] - mean[c] * scale[c];
+}
 
 void batchnorm_train_statistics(float* saved_mean, float* saved_invstd, float* running_mean,
                                 float* running_var, const float* x, const float* gamma,
@@ -202,8 +224,8 @@ void batchnorm_train_statistics(float* saved_mean, float* saved_invstd, float* r
   const float* offset = x;  // row 0
   double* sum = scratch.sums.data();
   double* squares = sum + channels;
-  sum_centred<false, false>(x, nullptr, nullptr, offset, rows, channels, scratch.chunk_sums, sum,
-                            squares);
+  sum_centred<false, BatchNormMask::kNone>(x, nullptr, MaskSource{}, offset, rows, channels,
+                                           scratch.chunk_sums, sum, squares);
   const double count = static_cast<double>(rows);
   for (int c = 0; c < channels; ++c) {
     const BatchNormChannelStatistics stats =
@@ -212,10 +234,8 @@ void batchnorm_train_statistics(float* saved_mean, float* saved_invstd, float* r
     saved_invstd[c] = stats.invstd;
     running_mean[c] = batchnorm_running_mean(running_mean[c], momentum, stats.mean);
     running_var[c] = batchnorm_running_var(running_var[c], momentum, stats.batch_var, count);
-    scale[c] = gamma[c] * stats.invstd;
   }
-  // y = activation(scale * x + shift) with scale = gamma * invstd, shift = beta - mean * scale.
-  for (int c = 0; c < channels; ++c) shift[c] = beta[c] - saved_mean[c] * scale[c];
+  normalisation_coefficients(scale, shift, gamma, beta, saved_mean, saved_invstd, channels);
 }
 
 void batchnorm_forward_train(float* y, float* saved_mean, float* saved_invstd, float* running_mean,
@@ -228,24 +248,56 @@ void batchnorm_forward_train(float* y, float* saved_mean, float* saved_invstd, f
   scale_and_shift(y, x, scale, scale + channels, rows, channels, activation);
 }
 
-void batchnorm_backward_statistics(float* dgamma, float* dbeta, const float* dy,
+namespace {
+
+// The MaskSource of `mask`: y, or forward's {scale, shift} recomputed into scratch.
+MaskSource mask_source(BatchNormMask mask, const float* relu_output, const float* gamma,
+                       const float* beta, const float* saved_mean, const float* saved_invstd,
+                       int channels, BatchNormScratch& scratch) {
+  MaskSource source;
+  if (mask == BatchNormMask::kReluOutput) {
+    FT_CHECK(relu_output != nullptr, "batchnorm: kReluOutput needs the ReLU's output");
+    source.y = relu_output;
+  } else if (mask == BatchNormMask::kRecomputed) {
+    FT_CHECK(beta != nullptr, "batchnorm: kRecomputed needs beta");
+    scratch.mask_coefficients.resize(2 * static_cast<size_t>(channels));
+    float* scale = scratch.mask_coefficients.data();
+    normalisation_coefficients(scale, scale + channels, gamma, beta, saved_mean, saved_invstd,
+                               channels);
+    source.scale = scale;
+    source.shift = scale + channels;
+  }
+  return source;
+}
+
+}  // namespace
+
+void batchnorm_backward_statistics(float* dgamma, float* dbeta, const float* dy, BatchNormMask mask,
                                    const float* relu_output, const float* x, const float* gamma,
-                                   const float* saved_mean, const float* saved_invstd, int64_t rows,
-                                   int channels, BatchNormScratch& scratch) {
+                                   const float* beta, const float* saved_mean,
+                                   const float* saved_invstd, int64_t rows, int channels,
+                                   BatchNormScratch& scratch) {
   scratch.sums.resize(2 * static_cast<size_t>(channels));
   scratch.coefficients.resize(3 * static_cast<size_t>(channels));
   double* sum_dz = scratch.sums.data();
   double* sum_dz_centred = sum_dz + channels;  // sum dz * (x - mean)
   // With a ReLU after the normalisation, y = relu(z) and z = gamma x_hat + beta, the chain rule
-  // gives dz = dy * [z > 0] = dy * [y > 0] (the sign of z survives in y, so no z is kept).
-  // Everything below is BatchNorm's backward with dz in place of its output gradient; the mask
-  // is applied as each element is read, in both passes, and dz is never stored.
-  if (relu_output != nullptr)
-    sum_centred<true, true>(x, dy, relu_output, saved_mean, rows, channels, scratch.chunk_sums,
-                            sum_dz, sum_dz_centred);
+  // gives dz = dy * [z > 0] = dy * [y > 0]. Everything below is BatchNorm's backward with dz in
+  // place of its output gradient; the mask is applied as each element is read, in both passes,
+  // and dz is never stored. BatchNormReluOp recomputes z from x, which both passes read anyway,
+  // rather than reading y: 2 of the 7 floats per element its backward would otherwise stream.
+  const MaskSource source =
+      mask_source(mask, relu_output, gamma, beta, saved_mean, saved_invstd, channels, scratch);
+  auto sums = [&](auto masked) {
+    sum_centred<true, decltype(masked)::value>(x, dy, source, saved_mean, rows, channels,
+                                               scratch.chunk_sums, sum_dz, sum_dz_centred);
+  };
+  if (mask == BatchNormMask::kNone)
+    sums(std::integral_constant<BatchNormMask, BatchNormMask::kNone>{});
+  else if (mask == BatchNormMask::kReluOutput)
+    sums(std::integral_constant<BatchNormMask, BatchNormMask::kReluOutput>{});
   else
-    sum_centred<true, false>(x, dy, nullptr, saved_mean, rows, channels, scratch.chunk_sums, sum_dz,
-                             sum_dz_centred);
+    sums(std::integral_constant<BatchNormMask, BatchNormMask::kRecomputed>{});
 
   // With x_hat = (x - mean) * invstd and z = gamma x_hat + beta, over the M values of a channel:
   //   dbeta  = sum dz,   dgamma = sum dz * x_hat
@@ -269,21 +321,30 @@ void batchnorm_backward_statistics(float* dgamma, float* dbeta, const float* dy,
   }
 }
 
-void batchnorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy,
+void batchnorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy, BatchNormMask mask,
                         const float* relu_output, const float* x, const float* gamma,
-                        const float* saved_mean, const float* saved_invstd, int64_t rows,
-                        int channels, bool dx_fresh, BatchNormScratch& scratch) {
-  batchnorm_backward_statistics(dgamma, dbeta, dy, relu_output, x, gamma, saved_mean, saved_invstd,
-                                rows, channels, scratch);
+                        const float* beta, const float* saved_mean, const float* saved_invstd,
+                        int64_t rows, int channels, bool dx_fresh, BatchNormScratch& scratch) {
+  batchnorm_backward_statistics(dgamma, dbeta, dy, mask, relu_output, x, gamma, beta, saved_mean,
+                                saved_invstd, rows, channels, scratch);
   const float* k_dy = scratch.coefficients.data();
   const float* k_x = k_dy + channels;
   const float* k_0 = k_x + channels;
-  if (relu_output != nullptr)
-    add_input_gradient<true>(dx, x, dy, relu_output, saved_mean, k_dy, k_x, k_0, rows, channels,
-                             dx_fresh);
+  // The scratch's mask coefficients are still those batchnorm_backward_statistics made.
+  MaskSource source;
+  source.y = relu_output;
+  source.scale = scratch.mask_coefficients.data();
+  source.shift = source.scale + channels;
+  auto gradient = [&](auto masked) {
+    add_input_gradient<decltype(masked)::value>(dx, x, dy, source, saved_mean, k_dy, k_x, k_0, rows,
+                                                channels, dx_fresh);
+  };
+  if (mask == BatchNormMask::kNone)
+    gradient(std::integral_constant<BatchNormMask, BatchNormMask::kNone>{});
+  else if (mask == BatchNormMask::kReluOutput)
+    gradient(std::integral_constant<BatchNormMask, BatchNormMask::kReluOutput>{});
   else
-    add_input_gradient<false>(dx, x, dy, nullptr, saved_mean, k_dy, k_x, k_0, rows, channels,
-                              dx_fresh);
+    gradient(std::integral_constant<BatchNormMask, BatchNormMask::kRecomputed>{});
 }
 
 void batchnorm_forward_inference(float* y, const float* x, const float* gamma, const float* beta,

@@ -28,12 +28,19 @@ enum class BatchNormActivation {
   kRelu,  // y = max(z, 0) (0 for NaN, as ReluOp): z itself never reaches memory
 };
 
+// Where backward's ReLU mask comes from: none (plain BatchNorm); the saved output y > 0 of a ReLU
+// applied after the normalisation (BatchNormAddReluOp, whose y is relu(z + s)); or the
+// normalisation's own z = gamma x_hat + beta > 0, recomputed from x with forward's expression
+// (BatchNormReluOp: the same mask as y > 0, bit for bit, without reading y).
+enum class BatchNormMask { kNone, kReluOutput, kRecomputed };
+
 // Buffers the batchnorm_* functions reuse from call to call; each op owns one, so a step
 // allocates nothing.
 struct BatchNormScratch {
-  std::vector<float> chunk_sums;    // [chunks][2][C] float partial sums over row chunks
-  std::vector<double> sums;         // [2][C] their totals, summed in chunk order
-  std::vector<float> coefficients;  // [3][C] per-channel factors of the elementwise passes
+  std::vector<float> chunk_sums;         // [chunks][2][C] float partial sums over row chunks
+  std::vector<double> sums;              // [2][C] their totals, summed in chunk order
+  std::vector<float> coefficients;       // [3][C] per-channel factors of the elementwise passes
+  std::vector<float> mask_coefficients;  // [2][C] forward's {scale, shift} (kRecomputed)
   // On cuda, on the device (allocated on first use; batchnorm.cu): [2][C] the batch mean and
   // invstd forward saves for backward, [chunks][2][C] float partial sums, and [3][C]
   // coefficients. On cuda the ops' host saved_mean/saved_invstd are unused.
@@ -55,28 +62,36 @@ void batchnorm_forward_train(float* y, float* saved_mean, float* saved_invstd, f
                              float eps, BatchNormActivation activation, BatchNormScratch& scratch);
 
 // Backward of batchnorm_forward_train: dgamma += ..., dbeta += ..., and dx += ... (= when
-// dx_fresh; see Op::overwrites_fresh_input_grads). `relu_output` is null after kNone; after
-// kRelu it is the forward's y, whose sign masks dy (see batchnorm.cpp for the math).
-void batchnorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy,
+// dx_fresh; see Op::overwrites_fresh_input_grads), with dy masked as `mask` says (see
+// batchnorm.cpp for the math). relu_output is read only for kReluOutput, beta only for
+// kRecomputed; either may be null otherwise.
+void batchnorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy, BatchNormMask mask,
                         const float* relu_output, const float* x, const float* gamma,
-                        const float* saved_mean, const float* saved_invstd, int64_t rows,
-                        int channels, bool dx_fresh, BatchNormScratch& scratch);
+                        const float* beta, const float* saved_mean, const float* saved_invstd,
+                        int64_t rows, int channels, bool dx_fresh, BatchNormScratch& scratch);
 
 // The per-channel halves of the two functions above, for fused ops that bring their own
 // elementwise pass (fusion/ops/batchnorm_add_relu.h). batchnorm_train_statistics does
 // batchnorm_forward_train's reduction pass and running-statistics update and leaves
 // {scale, shift} [2][C] in scratch.coefficients, so that z = scale x + shift.
 // batchnorm_backward_statistics does batchnorm_backward's reduction pass (dz = dy, or dy masked by
-// relu_output > 0), adds to dgamma and dbeta, and leaves {k_dy, k_x, k_0} [3][C] in
+// `mask`), adds to dgamma and dbeta, and leaves {k_dy, k_x, k_0} [3][C] in
 // scratch.coefficients, so that dx = k_dy dz + k_x (x - mean) + k_0.
 void batchnorm_train_statistics(float* saved_mean, float* saved_invstd, float* running_mean,
                                 float* running_var, const float* x, const float* gamma,
                                 const float* beta, int64_t rows, int channels, float momentum,
                                 float eps, BatchNormScratch& scratch);
-void batchnorm_backward_statistics(float* dgamma, float* dbeta, const float* dy,
+void batchnorm_backward_statistics(float* dgamma, float* dbeta, const float* dy, BatchNormMask mask,
                                    const float* relu_output, const float* x, const float* gamma,
-                                   const float* saved_mean, const float* saved_invstd, int64_t rows,
-                                   int channels, BatchNormScratch& scratch);
+                                   const float* beta, const float* saved_mean,
+                                   const float* saved_invstd, int64_t rows, int channels,
+                                   BatchNormScratch& scratch);
+
+// scale = gamma * invstd and shift = beta - mean * scale, so that z = scale x + shift: the
+// coefficients batchnorm_train_statistics leaves, recomputed bit for bit from its saved statistics
+// (for a backward that recomputes z instead of reading a ReLU's output).
+void normalisation_coefficients(float* scale, float* shift, const float* gamma, const float* beta,
+                                const float* mean, const float* invstd, int channels);
 
 // Running statistics: y = activation(gamma (x - running_mean) / sqrt(running_var + eps) + beta).
 // Forward only; nothing is saved and the statistics are not touched.

@@ -63,7 +63,7 @@ void batchnorm_op_forward_train(const Op& op, Workspace& ws, ParamStore& params,
 void batchnorm_op_backward(const Op& op, Workspace& ws, ParamStore& params, const float* saved_mean,
                            const float* saved_invstd, int64_t rows, int channels,
                            BatchNormActivation activation, BatchNormScratch& scratch) {
-  const float* relu_output =
+  [[maybe_unused]] const float* relu_output =
       activation == BatchNormActivation::kRelu ? ws.values[op.outputs[0]].data() : nullptr;
   FT_RUN_ON_CUDA(
       ws, batchnorm_backward_cuda(
@@ -73,10 +73,14 @@ void batchnorm_op_backward(const Op& op, Workspace& ws, ParamStore& params, cons
               ws.values[op.inputs[0]].data(), params[op.params[0]].value.data(),
               scratch.device_saved.data(), scratch.device_saved.data() + channels, rows, channels,
               ws.grad_is_fresh(op.inputs[0]), ws.stream));
+  // The CPU recomputes BatchNormReluOp's mask from x (BatchNormMask::kRecomputed); CUDA reads y.
+  const BatchNormMask mask =
+      activation == BatchNormActivation::kRelu ? BatchNormMask::kRecomputed : BatchNormMask::kNone;
   batchnorm_backward(ws.grads[op.inputs[0]].data(), params[op.params[0]].grad.data(),
-                     params[op.params[1]].grad.data(), ws.grads[op.outputs[0]].data(), relu_output,
-                     ws.values[op.inputs[0]].data(), params[op.params[0]].value.data(), saved_mean,
-                     saved_invstd, rows, channels, ws.grad_is_fresh(op.inputs[0]), scratch);
+                     params[op.params[1]].grad.data(), ws.grads[op.outputs[0]].data(), mask,
+                     nullptr, ws.values[op.inputs[0]].data(), params[op.params[0]].value.data(),
+                     params[op.params[1]].value.data(), saved_mean, saved_invstd, rows, channels,
+                     ws.grad_is_fresh(op.inputs[0]), scratch);
 }
 
 void batchnorm_op_forward_inference(const Op& op, Workspace& ws, ParamStore& params, int64_t rows,
