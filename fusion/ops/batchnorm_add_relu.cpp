@@ -1,8 +1,10 @@
-// BatchNormAddReluOp on the CPU: each branch's statistics come from the BatchNorm functions of
-// model/ops/batchnorm.h (batchnorm_train_statistics, batchnorm_backward_statistics), and one
-// elementwise pass per direction does the rest with the helpers the unfused ops use
-// (batchnorm_scale_shift, batchnorm_input_gradient, relu_value, relu_gradient), so the two
-// agree bit for bit.
+// BatchNormAddReluOp on the CPU. Forward statistics come from batchnorm_train_statistics
+// (model/ops/batchnorm.h); backward's from batchnorm_backward_statistics with an identity
+// shortcut, and from pair_backward_statistics (both BatchNorms in one pass, the mask recomputed
+// from x and x_s) with a shortcut BatchNorm. One elementwise pass per direction does the rest,
+// with the helpers the unfused ops use (batchnorm_scale_shift, batchnorm_input_gradient,
+// relu_value, relu_gradient) and the unfused reductions' summation order, so the two agree bit
+// for bit.
 #include "fusion/ops/batchnorm_add_relu.h"
 
 #include <algorithm>
