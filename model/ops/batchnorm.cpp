@@ -270,13 +270,23 @@ MaskSource mask_source(BatchNormMask mask, const float* relu_output, const float
   return source;
 }
 
-}  // namespace
+// Calls body(std::integral_constant<BatchNormMask, mask>{}), so one call site instantiates the
+// loops for each mask.
+template <typename Body>
+void with_mask(BatchNormMask mask, Body body) {
+  if (mask == BatchNormMask::kNone)
+    body(std::integral_constant<BatchNormMask, BatchNormMask::kNone>{});
+  else if (mask == BatchNormMask::kReluOutput)
+    body(std::integral_constant<BatchNormMask, BatchNormMask::kReluOutput>{});
+  else
+    body(std::integral_constant<BatchNormMask, BatchNormMask::kRecomputed>{});
+}
 
-void batchnorm_backward_statistics(float* dgamma, float* dbeta, const float* dy, BatchNormMask mask,
-                                   const float* relu_output, const float* x, const float* gamma,
-                                   const float* beta, const float* saved_mean,
-                                   const float* saved_invstd, int64_t rows, int channels,
-                                   BatchNormScratch& scratch) {
+// batchnorm_backward_statistics with its mask already resolved to `source`.
+void backward_statistics(float* dgamma, float* dbeta, const float* dy, BatchNormMask mask,
+                         const MaskSource& source, const float* x, const float* gamma,
+                         const float* saved_mean, const float* saved_invstd, int64_t rows,
+                         int channels, BatchNormScratch& scratch) {
   scratch.sums.resize(2 * static_cast<size_t>(channels));
   scratch.coefficients.resize(3 * static_cast<size_t>(channels));
   double* sum_dz = scratch.sums.data();
@@ -286,18 +296,10 @@ void batchnorm_backward_statistics(float* dgamma, float* dbeta, const float* dy,
   // place of its output gradient; the mask is applied as each element is read, in both passes,
   // and dz is never stored. BatchNormReluOp recomputes z from x, which both passes read anyway,
   // rather than reading y: 2 of the 7 floats per element its backward would otherwise stream.
-  const MaskSource source =
-      mask_source(mask, relu_output, gamma, beta, saved_mean, saved_invstd, channels, scratch);
-  auto sums = [&](auto masked) {
+  with_mask(mask, [&](auto masked) {
     sum_centred<true, decltype(masked)::value>(x, dy, source, saved_mean, rows, channels,
                                                scratch.chunk_sums, sum_dz, sum_dz_centred);
-  };
-  if (mask == BatchNormMask::kNone)
-    sums(std::integral_constant<BatchNormMask, BatchNormMask::kNone>{});
-  else if (mask == BatchNormMask::kReluOutput)
-    sums(std::integral_constant<BatchNormMask, BatchNormMask::kReluOutput>{});
-  else
-    sums(std::integral_constant<BatchNormMask, BatchNormMask::kRecomputed>{});
+  });
 
   // With x_hat = (x - mean) * invstd and z = gamma x_hat + beta, over the M values of a channel:
   //   dbeta  = sum dz,   dgamma = sum dz * x_hat
@@ -321,30 +323,34 @@ void batchnorm_backward_statistics(float* dgamma, float* dbeta, const float* dy,
   }
 }
 
+}  // namespace
+
+void batchnorm_backward_statistics(float* dgamma, float* dbeta, const float* dy, BatchNormMask mask,
+                                   const float* relu_output, const float* x, const float* gamma,
+                                   const float* beta, const float* saved_mean,
+                                   const float* saved_invstd, int64_t rows, int channels,
+                                   BatchNormScratch& scratch) {
+  const MaskSource source =
+      mask_source(mask, relu_output, gamma, beta, saved_mean, saved_invstd, channels, scratch);
+  backward_statistics(dgamma, dbeta, dy, mask, source, x, gamma, saved_mean, saved_invstd, rows,
+                      channels, scratch);
+}
+
 void batchnorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy, BatchNormMask mask,
                         const float* relu_output, const float* x, const float* gamma,
                         const float* beta, const float* saved_mean, const float* saved_invstd,
                         int64_t rows, int channels, bool dx_fresh, BatchNormScratch& scratch) {
-  batchnorm_backward_statistics(dgamma, dbeta, dy, mask, relu_output, x, gamma, beta, saved_mean,
-                                saved_invstd, rows, channels, scratch);
+  const MaskSource source =
+      mask_source(mask, relu_output, gamma, beta, saved_mean, saved_invstd, channels, scratch);
+  backward_statistics(dgamma, dbeta, dy, mask, source, x, gamma, saved_mean, saved_invstd, rows,
+                      channels, scratch);
   const float* k_dy = scratch.coefficients.data();
   const float* k_x = k_dy + channels;
   const float* k_0 = k_x + channels;
-  // The scratch's mask coefficients are still those batchnorm_backward_statistics made.
-  MaskSource source;
-  source.y = relu_output;
-  source.scale = scratch.mask_coefficients.data();
-  source.shift = source.scale + channels;
-  auto gradient = [&](auto masked) {
+  with_mask(mask, [&](auto masked) {
     add_input_gradient<decltype(masked)::value>(dx, x, dy, source, saved_mean, k_dy, k_x, k_0, rows,
                                                 channels, dx_fresh);
-  };
-  if (mask == BatchNormMask::kNone)
-    gradient(std::integral_constant<BatchNormMask, BatchNormMask::kNone>{});
-  else if (mask == BatchNormMask::kReluOutput)
-    gradient(std::integral_constant<BatchNormMask, BatchNormMask::kReluOutput>{});
-  else
-    gradient(std::integral_constant<BatchNormMask, BatchNormMask::kRecomputed>{});
+  });
 }
 
 void batchnorm_forward_inference(float* y, const float* x, const float* gamma, const float* beta,
