@@ -12,6 +12,7 @@
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "core/check.h"
+#include "core/cpu_guard.h"
 
 namespace {
 
@@ -27,6 +28,8 @@ void add_config_flags(CLI::App* job, std::string* config_path,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The CPU guard (core/cpu_guard.h) has run by now; this call keeps its object in the link.
+  (void)ft::cpu_guard_linked();
   using ft::number_check;
   CLI::App app{"fusiontrain: a data-parallel trainer with switchable operator fusion"};
   app.require_subcommand(1);
