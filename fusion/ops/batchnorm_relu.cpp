@@ -7,40 +7,16 @@
 // CUDA it is read from y (7).
 #include "fusion/ops/batchnorm_relu.h"
 
-#include "core/check.h"
-
 namespace ft {
 
 BatchNormReluOp::BatchNormReluOp(int batch, int channels, int height, int width, float momentum,
                                  float eps)
-    : batch_(batch),
-      channels_(channels),
-      height_(height),
-      width_(width),
-      rows_(static_cast<int64_t>(batch) * height * width),
-      momentum_(momentum),
-      eps_(eps) {
-  check_batchnorm_sizes("batchnorm_relu", batch, channels, height, width, 2, momentum, eps);
-  saved_mean_.assign(channels, 0.0f);
-  saved_invstd_.assign(channels, 0.0f);
-}
-
-void BatchNormReluOp::forward(Workspace& ws, ParamStore& params) {
-  batchnorm_op_forward_train(*this, ws, params, saved_mean_.data(), saved_invstd_.data(), rows_,
-                             channels_, momentum_, eps_, BatchNormActivation::kRelu, scratch_);
-  forward_ran_ = true;
-}
-
-// dz = dy * [z > 0] is formed on the fly inside both of batchnorm_backward's passes.
-void BatchNormReluOp::backward(Workspace& ws, ParamStore& params) {
-  FT_CHECK(forward_ran_, "batchnorm_relu '", name, "': backward before forward");
-  batchnorm_op_backward(*this, ws, params, saved_mean_.data(), saved_invstd_.data(), rows_,
-                        channels_, BatchNormActivation::kRelu, scratch_);
-}
+    : BatchNormTrainOp("batchnorm_relu", BatchNormActivation::kRelu, batch, channels, height, width,
+                       momentum, eps) {}
 
 OpCost BatchNormReluOp::cost(const Graph& graph) const {
-  OpCost cost = batchnorm_cost(*this, graph, channels_, /*batch_statistics=*/true);
-  const double numel = static_cast<double>(rows_) * channels_;
+  OpCost cost = batchnorm_cost(*this, graph, channels(), /*batch_statistics=*/true);
+  const double numel = static_cast<double>(rows()) * channels();
   cost.forward_flops += numel;   // the max
   cost.backward_flops += numel;  // the mask, in each of two passes over y
   return cost;
@@ -48,27 +24,12 @@ OpCost BatchNormReluOp::cost(const Graph& graph) const {
 
 BatchNormInferenceReluOp::BatchNormInferenceReluOp(int batch, int channels, int height, int width,
                                                    float eps)
-    : batch_(batch),
-      channels_(channels),
-      height_(height),
-      width_(width),
-      rows_(static_cast<int64_t>(batch) * height * width),
-      eps_(eps) {
-  check_batchnorm_sizes("batchnorm_inference_relu", batch, channels, height, width, 1, 0.0f, eps);
-}
-
-void BatchNormInferenceReluOp::forward(Workspace& ws, ParamStore& params) {
-  batchnorm_op_forward_inference(*this, ws, params, rows_, channels_, eps_,
-                                 BatchNormActivation::kRelu, scratch_);
-}
-
-void BatchNormInferenceReluOp::backward(Workspace&, ParamStore&) {
-  FT_FAIL("batchnorm_inference_relu '", name, "': eval graph has no backward");
-}
+    : BatchNormInferenceBase("batchnorm_inference_relu", BatchNormActivation::kRelu, batch,
+                             channels, height, width, eps) {}
 
 OpCost BatchNormInferenceReluOp::cost(const Graph& graph) const {
-  OpCost cost = batchnorm_cost(*this, graph, channels_, /*batch_statistics=*/false);
-  cost.forward_flops += static_cast<double>(rows_) * channels_;
+  OpCost cost = batchnorm_cost(*this, graph, channels(), /*batch_statistics=*/false);
+  cost.forward_flops += static_cast<double>(rows()) * channels();
   return cost;
 }
 

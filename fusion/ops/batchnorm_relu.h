@@ -16,59 +16,28 @@
 // params {weight (gamma) [C], bias (beta) [C], running_mean [C], running_var [C]}.
 // Thread safety: one training thread per op; loops run on OpenMP with fixed reduction order.
 #pragma once
-#include <vector>
-
 #include "model/ops/batchnorm.h"
+#include "model/ops/batchnorm_inference.h"
 
 namespace ft {
 
-class BatchNormReluOp : public Op {
+class BatchNormReluOp : public BatchNormTrainOp {
  public:
   // REQUIRES: positive sizes and batch*height*width >= 2, as BatchNorm2dOp.
   BatchNormReluOp(int batch, int channels, int height, int width, float momentum = 0.1f,
                   float eps = 1e-5f);
 
   OpKind op_kind() const override { return OpKind::kBatchNormRelu; }
-  void forward(Workspace& ws, ParamStore& params) override;
-  void backward(Workspace& ws, ParamStore& params) override;
-  bool overwrites_fresh_input_grads() const override { return true; }
   OpCost cost(const Graph& graph) const override;
-
-  int channels() const { return channels_; }
-  float momentum() const { return momentum_; }
-  float eps() const { return eps_; }
-  Shape shape() const { return {batch_, height_, width_, channels_}; }
-
- private:
-  int batch_, channels_, height_, width_;
-  int64_t rows_;
-  float momentum_, eps_;
-  std::vector<float> saved_mean_;    // [C] batch mean of the last forward
-  std::vector<float> saved_invstd_;  // [C] 1 / sqrt(batch var + eps) of the last forward
-  BatchNormScratch scratch_;
-  bool forward_ran_ = false;
 };
 
-class BatchNormInferenceReluOp : public Op {
+class BatchNormInferenceReluOp : public BatchNormInferenceBase {
  public:
   // REQUIRES: positive sizes and eps.
   BatchNormInferenceReluOp(int batch, int channels, int height, int width, float eps = 1e-5f);
 
   OpKind op_kind() const override { return OpKind::kBatchNormInferenceRelu; }
-  void forward(Workspace& ws, ParamStore& params) override;
-  // Throws ft::Error: an eval graph has no backward.
-  void backward(Workspace& ws, ParamStore& params) override;
   OpCost cost(const Graph& graph) const override;
-
-  int channels() const { return channels_; }
-  float eps() const { return eps_; }
-  Shape shape() const { return {batch_, height_, width_, channels_}; }
-
- private:
-  int batch_, channels_, height_, width_;
-  int64_t rows_;
-  float eps_;
-  BatchNormScratch scratch_;
 };
 
 }  // namespace ft

@@ -131,17 +131,14 @@ void batchnorm_forward_inference_cuda(float* y, const float* x, const float* gam
                                       const float* running_var, int64_t rows, int channels,
                                       float eps, BatchNormActivation activation, CudaStream stream);
 
-class BatchNorm2dOp : public Op {
+// The train-graph members of the BatchNorm family: BatchNorm with batch statistics, then
+// `activation` inside the same passes (kNone: BatchNorm2dOp; kRelu: fusion/'s BatchNormReluOp).
+// Keeps the sizes, the statistics the last forward saved for backward, and the scratch.
+class BatchNormTrainOp : public Op {
  public:
-  // REQUIRES: positive sizes and batch*height*width >= 2 (the unbiased variance needs two).
-  BatchNorm2dOp(int batch, int channels, int height, int width, float momentum = 0.1f,
-                float eps = 1e-5f);
-
-  OpKind op_kind() const override { return OpKind::kBatchNorm; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }
-  OpCost cost(const Graph& graph) const override;
 
   int batch() const { return batch_; }
   int channels() const { return channels_; }
@@ -151,7 +148,15 @@ class BatchNorm2dOp : public Op {
   float eps() const { return eps_; }
   Shape shape() const { return {batch_, height_, width_, channels_}; }
 
+ protected:
+  // REQUIRES: positive sizes and batch*height*width >= 2 (the unbiased variance needs two);
+  // `kind` names the op in the checks' messages.
+  BatchNormTrainOp(const char* kind, BatchNormActivation activation, int batch, int channels,
+                   int height, int width, float momentum, float eps);
+  int64_t rows() const { return rows_; }
+
  private:
+  BatchNormActivation activation_;
   int batch_, channels_, height_, width_;
   int64_t rows_;  // B*H*W, the values per channel
   float momentum_, eps_;
@@ -159,6 +164,16 @@ class BatchNorm2dOp : public Op {
   std::vector<float> saved_invstd_;  // [C] 1 / sqrt(batch var + eps) of the last forward
   BatchNormScratch scratch_;
   bool forward_ran_ = false;
+};
+
+class BatchNorm2dOp : public BatchNormTrainOp {
+ public:
+  // REQUIRES: as BatchNormTrainOp.
+  BatchNorm2dOp(int batch, int channels, int height, int width, float momentum = 0.1f,
+                float eps = 1e-5f);
+
+  OpKind op_kind() const override { return OpKind::kBatchNorm; }
+  OpCost cost(const Graph& graph) const override;
 };
 
 // On cuda, the device buffers of `scratch` for `rows` x `channels` (kept while the sizes fit).

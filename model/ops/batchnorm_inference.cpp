@@ -7,28 +7,34 @@
 
 namespace ft {
 
-BatchNormInferenceOp::BatchNormInferenceOp(int batch, int channels, int height, int width,
-                                           float eps)
-    : batch_(batch),
+BatchNormInferenceBase::BatchNormInferenceBase(const char* kind, BatchNormActivation activation,
+                                               int batch, int channels, int height, int width,
+                                               float eps)
+    : activation_(activation),
+      batch_(batch),
       channels_(channels),
       height_(height),
       width_(width),
       rows_(static_cast<int64_t>(batch) * height * width),
       eps_(eps) {
-  check_batchnorm_sizes("batchnorm2d_inference", batch, channels, height, width, 1, 0.0f, eps);
+  check_batchnorm_sizes(kind, batch, channels, height, width, 1, 0.0f, eps);
 }
 
-void BatchNormInferenceOp::forward(Workspace& ws, ParamStore& params) {
-  batchnorm_op_forward_inference(*this, ws, params, rows_, channels_, eps_,
-                                 BatchNormActivation::kNone, scratch_);
+void BatchNormInferenceBase::forward(Workspace& ws, ParamStore& params) {
+  batchnorm_op_forward_inference(*this, ws, params, rows_, channels_, eps_, activation_, scratch_);
 }
 
-void BatchNormInferenceOp::backward(Workspace&, ParamStore&) {
-  FT_FAIL("batchnorm2d_inference '", name, "': eval graph has no backward");
+void BatchNormInferenceBase::backward(Workspace&, ParamStore&) {
+  FT_FAIL(kind(), " '", name, "': eval graph has no backward");
 }
+
+BatchNormInferenceOp::BatchNormInferenceOp(int batch, int channels, int height, int width,
+                                           float eps)
+    : BatchNormInferenceBase("batchnorm2d_inference", BatchNormActivation::kNone, batch, channels,
+                             height, width, eps) {}
 
 OpCost BatchNormInferenceOp::cost(const Graph& graph) const {
-  return batchnorm_cost(*this, graph, channels_, /*batch_statistics=*/false);
+  return batchnorm_cost(*this, graph, channels(), /*batch_statistics=*/false);
 }
 
 }  // namespace ft

@@ -12,16 +12,14 @@
 
 namespace ft {
 
-class BatchNormInferenceOp : public Op {
+// The eval-graph members of the BatchNorm family: the running statistics' normalisation, then
+// `activation` in the same pass (kNone: BatchNormInferenceOp; kRelu: fusion/'s
+// BatchNormInferenceReluOp). Forward only.
+class BatchNormInferenceBase : public Op {
  public:
-  // REQUIRES: positive sizes and eps.
-  BatchNormInferenceOp(int batch, int channels, int height, int width, float eps = 1e-5f);
-
-  OpKind op_kind() const override { return OpKind::kBatchNormInference; }
   void forward(Workspace& ws, ParamStore& params) override;
   // Throws ft::Error: an eval graph has no backward.
   void backward(Workspace& ws, ParamStore& params) override;
-  OpCost cost(const Graph& graph) const override;
 
   int batch() const { return batch_; }
   int channels() const { return channels_; }
@@ -30,11 +28,27 @@ class BatchNormInferenceOp : public Op {
   float eps() const { return eps_; }
   Shape shape() const { return {batch_, height_, width_, channels_}; }
 
+ protected:
+  // REQUIRES: positive sizes and eps; `kind` names the op in the checks' messages.
+  BatchNormInferenceBase(const char* kind, BatchNormActivation activation, int batch, int channels,
+                         int height, int width, float eps);
+  int64_t rows() const { return rows_; }
+
  private:
+  BatchNormActivation activation_;
   int batch_, channels_, height_, width_;
   int64_t rows_;  // B*H*W
   float eps_;
   BatchNormScratch scratch_;
+};
+
+class BatchNormInferenceOp : public BatchNormInferenceBase {
+ public:
+  // REQUIRES: as BatchNormInferenceBase.
+  BatchNormInferenceOp(int batch, int channels, int height, int width, float eps = 1e-5f);
+
+  OpKind op_kind() const override { return OpKind::kBatchNormInference; }
+  OpCost cost(const Graph& graph) const override;
 };
 
 }  // namespace ft

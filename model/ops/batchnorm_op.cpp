@@ -114,34 +114,41 @@ OpCost batchnorm_cost(const Op& op, const Graph& graph, int channels, bool batch
   return cost;
 }
 
-BatchNorm2dOp::BatchNorm2dOp(int batch, int channels, int height, int width, float momentum,
-                             float eps)
-    : batch_(batch),
+BatchNormTrainOp::BatchNormTrainOp(const char* kind, BatchNormActivation activation, int batch,
+                                   int channels, int height, int width, float momentum, float eps)
+    : activation_(activation),
+      batch_(batch),
       channels_(channels),
       height_(height),
       width_(width),
       rows_(static_cast<int64_t>(batch) * height * width),
       momentum_(momentum),
       eps_(eps) {
-  check_batchnorm_sizes("batchnorm2d", batch, channels, height, width, 2, momentum, eps);
+  check_batchnorm_sizes(kind, batch, channels, height, width, 2, momentum, eps);
   saved_mean_.assign(channels, 0.0f);
   saved_invstd_.assign(channels, 0.0f);
 }
 
-void BatchNorm2dOp::forward(Workspace& ws, ParamStore& params) {
+void BatchNormTrainOp::forward(Workspace& ws, ParamStore& params) {
   batchnorm_op_forward_train(*this, ws, params, saved_mean_.data(), saved_invstd_.data(), rows_,
-                             channels_, momentum_, eps_, BatchNormActivation::kNone, scratch_);
+                             channels_, momentum_, eps_, activation_, scratch_);
   forward_ran_ = true;
 }
 
-void BatchNorm2dOp::backward(Workspace& ws, ParamStore& params) {
-  FT_CHECK(forward_ran_, "batchnorm2d '", name, "': backward before forward");
+// With kRelu, dz = dy * [z > 0] is formed on the fly inside both of batchnorm_backward's passes.
+void BatchNormTrainOp::backward(Workspace& ws, ParamStore& params) {
+  FT_CHECK(forward_ran_, kind(), " '", name, "': backward before forward");
   batchnorm_op_backward(*this, ws, params, saved_mean_.data(), saved_invstd_.data(), rows_,
-                        channels_, BatchNormActivation::kNone, scratch_);
+                        channels_, activation_, scratch_);
 }
 
+BatchNorm2dOp::BatchNorm2dOp(int batch, int channels, int height, int width, float momentum,
+                             float eps)
+    : BatchNormTrainOp("batchnorm2d", BatchNormActivation::kNone, batch, channels, height, width,
+                       momentum, eps) {}
+
 OpCost BatchNorm2dOp::cost(const Graph& graph) const {
-  return batchnorm_cost(*this, graph, channels_, /*batch_statistics=*/true);
+  return batchnorm_cost(*this, graph, channels(), /*batch_statistics=*/true);
 }
 
 }  // namespace ft
