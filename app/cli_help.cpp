@@ -9,6 +9,7 @@
 
 #include "app/config_schema.h"
 #include "core/check.h"
+#include "core/cuda_versions.h"
 
 #ifndef FT_VERSION
 #define FT_VERSION "unknown"
@@ -73,7 +74,16 @@ std::string reword(const CLI::App* job, const std::string& message) {
 }  // namespace
 
 std::string version_text() {
-  return std::string("fusiontrain ") + FT_VERSION + " (commit " + FT_GIT_COMMIT + ")";
+  std::string text = std::string("fusiontrain ") + FT_VERSION + " (commit " + FT_GIT_COMMIT + ")";
+#if defined(FT_HAVE_CUDA)
+  // What this process loaded, which on a GPU image may differ from what the build saw.
+  std::string lines = describe_cuda_versions(loaded_cuda_versions());
+  lines.pop_back();  // CLI11 ends the version text with its own newline
+  text += "\n" + lines;
+#else
+  text += "\nCUDA path: not built";
+#endif
+  return text;
 }
 
 void describe_jobs(CLI::App& app) {

@@ -93,6 +93,7 @@ struct CommConfig {
   bool reorder_buckets = false;
   bool deterministic = false;  // true: rank-order sums, bitwise independent of bucketing
   double timeout_s = 600;      // a blocking wait on other ranks longer than this ends the run
+  bool single_rank_allreduce = false;  // GradSyncOptions::single_rank_allreduce
   EmulateConfig emulate;
 };
 

@@ -183,6 +183,9 @@ std::vector<Field> build_fields() {
       {FT_KEY(comm.timeout_s), in(0, 86400),
        "seconds a rank may wait on the others inside one collective before it reports a stalled "
        "or dead rank and exits, which stops the job (mpi backend); 0 = wait for ever"},
+      {FT_KEY(comm.single_rank_allreduce), true_or_false(),
+       "run the gradient allreduce even on one rank (a check of the backend path on a one-GPU "
+       "machine, as scripts/gpu_check.sh does); no effect on the result"},
       {FT_KEY(comm.emulate.latency_us), in(0, 1e6),
        "added latency per message in microseconds; needs bandwidth_gbps > 0"},
       {FT_KEY(comm.emulate.bandwidth_gbps), in(0, 1e4),

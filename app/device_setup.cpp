@@ -1,8 +1,11 @@
 #include "app/device_setup.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "core/check.h"
+#include "core/cuda_versions.h"
 #include "core/gemm.h"
 
 #if defined(FT_HAVE_CUDA)
@@ -25,6 +28,15 @@ Device setup_device(const std::string& device, const std::string& setting,
 #if defined(FT_HAVE_CUDA)
   select_cuda_device(local_rank);
   cuda_context();  // creates the streams and handles on this rank's GPU now, not mid-step
+  // Once per process, from the first rank only: what was loaded is the first thing to read when
+  // a GPU image's libraries differ from the build's.
+  static bool versions_said = false;
+  const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (!versions_said && (world_rank == nullptr || std::atoi(world_rank) == 0)) {
+    std::fprintf(stderr, "cuda: device %d; loaded:\n%s", cuda_context().device_index(),
+                 describe_cuda_versions(loaded_cuda_versions()).c_str());
+    versions_said = true;
+  }
 #else
   static_cast<void>(local_rank);
 #endif

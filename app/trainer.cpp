@@ -35,6 +35,7 @@ GradSyncOptions grad_sync_options(const CommConfig& comm) {
   options.overlap = comm.overlap;
   options.reorder_buckets = comm.reorder_buckets;
   options.deterministic = comm.deterministic;
+  options.single_rank_allreduce = comm.single_rank_allreduce;
   options.emulate.latency_us = comm.emulate.latency_us;
   options.emulate.bandwidth_gbps = comm.emulate.bandwidth_gbps;
   return options;
@@ -61,6 +62,11 @@ Trainer::Trainer(const Config& config, Communicator* comm) : config_(config), co
   optimizer_ = make_optimizer(optimizer_options(config.optim), params_, sweep_);
   schedule_ = LrSchedule{config.optim.lr, config.optim.min_lr, config.optim.warmup_steps,
                          config.train.steps};
+  // GradSync exists only under mpirun; the NCCL communicator is set up over MPI too.
+  FT_REQUIRE(!config.comm.single_rank_allreduce || comm != nullptr,
+             "comm.single_rank_allreduce: true needs the job started under mpirun (even one rank: "
+             "mpirun -np 1 fusiontrain train ...), since the gradient communicator is set up over "
+             "MPI; or set comm.single_rank_allreduce: false");
   if (comm != nullptr) {
     comm->set_timeout_s(config.comm.timeout_s);
     check_same_config(*comm, flatten_config(config), config.source_path);

@@ -53,6 +53,10 @@ struct Trainer::GraphStep {
 
 void Trainer::check_graph_steps_supported() const {
   // MPI reduces buckets on the host between the graph's kernels, which a graph cannot hold.
+  FT_REQUIRE(!config_.comm.single_rank_allreduce || device_comm_ != nullptr,
+             "fusion.cuda_graph: true with comm.single_rank_allreduce: true needs the gradients "
+             "reduced by NCCL, but this run reduces them over MPI; set comm.backend: nccl, or "
+             "comm.single_rank_allreduce: false");
   FT_REQUIRE(world_size_ == 1 || device_comm_ != nullptr,
              "fusion.cuda_graph: true needs the gradients reduced by NCCL when training on ",
              world_size_,
@@ -85,7 +89,9 @@ void Trainer::capture_graph_step() {
     }
     sweep_->square_sum_on_device(params_, &control->square_sum);
     finish_step_control_cuda(control, ws.values[train_run_->graph.loss].data(), stream);
-    if (world_size_ > 1) {  // every rank skips when one diverged: sum the flags over NCCL
+    // Every rank skips when one diverged: sum the flags over NCCL (on one rank too when
+    // comm.single_rank_allreduce asks for the real collectives).
+    if (world_size_ > 1 || config_.comm.single_rank_allreduce) {
       std::unique_ptr<CommHandle> vote =
           device_comm_->allreduce_async(&control->diverged, 1, {ReduceOp::kSum});
       vote->wait();  // the compute stream waits; the host does not

@@ -107,6 +107,11 @@ if(FT_CUDA_ENABLED)
                                                   POSITION_INDEPENDENT_CODE ON)
     target_compile_options(ft_${folder} PRIVATE
       $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Werror --Werror=all-warnings>)
+    # ptxas's report of every kernel's registers, stack, spills and shared memory, kept beside
+    # each object (cmake/keep_resource_usage.sh) for the ctest cuda.kernel_resources.
+    target_compile_options(ft_${folder} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--resource-usage>)
+    set_target_properties(ft_${folder} PROPERTIES
+      CUDA_COMPILER_LAUNCHER ${CMAKE_SOURCE_DIR}/cmake/keep_resource_usage.sh)
   endforeach()
   target_compile_definitions(ft_core PUBLIC FT_HAVE_CUDA=1)
   # core/cuda/cuda_check.cpp names the errors of all four libraries, so ft_core links them all.

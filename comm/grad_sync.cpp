@@ -36,13 +36,12 @@ GradSync::GradSync(Communicator& comm, ParamStore& params, std::vector<ParamId> 
            options.emulate.latency_us, " and ", options.emulate.bandwidth_gbps);
   build_buckets(ready_order);
   const bool host_staged = device_grads_ && !device_comm_;  // cuda gradients over MPI
-  if (comm.size() > 1 && host_staged)
+  if (reduces() && host_staged)
     staging_ = Tensor::empty_pinned({params.num_trainable_floats()});
-  else if (comm.size() > 1 && !options.bucket_view)
+  else if (reduces() && !options.bucket_view)
     staging_ = Tensor::empty({params.num_trainable_floats()}, grads_device);
   // NCCL collectives are asynchronous on their own stream already; MPI needs a thread to overlap.
-  if (comm.size() > 1 && options.overlap && !device_comm_)
-    comm_thread_ = std::make_unique<CommThread>();
+  if (reduces() && options.overlap && !device_comm_) comm_thread_ = std::make_unique<CommThread>();
   handles_.resize(0);
   check_same_layout_on_all_ranks();
 }
@@ -138,7 +137,7 @@ void GradSync::run_bucket(int bucket) {
 // stream (the kernels that made this bucket's gradients) with an event, and runs it on the
 // communication stream; finish() makes the compute stream wait for it. Nothing blocks the host.
 void GradSync::launch_on_device(int bucket) {
-  if (comm_.size() == 1) return;
+  if (!reduces()) return;
   const Bucket& range = buckets_[bucket];
   float* data = params_.flat_grads().data() + range.offset;
   if (staging_.defined() && staging_.numel() > 0) {
@@ -151,7 +150,7 @@ void GradSync::launch_on_device(int bucket) {
 }
 
 void GradSync::reduce_bucket(int bucket) {
-  if (comm_.size() == 1) return;
+  if (!reduces()) return;
   // The copy-in belongs to communication too (it exists only to feed the allreduce), so comm_ms
   // covers all of what finish() may wait for; see CommStepStats.
   const double start_ms = now_ms();
@@ -186,7 +185,7 @@ void GradSync::scale_bucket(int bucket, float scale) {
     return;
   }
 #endif
-  if (comm_.size() > 1 && !options_.bucket_view) {
+  if (reduces() && !options_.bucket_view) {
     const float* staged = staging_.data() + range.offset;
     for (int64_t i = 0; i < range.count; ++i) grads[i] = staged[i] * scale;
   } else if (scale != 1.0f) {
@@ -208,7 +207,7 @@ void GradSync::finish(float scale) {
   while (next_launch_ < count) launch(next_launch_++);
 
   CommStepStats stats;
-  const bool reduced = comm_.size() > 1;
+  const bool reduced = reduces();
   for (int b = 0; b < count; ++b) {
     if (tickets_[b] != 0) comm_thread_->wait(tickets_[b]);
     if (handles_[b]) handles_[b]->wait();  // NCCL: the compute stream waits; the host does not

@@ -52,6 +52,10 @@ struct GradSyncOptions {
   // result; false: the MPI library's own allreduce, faster and topology-aware, whose rounding
   // depends on bucket sizes from three ranks up. Both the inline and the overlapped path follow it.
   bool deterministic = false;
+  // true: run every bucket's allreduce even on one rank, where it changes nothing, so a
+  // one-GPU machine exercises the real backend path (NCCL launch, events, staging copies).
+  // gpu_check.sh and the tests set it; training gains nothing from it.
+  bool single_rank_allreduce = false;
   EmulatedLink emulate;  // added on top of every real allreduce
 };
 
@@ -123,6 +127,8 @@ class GradSync {
   void reduce_bucket(int bucket);     // the communication part: copy-in, allreduce, link delay
   void scale_bucket(int bucket, float scale);
   void rebuild_in_observed_order();
+  // Whether buckets go through the backend at all: more than one rank, or the one-rank check.
+  bool reduces() const { return comm_.size() > 1 || options_.single_rank_allreduce; }
 
   Communicator& comm_;       // the gradient allreduces
   Communicator& host_comm_;  // host-memory control messages

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/allocator.h"
+#include "core/capture_guard.h"
 #include "core/check.h"
 
 #if defined(FT_HAVE_CUDA)
@@ -135,6 +136,8 @@ Tensor Tensor::to(Device device) const {
 }
 
 std::vector<float> Tensor::to_host_vector() const {
+  // On every device: the CPU tests run the captured step's sequence under the guard.
+  require_not_capturing("Tensor::to_host_vector (reading a tensor on the host)");
   std::vector<float> host(static_cast<size_t>(numel_));
   if (numel_ > 0) Tensor::wrap(host.data(), shape_).copy_from(*this);
   return host;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/capture_guard.h"
 #include "core/check.h"
 #include "core/denormals.h"
 
@@ -128,6 +129,7 @@ void upload_to_workspace(Workspace& ws, Tensor& destination, const float* host, 
 }
 
 float Executor::loss(const Workspace& ws) const {
+  require_not_capturing("Executor::loss (reading the loss on the host)");
   const Tensor& loss = ws.values[graph_.loss];
   if (loss.device() == Device::kCpu) return loss.data()[0];
   return loss.to_host_vector()[0];

@@ -1,6 +1,7 @@
 // The per-tensor sweep's kernels on CUDA (model/optimizer.h): one launch per tensor and pass, over
 // the helpers of model/optimizer_math.h that the CPU range kernels also call, then the
 // gradient norm's final reduction, which fusion/multi_tensor.cu shares.
+#include "core/capture_guard.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
 #include "model/optimizer.h"
@@ -115,6 +116,7 @@ double square_sum_total_cuda(double* total, const double* partials, int64_t coun
                              CudaStream stream) {
   if (count <= 0) return 0.0;
   square_sum_total_on_device_cuda(total, partials, count, stream);
+  require_not_capturing("reading the gradient norm on the host");
   double host_total = 0.0;
   // Waits for the stream: the sweep's one synchronisation (the caller needs the norm's value).
   FT_CUDA_CHECK(

@@ -34,6 +34,14 @@ TEST(CliHelp, VersionNamesTheCommit) {
   EXPECT_EQ(result.exit_code, 0);
   EXPECT_NE(result.output.find("fusiontrain "), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("(commit "), std::string::npos) << result.output;
+#if defined(FT_HAVE_CUDA)
+  // The libraries this process loaded, one line each; no driver here, and the build's own.
+  for (const char* line :
+       {"\nCUDA runtime 1", "\nCUDA driver ", "\ncuBLASLt 1", "\ncuDNN 9.", "\nNCCL 2."})
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << " in " << result.output;
+#else
+  EXPECT_NE(result.output.find("\nCUDA path: not built"), std::string::npos) << result.output;
+#endif
 }
 
 TEST(CliHelp, JobHelpShowsDefaultsPresetsAndTheReference) {

@@ -215,7 +215,7 @@ TEST(Config, YamlRoundTrip) {
 
 TEST(Config, FlattenOrderAndText) {
   const auto flat = flatten_config(Config{});
-  ASSERT_EQ(flat.size(), 77u);
+  ASSERT_EQ(flat.size(), 78u);
   EXPECT_EQ(flat.front(), (std::pair<std::string, std::string>{"model.arch", "gpt"}));
   EXPECT_EQ(flat[1], (std::pair<std::string, std::string>{"model.n_layer", "4"}));
   EXPECT_EQ(flat.back(), (std::pair<std::string, std::string>{"inference.fold_bn", "true"}));
@@ -224,6 +224,7 @@ TEST(Config, FlattenOrderAndText) {
   EXPECT_EQ(by_key.at("optim.eps"), "1e-08");
   EXPECT_EQ(by_key.at("comm.emulate.latency_us"), "0");
   EXPECT_EQ(by_key.at("comm.timeout_s"), "600");
+  EXPECT_EQ(by_key.at("comm.single_rank_allreduce"), "false");
   EXPECT_EQ(by_key.at("train.resume"), "");
   EXPECT_EQ(by_key.at("model.conv_algorithm"), "auto");
 }

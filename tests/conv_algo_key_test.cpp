@@ -91,27 +91,112 @@ TEST(ConvAlgoKey, TextNamesPassShapeAndGeometry) {
   EXPECT_EQ(key.text(), "forward x[64,16,32,32] nchw w[32,16,3,3] stride 2 pad 1 dilation 1");
 }
 
-TEST(ConvAlgoCache, ChoosesOncePerKey) {
+TEST(ConvAlgoCache, RanksOncePerKey) {
   ConvAlgoCache cache;
   int searches = 0;
-  auto choose = [&](const ConvAlgoKey& key) {
+  auto rank = [&](const ConvAlgoKey& key) {
     ++searches;
     ConvAlgoChoice choice;
     choice.algorithm = key.c;
     choice.workspace_bytes = static_cast<size_t>(key.n) * 100;
-    return choice;
+    return std::vector<ConvAlgoChoice>{choice};
   };
   const ConvAlgoKey a = resnet_key();
   ConvAlgoKey b = a;
   b.c = 64;
-  EXPECT_EQ(cache.get(a, choose).algorithm, 16);
-  EXPECT_EQ(cache.get(a, choose).workspace_bytes, 6400u);
+  ConvAlgoCandidates* first = &cache.get(a, rank);
+  EXPECT_EQ(first->ranked.at(0).algorithm, 16);
+  EXPECT_EQ(first->ranked.at(0).workspace_bytes, 6400u);
   EXPECT_EQ(searches, 1);
-  EXPECT_EQ(cache.get(b, choose).algorithm, 64);
+  EXPECT_EQ(cache.get(b, rank).ranked.at(0).algorithm, 64);
   EXPECT_EQ(searches, 2);
-  EXPECT_EQ(cache.get(b, choose).algorithm, 64);
+  EXPECT_EQ(&cache.get(a, rank), first) << "an entry moved; convolutions keep pointers to them";
   EXPECT_EQ(searches, 2);
   EXPECT_EQ(cache.size(), 2u);
+}
+
+ConvAlgoReport report(int algorithm, bool fma, bool deterministic, bool usable = true) {
+  ConvAlgoReport r;
+  r.algorithm = algorithm;
+  r.usable = usable;
+  r.fma_math = fma;
+  r.default_math = !fma;
+  r.deterministic = deterministic;
+  r.workspace_bytes = static_cast<size_t>(algorithm) * 10;
+  return r;
+}
+
+std::vector<int> algorithms(const std::vector<ConvAlgoChoice>& ranked) {
+  std::vector<int> out;
+  for (const ConvAlgoChoice& choice : ranked) out.push_back(choice.algorithm);
+  return out;
+}
+
+// Deterministic before not, FMA before default math, the search before the heuristic, each
+// algorithm once; failed and tensor-core entries never.
+TEST(ConvAlgoRanking, OrdersSearchThenHeuristicDeterministicAndFmaFirst) {
+  ConvAlgoReport tensor_cores = report(9, false, true);
+  tensor_cores.default_math = false;  // CUDNN_TENSOR_OP_MATH: TF32 inputs
+  const std::vector<ConvAlgoReport> searched = {
+      report(1, false, false), report(2, false, true),       report(3, true, false),
+      report(4, true, true),   report(5, true, true, false), tensor_cores};
+  const std::vector<ConvAlgoReport> heuristic = {report(4, true, true), report(6, true, false),
+                                                 report(7, true, true)};
+  const std::vector<ConvAlgoChoice> ranked = rank_conv_algorithms(searched, heuristic, false);
+  EXPECT_EQ(algorithms(ranked), (std::vector<int>{4, 2, 3, 1, 7, 6}));
+  EXPECT_EQ(ranked[0].workspace_bytes, 40u);
+  EXPECT_TRUE(ranked[0].fma_math && ranked[0].deterministic);
+  EXPECT_FALSE(ranked[1].fma_math);
+  EXPECT_EQ(algorithms(rank_conv_algorithms(searched, heuristic, true)),
+            (std::vector<int>{4, 2, 7}));
+  EXPECT_EQ(algorithms(rank_conv_algorithms({}, heuristic, false)), (std::vector<int>{4, 7, 6}));
+}
+
+ConvAlgoCandidates candidates_of(std::vector<int> ranked) {
+  ConvAlgoCandidates candidates;
+  for (int algorithm : ranked) {
+    ConvAlgoChoice choice;
+    choice.algorithm = algorithm;
+    candidates.ranked.push_back(choice);
+  }
+  return candidates;
+}
+
+// A refused algorithm gives way to the next, the one that ran is kept (later calls start there)
+// and logged once, naming what was refused.
+TEST(ConvAlgoFallback, MovesPastRefusalsKeepsAndLogsTheOneThatRan) {
+  ConvAlgoCandidates candidates = candidates_of({6, 1, 0});
+  std::vector<int> attempts;
+  std::vector<std::string> log;
+  auto attempt = [&](const ConvAlgoChoice& choice) {
+    attempts.push_back(choice.algorithm);
+    return choice.algorithm == 6 ? ConvAttempt::kNotSupported : ConvAttempt::kRan;
+  };
+  auto say = [&](const std::string& line) { log.push_back(line); };
+  const ConvAlgoKey key = resnet_key();
+  EXPECT_EQ(run_first_supported(candidates, key, attempt, say).algorithm, 1);
+  EXPECT_EQ(run_first_supported(candidates, key, attempt, say).algorithm, 1);
+  EXPECT_EQ(attempts, (std::vector<int>{6, 1, 1}));
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_EQ(log[0], key.text() +
+                        ": algorithm 1 (FMA math, deterministic, workspace 0 bytes), after cuDNN "
+                        "refused algorithm 6");
+  EXPECT_EQ(candidates.current, 1u);
+}
+
+TEST(ConvAlgoFallback, NoCandidateRunsIsAnErrorNamingTheKeyAndTheRefused) {
+  ConvAlgoCandidates candidates = candidates_of({6, 1});
+  auto refuse = [](const ConvAlgoChoice&) { return ConvAttempt::kNotSupported; };
+  try {
+    run_first_supported(candidates, resnet_key(), refuse, [](const std::string&) {});
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find(resnet_key().text()), std::string::npos) << what;
+    EXPECT_NE(what.find("refused: 6, 1"), std::string::npos) << what;
+  }
+  ConvAlgoCandidates none;
+  EXPECT_THROW(run_first_supported(none, resnet_key(), refuse, [](const std::string&) {}), Error);
 }
 
 TEST(FoldBatchnormHelpers, MatchTheFormulaInDouble) {

@@ -12,80 +12,13 @@
 #include <vector>
 
 #include "comm/grad_sync.h"
+#include "fake_stream_communicator.h"
 
 namespace ft {
 namespace {
 
-// `ranks` identical ranks: a sum is the local value times `ranks`.
-class FakeStreamCommunicator : public Communicator {
- public:
-  explicit FakeStreamCommunicator(int ranks) : ranks_(ranks) {}
-  int rank() const override { return 0; }
-  int size() const override { return ranks_; }
-  int local_rank() const override { return 0; }
-  const char* backend_name() const override { return "fake-stream"; }
-  Device buffer_device() const override { return Device::kCuda; }
-
-  // Blocking calls on device memory are never GradSync's business on this path: its host
-  // messages go to the host communicator. Recorded, so a test sees a stray one.
-  void allreduce(float*, size_t, const AllreduceOptions&) override {
-    events.push_back("blocking allreduce");
-  }
-  std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count,
-                                              const AllreduceOptions& options) override {
-    events.push_back("launch " + std::to_string(count));
-    return std::make_unique<Handle>(this, buffer, count, options);
-  }
-  void broadcast(float*, size_t, int) override { events.push_back("blocking broadcast"); }
-  void barrier() override {}
-  void sum_in_place(float* buffer, size_t count) const {
-    for (size_t i = 0; i < count; ++i) buffer[i] *= static_cast<float>(ranks_);
-  }
-
-  std::vector<std::string> events;
-
- private:
-  class Handle : public CommHandle {
-   public:
-    Handle(FakeStreamCommunicator* comm, float* buffer, size_t count, AllreduceOptions)
-        : comm_(comm), buffer_(buffer), count_(count) {}
-    void wait() override {
-      if (done_) return;
-      comm_->events.push_back("wait " + std::to_string(count_));
-      comm_->sum_in_place(buffer_, count_);
-      done_ = true;
-    }
-    bool test() override { return done_; }
-
-   private:
-    FakeStreamCommunicator* comm_;
-    float* buffer_;
-    size_t count_;
-    bool done_ = false;
-  };
-  int ranks_;
-};
-
-// The MPI communicator of the same ranks, for GradSync's host messages (identical ranks).
-class HostRanks : public Communicator {
- public:
-  explicit HostRanks(int ranks) : ranks_(ranks) {}
-  int rank() const override { return 0; }
-  int size() const override { return ranks_; }
-  int local_rank() const override { return 0; }
-  const char* backend_name() const override { return "host"; }
-  void allreduce(float* buffer, size_t count, const AllreduceOptions&) override {
-    for (size_t i = 0; i < count; ++i) buffer[i] *= static_cast<float>(ranks_);
-  }
-  std::unique_ptr<CommHandle> allreduce_async(float*, size_t, const AllreduceOptions&) override {
-    return nullptr;
-  }
-  void broadcast(float*, size_t, int) override {}
-  void barrier() override {}
-
- private:
-  int ranks_;
-};
+using test::FakeStreamCommunicator;
+using test::HostRanks;
 
 // Four parameters of 256 KiB each; buckets of 512 KiB (first 256 KiB) hold {p3}, {p2, p1}, {p0}
 // in the default (reverse registration) ready order.
@@ -181,6 +114,39 @@ TEST(GradSyncStream, ReorderingAsksTheHostCommunicatorOnly) {
   for (const std::string& event : comm.events)
     EXPECT_EQ(event.find("blocking"), std::string::npos) << event;
   EXPECT_EQ(sync.buckets().front().params.front(), 0) << "buckets not rebuilt in observed order";
+}
+
+// A one-GPU machine reaches the device path only with single_rank_allreduce: without it one rank
+// launches nothing; with it every bucket is launched, waited for and scaled as on several ranks,
+// for both bucket layouts (the fusion buffer's staging copies included).
+TEST(GradSyncStream, OneRankLaunchesOnlyWhenAsked) {
+  for (bool single_rank_allreduce : {false, true}) {
+    for (bool bucket_view : {true, false}) {
+      SCOPED_TRACE(std::string(single_rank_allreduce ? "asked" : "default") +
+                   (bucket_view ? ", bucket_view" : ", fusion buffer"));
+      Model model;
+      FakeStreamCommunicator comm(1);
+      HostRanks host(1);
+      GradSyncOptions options = bucket_options(bucket_view);
+      options.single_rank_allreduce = single_rank_allreduce;
+      GradSync sync(comm, model.params, model.ready_order, options, &host);
+      sync.begin_backward(true);
+      for (ParamId id : model.ready_order) sync.on_grad_ready(id);
+      sync.finish(0.5f);
+      const std::vector<std::string> expected =
+          single_rank_allreduce
+              ? std::vector<std::string>{"launch 65536", "launch 131072", "launch 65536",
+                                         "wait 65536",   "wait 131072",   "wait 65536"}
+              : std::vector<std::string>{};
+      EXPECT_EQ(comm.events, expected);
+      EXPECT_EQ(sync.last_stats().allreduce_calls, single_rank_allreduce ? 3 : 0);
+      EXPECT_EQ(sync.last_stats().extra_memory_bytes,
+                single_rank_allreduce && !bucket_view ? 4 * 65536 * 4 : 0);
+      // The one-rank sum is the gradient itself; the scale applies either way.
+      for (ParamId id = 0; id < 4; ++id)
+        EXPECT_EQ(model.params[id].grad.data()[100], 0.5f * static_cast<float>(id + 1));
+    }
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include "comm/mpi/fold_allreduce.h"
 #include "comm/mpi/mpi_check.h"
+#include "core/capture_guard.h"
 #include "core/check.h"
 
 namespace ft {
@@ -104,6 +105,7 @@ bool MpiCommunicator::folds(Summation summation) const {
 }
 
 void MpiCommunicator::allreduce(float* buffer, size_t count, const AllreduceOptions& options) {
+  require_not_capturing("MpiCommunicator::allreduce (blocking)");
   FT_CHECK(buffer != nullptr || count == 0, "allreduce of ", count, " floats at nullptr");
   CollectiveWatchdog::Scope watched(*watchdog_, "allreduce", count);
   if (folds(options.summation)) {
@@ -139,6 +141,7 @@ std::unique_ptr<CommHandle> MpiCommunicator::allreduce_async(float* buffer, size
 }
 
 void MpiCommunicator::broadcast(float* buffer, size_t count, int root) {
+  require_not_capturing("MpiCommunicator::broadcast (blocking)");
   FT_CHECK(root >= 0 && root < size_, "broadcast root ", root, " outside [0, ", size_, ")");
   FT_CHECK(buffer != nullptr || count == 0, "broadcast of ", count, " floats at nullptr");
   CollectiveWatchdog::Scope watched(*watchdog_, "broadcast", count);
@@ -149,6 +152,7 @@ void MpiCommunicator::broadcast(float* buffer, size_t count, int root) {
 }
 
 void MpiCommunicator::barrier() {
+  require_not_capturing("MpiCommunicator::barrier");
   CollectiveWatchdog::Scope watched(*watchdog_, "barrier", 0);
   FT_MPI_CHECK(MPI_Barrier(comm_));
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/capture_guard.h"
 #include "core/check.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cuda_context.h"
@@ -147,6 +148,7 @@ class NcclCommunicator : public Communicator {
   Device buffer_device() const override { return Device::kCuda; }
 
   void allreduce(float* buffer, size_t count, const AllreduceOptions& options) override {
+    require_not_capturing("NcclCommunicator::allreduce (blocking)");
     auto handle = start_allreduce(buffer, count, options, "NcclCommunicator::allreduce");
     handle->wait();
     handle->synchronize();
@@ -158,6 +160,7 @@ class NcclCommunicator : public Communicator {
   }
 
   void broadcast(float* buffer, size_t count, int root) override {
+    require_not_capturing("NcclCommunicator::broadcast (blocking)");
     FT_CHECK(root >= 0 && root < size_, "NcclCommunicator::broadcast: root ", root,
              " is outside [0, ", size_, ")");
     check_device_buffer(buffer, count, "NcclCommunicator::broadcast");
@@ -171,6 +174,7 @@ class NcclCommunicator : public Communicator {
 
   // NCCL has no barrier; a one-float allreduce completes only once every rank has joined it.
   void barrier() override {
+    require_not_capturing("NcclCommunicator::barrier");
     FT_NCCL_CHECK(ncclAllReduce(barrier_scratch_, barrier_scratch_, 1, ncclFloat32, ncclSum, comm_,
                                 comm_stream_));
     FT_CUDA_CHECK(cudaStreamSynchronize(comm_stream_));

@@ -17,6 +17,7 @@
 
 #include "core/cuda/bias_activation_kernel.h"
 #include "core/cuda/cuda_check.h"
+#include "core/determinism.h"
 #include "core/launch_counter.h"
 
 namespace ft {
@@ -33,6 +34,11 @@ uint32_t alignment_bytes(const void* pointer, int64_t batch = 1, int64_t batch_s
   return 4;
 }
 
+// Statuses cuBLASLt returns from its checks, before it launches anything.
+bool refused_before_launch(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE;
+}
+
 struct PlanKey {
   int64_t m, n, k, batch;
   bool transpose_a, transpose_b;
@@ -41,12 +47,13 @@ struct PlanKey {
   Epilogue epilogue;
   bool fuse;  // whether to try the fused epilogue at all
   bool tf32;
+  bool deterministic;  // core/determinism.h: no split-K reduction offered
   uint32_t align_a, align_b, align_c;
 
   auto tie() const {
     return std::tie(m, n, k, batch, transpose_a, transpose_b, lda, ldb, ldc, ld_aux, batch_stride_a,
                     batch_stride_b, batch_stride_c, accumulate, has_bias, epilogue, fuse, tf32,
-                    align_a, align_b, align_c);
+                    deterministic, align_a, align_b, align_c);
   }
   bool operator<(const PlanKey& other) const { return tie() < other.tie(); }
 };
@@ -178,6 +185,11 @@ bool try_build_plan(Plan& plan, cublasLtHandle_t handle, const PlanKey& key,
     if (status == CUBLAS_STATUS_SUCCESS)
       status = cublasLtMatmulPreferenceSetAttribute(
           preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_c, sizeof(uint32_t));
+    // Pinned: every dot product in one sequence, so a run's bits depend on the algorithm alone.
+    const uint32_t no_split_k = CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (status == CUBLAS_STATUS_SUCCESS && key.deterministic)
+      status = cublasLtMatmulPreferenceSetAttribute(
+          preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split_k, sizeof(no_split_k));
     return status;
   }();
   cublasLtMatmulHeuristicResult_t result{};
@@ -192,11 +204,13 @@ bool try_build_plan(Plan& plan, cublasLtHandle_t handle, const PlanKey& key,
   FT_CUBLAS_CHECK(set_status);
   // NOT_SUPPORTED means "no algorithm for this combination", which the caller can work around;
   // so is any refusal of a fused epilogue (some report INVALID_VALUE), since the plain GEMM and
-  // the unfused kernel remain.
+  // the unfused kernel remain. A returned result whose own state is not SUCCESS is no algorithm
+  // either: its algo field is not usable.
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && returned == 0) ||
       (status != CUBLAS_STATUS_SUCCESS && epilogue != CUBLASLT_EPILOGUE_DEFAULT))
     return false;
   FT_CUBLAS_CHECK(status);
+  if (result.state != CUBLAS_STATUS_SUCCESS) return false;
   plan.algo = result.algo;
   plan.epilogue_fused = epilogue != CUBLASLT_EPILOGUE_DEFAULT;
   return true;
@@ -286,6 +300,7 @@ void CublasLtGemm::run(float* c, const float* a, const float* b, const GemmArgs&
                     r.epilogue,
                     fuse,
                     gemm_tf32(),
+                    deterministic_algorithms(),
                     alignment_bytes(a, r.batch, r.batch_stride_a),
                     alignment_bytes(b, r.batch, r.batch_stride_b),
                     alignment_bytes(c, r.batch, r.batch_stride_c)};
@@ -319,9 +334,12 @@ void CublasLtGemm::run(float* c, const float* a, const float* b, const GemmArgs&
   };
   cublasStatus_t status = matmul(plan);
   // The heuristic may offer an algorithm for a fused epilogue that the matmul itself then
-  // refuses (argument checks run before any launch, so C is untouched): the key falls back to
-  // the plain GEMM plus our epilogue kernel for good, as when the heuristic refuses up front.
-  if (status != CUBLAS_STATUS_SUCCESS && plan.epilogue_fused) {
+  // refuses: the key falls back to the plain GEMM plus our epilogue kernel for good, as when the
+  // heuristic refuses up front. Only a refusal is retried (argument and support checks run
+  // before any launch, so C is untouched); after an execution or internal error part of the
+  // GEMM may have run, and running it again would add its products into C twice when it
+  // accumulates, so that error is thrown.
+  if (refused_before_launch(status) && plan.epilogue_fused) {
     auto plain = std::make_unique<Plan>();
     FT_CHECK(try_build_plan(*plain, impl_->handle, key, CUBLASLT_EPILOGUE_DEFAULT, r,
                             impl_->workspace_bytes),

@@ -1,5 +1,6 @@
 #include "core/cuda/cuda_context.h"
 
+#include "core/capture_guard.h"
 #include "core/cuda/cuda_check.h"
 
 namespace ft {
@@ -15,8 +16,15 @@ CudaContext::CudaContext(int device_index) : device_index_(device_index) {
   FT_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_stream_, cudaStreamNonBlocking));
   FT_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<CublasLtGemm>();
-  cudnn_ = std::make_unique<CudnnHandle>();
-  cudnn_->set_stream(compute_stream_);
+}
+
+CudnnHandle& CudaContext::cudnn() {
+  if (!cudnn_) {
+    auto handle = std::make_unique<CudnnHandle>();
+    handle->set_stream(compute_stream_);
+    cudnn_ = std::move(handle);
+  }
+  return *cudnn_;
 }
 
 CudaContext::~CudaContext() {
@@ -27,6 +35,7 @@ CudaContext::~CudaContext() {
 }
 
 void CudaContext::synchronize_compute() {
+  require_not_capturing("CudaContext::synchronize_compute");
   FT_CUDA_CHECK(cudaStreamSynchronize(compute_stream_));
 }
 

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "core/capture_guard.h"
 #include "core/check.h"
 #include "core/cuda/cuda_check.h"
 #include "core/launch_counter.h"
@@ -48,11 +49,13 @@ void CudaGraph::begin_capture(cudaStream_t stream) {
   if (status != cudaSuccess) keep_held(CachingAllocator::device().end_hold());
   FT_CUDA_CHECK(status);
   capturing_ = true;
+  set_capturing(true);  // host-synchronising paths now throw (core/capture_guard.h)
 }
 
 void CudaGraph::end_capture() {
   FT_CHECK(capturing_, "CudaGraph::end_capture without begin_capture");
   capturing_ = false;
+  set_capturing(false);
   const cudaError_t status = cudaStreamEndCapture(stream_, &graph_);
   keep_held(CachingAllocator::device().end_hold());
   // The failure is reported below; cleared here so the next FT_CUDA_CHECK_LAUNCH does not report
@@ -69,6 +72,7 @@ void CudaGraph::end_capture() {
 void CudaGraph::abort_capture() noexcept {
   if (!capturing_) return;
   capturing_ = false;
+  set_capturing(false);
   cudaGraph_t partial = nullptr;
   cudaStreamEndCapture(stream_, &partial);
   if (partial != nullptr) cudaGraphDestroy(partial);

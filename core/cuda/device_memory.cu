@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/allocator.h"
+#include "core/capture_guard.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/device_memory.h"
 #include "core/cuda/launch.h"
@@ -117,7 +118,10 @@ void cuda_copy(void* destination, const void* source, size_t bytes, CudaStream s
   FT_CUDA_CHECK(cudaPointerGetAttributes(&source_attributes, source));
   const bool host_side = destination_attributes.type != cudaMemoryTypeDevice ||
                          source_attributes.type != cudaMemoryTypeDevice;
-  if (host_side) FT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (host_side) {
+    require_not_capturing("a copy between host and device memory");
+    FT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
 }
 
 }  // namespace ft

@@ -3,23 +3,29 @@
 // Math mode: CUDNN_FMA_MATH. For float data CUDNN_DEFAULT_MATH permits TF32 tensor-core kernels
 // on A100 and later (H200 included), which round the inputs to 10 mantissa bits; FMA_MATH is the
 // mode that restricts cuDNN to fp32 FMA kernels, so results match the CPU's within fp32 rounding.
-// Algorithms: cudnnFind* times every algorithm once per ConvAlgoKey (model/ops/conv_algo_key.h)
-// and the fastest deterministic fp32 one is kept for every convolution of that shape; where Find
-// cannot run (it allocates its own buffers, which may fail next to our caching allocator's),
-// cudnnGet*_v7's heuristic ranking is used instead. Deterministic algorithms first: the
-// atomics-based weight-gradient kernels would make two runs of one step differ.
+// Algorithms: per ConvAlgoKey (model/ops/conv_algo_key.h) cudnnFind* times every algorithm once
+// and cudnnGet*_v7 ranks them by heuristic (Find allocates its own buffers, which may fail next to
+// our caching allocator's; then only Get's list is left); the two lists make one ranked list of
+// fp32 candidates, deterministic first (the atomics-based weight-gradient kernels would make two
+// runs of one step differ), and only deterministic ones under set_deterministic_algorithms. A
+// candidate cuDNN refuses at execution (NOT_SUPPORTED, e.g. one timed under default math that
+// exists only as a TF32 engine under FMA math) gives way to the next; the one that ran is kept
+// for the key and logged once on stderr (rank 0).
 // Accumulation: cuDNN computes alpha * op + beta * out, so beta = 1 gives the += of Op::backward
 // (dx of a not-fresh gradient, dw always) with no scratch buffer, and beta = 0 overwrites without
 // reading the output.
 #include <cudnn.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "core/check.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cuda_context.h"
+#include "core/determinism.h"
 #include "core/launch_counter.h"
 #include "model/ops/conv2d.h"
 #include "model/ops/conv_algo_key.h"
@@ -31,9 +37,11 @@ struct CudnnConv {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
-  // Chosen on first use of each pass: an eval graph's convolutions never search backward.
-  bool forward_chosen = false, backward_chosen = false;
-  ConvAlgoChoice forward, backward_data, backward_filter;
+  // Their keys' candidate lists, found on first use of each pass (an eval graph's convolutions
+  // never search backward); entries of the process-wide cache, which never move.
+  ConvAlgoCandidates* forward = nullptr;
+  ConvAlgoCandidates* backward_data = nullptr;
+  ConvAlgoCandidates* backward_filter = nullptr;
 
   ~CudnnConv() {  // never throws: statuses are ignored
     if (conv != nullptr) cudnnDestroyConvolutionDescriptor(conv);
@@ -62,50 +70,65 @@ ConvAlgoKey algo_key(const CudnnConvShape& s, ConvPass pass) {
   return key;
 }
 
-// One process-wide cache: the key holds the whole shape, so equal convolutions share a search.
+// Process-wide caches, one per determinism setting: the key holds the whole shape, so equal
+// convolutions share a search.
 ConvAlgoCache& algo_cache() {
-  static ConvAlgoCache cache;
-  return cache;
+  static ConvAlgoCache caches[2];
+  return caches[deterministic_algorithms() ? 1 : 0];
 }
 
-// The first usable result (perf arrays come sorted fastest first): status SUCCESS and no tensor
-// cores; deterministic before not, and results timed in FMA math before those reported as
-// DEFAULT (the descriptor stays FMA_MATH, so cuDNN runs either without TF32).
 template <typename Perf>
-bool pick(const Perf* perf, int count, ConvAlgoChoice* choice) {
-  for (int rank = 0; rank < 4; ++rank) {
-    const bool want_deterministic = rank < 2, want_fma = rank % 2 == 0;
-    for (int i = 0; i < count; ++i) {
-      if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
-      if (want_fma ? perf[i].mathType != CUDNN_FMA_MATH : perf[i].mathType != CUDNN_DEFAULT_MATH)
-        continue;
-      if (want_deterministic && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
-      choice->algorithm = static_cast<int>(perf[i].algo);
-      choice->workspace_bytes = perf[i].memory;
-      return true;
-    }
+std::vector<ConvAlgoReport> reports(const std::vector<Perf>& perf, int count) {
+  std::vector<ConvAlgoReport> out;
+  for (int i = 0; i < count && i < static_cast<int>(perf.size()); ++i) {
+    ConvAlgoReport report;
+    report.algorithm = static_cast<int>(perf[i].algo);
+    report.usable = perf[i].status == CUDNN_STATUS_SUCCESS;
+    report.fma_math = perf[i].mathType == CUDNN_FMA_MATH;
+    report.default_math = perf[i].mathType == CUDNN_DEFAULT_MATH;
+    report.deterministic = perf[i].determinism == CUDNN_DETERMINISTIC;
+    report.workspace_bytes = perf[i].memory;
+    out.push_back(report);
   }
-  return false;
+  return out;
 }
 
-// Find (timed), else Get_v7 (heuristic); `find` and `get` fill perf and return cuDNN's status.
+// Find (timed) and Get_v7 (heuristic), ranked into one list; `find` and `get` fill perf and
+// return cuDNN's status.
 template <typename Perf, typename Find, typename Get>
-ConvAlgoChoice choose(const ConvAlgoKey& key, Find&& find, Get&& get) {
+std::vector<ConvAlgoChoice> candidates(const ConvAlgoKey& key, Find&& find, Get&& get) {
   std::vector<Perf> perf(16);
   int count = 0;
-  ConvAlgoChoice choice;
   const cudnnStatus_t found = find(static_cast<int>(perf.size()), &count, perf.data());
   // Find cudaMallocs its own buffers; one that fails (the whole search, or one algorithm's
   // workspace, reported as that entry's status) leaves cudaErrorMemoryAllocation as the
   // runtime's last error, which the next FT_CUDA_CHECK_LAUNCH would report against an unrelated
   // kernel. Launch errors before this point were all checked, so clearing it hides nothing.
   cudaGetLastError();
-  if (found == CUDNN_STATUS_SUCCESS && pick(perf.data(), count, &choice)) return choice;
+  const std::vector<ConvAlgoReport> searched =
+      found == CUDNN_STATUS_SUCCESS ? reports(perf, count) : std::vector<ConvAlgoReport>();
   count = 0;
   FT_CUDNN_CHECK(get(static_cast<int>(perf.size()), &count, perf.data()));
-  FT_CHECK(pick(perf.data(), count, &choice), "conv2d: cuDNN offers no fp32 (FMA) algorithm for ",
+  std::vector<ConvAlgoChoice> ranked =
+      rank_conv_algorithms(searched, reports(perf, count), deterministic_algorithms());
+  FT_CHECK(!ranked.empty(), "conv2d: cuDNN offers no ",
+           deterministic_algorithms() ? "deterministic " : "", "fp32 (FMA) algorithm for ",
            key.text());
-  return choice;
+  return ranked;
+}
+
+void log_choice(const std::string& line) {
+  const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (world_rank == nullptr || std::atoi(world_rank) == 0)
+    std::fprintf(stderr, "cudnn: %s\n", line.c_str());
+}
+
+// A refusal at execution moves to the next candidate; every other failure throws.
+ConvAttempt attempt_status(cudnnStatus_t status, const char* call) {
+  if (status == CUDNN_STATUS_NOT_SUPPORTED) return ConvAttempt::kNotSupported;
+  if (status != CUDNN_STATUS_SUCCESS)
+    throw Error(cuda_error_message(CudaLibrary::kCudnn, status, call, __FILE__, __LINE__));
+  return ConvAttempt::kRan;
 }
 
 cudnnHandle_t handle_on(CudaStream stream) {
@@ -123,9 +146,8 @@ Tensor workspace_for(size_t bytes) {
 }
 
 void choose_forward(CudnnConv& c, cudnnHandle_t handle) {
-  const ConvAlgoKey key = algo_key(c.shape, ConvPass::kForward);
-  c.forward = algo_cache().get(key, [&](const ConvAlgoKey& k) {
-    return choose<cudnnConvolutionFwdAlgoPerf_t>(
+  c.forward = &algo_cache().get(algo_key(c.shape, ConvPass::kForward), [&](const ConvAlgoKey& k) {
+    return candidates<cudnnConvolutionFwdAlgoPerf_t>(
         k,
         [&](int requested, int* count, cudnnConvolutionFwdAlgoPerf_t* perf) {
           return cudnnFindConvolutionForwardAlgorithm(handle, c.x, c.w, c.conv, c.y, requested,
@@ -136,13 +158,12 @@ void choose_forward(CudnnConv& c, cudnnHandle_t handle) {
                                                         count, perf);
         });
   });
-  c.forward_chosen = true;
 }
 
 void choose_backward(CudnnConv& c, cudnnHandle_t handle) {
   const ConvAlgoKey data_key = algo_key(c.shape, ConvPass::kBackwardData);
-  c.backward_data = algo_cache().get(data_key, [&](const ConvAlgoKey& k) {
-    return choose<cudnnConvolutionBwdDataAlgoPerf_t>(
+  c.backward_data = &algo_cache().get(data_key, [&](const ConvAlgoKey& k) {
+    return candidates<cudnnConvolutionBwdDataAlgoPerf_t>(
         k,
         [&](int requested, int* count, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
           return cudnnFindConvolutionBackwardDataAlgorithm(handle, c.w, c.y, c.conv, c.x, requested,
@@ -154,8 +175,8 @@ void choose_backward(CudnnConv& c, cudnnHandle_t handle) {
         });
   });
   const ConvAlgoKey filter_key = algo_key(c.shape, ConvPass::kBackwardFilter);
-  c.backward_filter = algo_cache().get(filter_key, [&](const ConvAlgoKey& k) {
-    return choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
+  c.backward_filter = &algo_cache().get(filter_key, [&](const ConvAlgoKey& k) {
+    return candidates<cudnnConvolutionBwdFilterAlgoPerf_t>(
         k,
         [&](int requested, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
           return cudnnFindConvolutionBackwardFilterAlgorithm(handle, c.x, c.y, c.conv, c.w,
@@ -166,7 +187,6 @@ void choose_backward(CudnnConv& c, cudnnHandle_t handle) {
                                                                requested, count, perf);
         });
   });
-  c.backward_chosen = true;
 }
 
 }  // namespace
@@ -209,34 +229,54 @@ CudnnConv& Conv2dOp::cudnn_conv() {
 void conv2d_forward_cuda(float* y, const float* x, const float* weight, CudnnConv& conv,
                          CudaStream stream) {
   const cudnnHandle_t handle = handle_on(stream);
-  if (!conv.forward_chosen) choose_forward(conv, handle);
-  Tensor workspace = workspace_for(conv.forward.workspace_bytes);
+  if (conv.forward == nullptr) choose_forward(conv, handle);
   const float one = 1.0f, zero = 0.0f;
-  FT_CUDNN_CHECK(
-      cudnnConvolutionForward(handle, &one, conv.x, x, conv.w, weight, conv.conv,
-                              static_cast<cudnnConvolutionFwdAlgo_t>(conv.forward.algorithm),
-                              workspace.data(), conv.forward.workspace_bytes, &zero, conv.y, y));
+  run_first_supported(
+      *conv.forward, algo_key(conv.shape, ConvPass::kForward),
+      [&](const ConvAlgoChoice& choice) {
+        Tensor workspace = workspace_for(choice.workspace_bytes);
+        return attempt_status(
+            cudnnConvolutionForward(handle, &one, conv.x, x, conv.w, weight, conv.conv,
+                                    static_cast<cudnnConvolutionFwdAlgo_t>(choice.algorithm),
+                                    workspace.data(), choice.workspace_bytes, &zero, conv.y, y),
+            "cudnnConvolutionForward");
+      },
+      log_choice);
   count_launch(LaunchKind::kConvolution);
 }
 
 void conv2d_backward_cuda(float* dx, float* dweight, const float* dy, const float* x,
                           const float* weight, bool dx_fresh, CudnnConv& conv, CudaStream stream) {
   const cudnnHandle_t handle = handle_on(stream);
-  if (!conv.backward_chosen) choose_backward(conv, handle);
-  const size_t bytes = std::max(conv.backward_filter.workspace_bytes,
-                                dx != nullptr ? conv.backward_data.workspace_bytes : size_t{0});
-  Tensor workspace = workspace_for(bytes);
+  if (conv.backward_filter == nullptr) choose_backward(conv, handle);
   const float one = 1.0f, zero = 0.0f;
-  FT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-      handle, &one, conv.x, x, conv.y, dy, conv.conv,
-      static_cast<cudnnConvolutionBwdFilterAlgo_t>(conv.backward_filter.algorithm),
-      workspace.data(), conv.backward_filter.workspace_bytes, &one, conv.w, dweight));
+  // beta = 1 accumulates into dweight; a refused algorithm launched nothing, so the next one
+  // still adds to the untouched gradient.
+  run_first_supported(
+      *conv.backward_filter, algo_key(conv.shape, ConvPass::kBackwardFilter),
+      [&](const ConvAlgoChoice& choice) {
+        Tensor workspace = workspace_for(choice.workspace_bytes);
+        return attempt_status(cudnnConvolutionBackwardFilter(
+                                  handle, &one, conv.x, x, conv.y, dy, conv.conv,
+                                  static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algorithm),
+                                  workspace.data(), choice.workspace_bytes, &one, conv.w, dweight),
+                              "cudnnConvolutionBackwardFilter");
+      },
+      log_choice);
   count_launch(LaunchKind::kConvolution);
   if (dx == nullptr) return;
-  FT_CUDNN_CHECK(cudnnConvolutionBackwardData(
-      handle, &one, conv.w, weight, conv.y, dy, conv.conv,
-      static_cast<cudnnConvolutionBwdDataAlgo_t>(conv.backward_data.algorithm), workspace.data(),
-      conv.backward_data.workspace_bytes, dx_fresh ? &zero : &one, conv.x, dx));
+  run_first_supported(
+      *conv.backward_data, algo_key(conv.shape, ConvPass::kBackwardData),
+      [&](const ConvAlgoChoice& choice) {
+        Tensor workspace = workspace_for(choice.workspace_bytes);
+        return attempt_status(
+            cudnnConvolutionBackwardData(
+                handle, &one, conv.w, weight, conv.y, dy, conv.conv,
+                static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algorithm), workspace.data(),
+                choice.workspace_bytes, dx_fresh ? &zero : &one, conv.x, dx),
+            "cudnnConvolutionBackwardData");
+      },
+      log_choice);
   count_launch(LaunchKind::kConvolution);
 }
 

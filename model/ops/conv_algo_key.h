@@ -1,8 +1,9 @@
 // ConvAlgoKey: what decides which cuDNN algorithm runs one pass of a convolution (the shape of
 // x, y and the filter, stride, padding, dilation, the input's layout and which of the three
 // passes), so the choice is made once per key and shared by every convolution of that shape
-// (model/ops/conv2d.cu). ConvAlgoCache maps keys to choices. Neither needs a cuDNN header, so
-// tests/conv_algo_key_test.cpp checks them on any machine.
+// (model/ops/conv2d.cu). ConvAlgoCache maps keys to their ranked candidates, and
+// run_first_supported moves down them when cuDNN refuses one at execution. None of it needs a
+// cuDNN header, so tests/conv_algo_key_test.cpp checks it on any machine.
 // Thread safety: ConvAlgoKey is a value; ConvAlgoCache belongs to the training thread.
 #pragma once
 #include <cstddef>
@@ -11,6 +12,10 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
+
+#include "core/check.h"
 
 namespace ft {
 
@@ -79,26 +84,124 @@ struct ConvAlgoKeyHash {
   }
 };
 
-// The algorithm picked for a key: cuDNN's enum value of that pass's algorithm type, and the
-// workspace it needs.
+// One algorithm for a key: cuDNN's enum value of that pass's algorithm type, the workspace it
+// needs, and how cuDNN reported it (the log line says it; pinned runs need deterministic ones).
 struct ConvAlgoChoice {
   int algorithm = 0;
   size_t workspace_bytes = 0;
+  bool fma_math = true;  // reported under CUDNN_FMA_MATH; false: DEFAULT (run under FMA_MATH)
+  bool deterministic = true;
+
+  // e.g. "algorithm 1 (FMA math, deterministic, workspace 6400 bytes)".
+  std::string text() const {
+    return "algorithm " + std::to_string(algorithm) + " (" +
+           (fma_math ? "FMA math" : "reported as default math, run as FMA") + ", " +
+           (deterministic ? "deterministic" : "not deterministic") + ", workspace " +
+           std::to_string(workspace_bytes) + " bytes)";
+  }
 };
 
-// Choices by key; `choose` runs only for a key not seen before.
+// What cuDNN's search (Find, timed) or heuristic (Get_v7) said of one algorithm, in its order
+// (fastest or most promising first).
+struct ConvAlgoReport {
+  int algorithm = 0;
+  bool usable = false;        // status SUCCESS
+  bool fma_math = false;      // mathType CUDNN_FMA_MATH
+  bool default_math = false;  // mathType CUDNN_DEFAULT_MATH; anything else means tensor cores
+  bool deterministic = false;
+  size_t workspace_bytes = 0;
+};
+
+// The candidates for a key, best first: the search's usable fp32 algorithms (no tensor-core
+// math, which would round inputs to TF32), deterministic before not, FMA before default math,
+// then the heuristic's that the search did not list, ranked the same way, each algorithm once.
+// deterministic_only drops the rest (set_deterministic_algorithms, core/determinism.h).
+inline std::vector<ConvAlgoChoice> rank_conv_algorithms(
+    const std::vector<ConvAlgoReport>& searched, const std::vector<ConvAlgoReport>& heuristic,
+    bool deterministic_only) {
+  std::vector<ConvAlgoChoice> ranked;
+  auto listed = [&ranked](int algorithm) {
+    for (const ConvAlgoChoice& choice : ranked)
+      if (choice.algorithm == algorithm) return true;
+    return false;
+  };
+  for (const std::vector<ConvAlgoReport>* reports : {&searched, &heuristic}) {
+    for (int rank = 0; rank < 4; ++rank) {
+      const bool want_deterministic = rank < 2, want_fma = rank % 2 == 0;
+      if (deterministic_only && !want_deterministic) break;
+      for (const ConvAlgoReport& report : *reports) {
+        if (!report.usable || (want_fma ? !report.fma_math : !report.default_math)) continue;
+        if (report.deterministic != want_deterministic || listed(report.algorithm)) continue;
+        ranked.push_back(ConvAlgoChoice{report.algorithm, report.workspace_bytes, report.fma_math,
+                                        report.deterministic});
+      }
+    }
+  }
+  return ranked;
+}
+
+// The ranked candidates of one key and the one in use. cuDNN may refuse at execution an
+// algorithm its search offered (one timed under default math that exists only as a TF32 engine
+// under FMA math, say); the next one is then tried, and the one that ran is kept for the key.
+struct ConvAlgoCandidates {
+  std::vector<ConvAlgoChoice> ranked;
+  size_t current = 0;        // index into ranked of the algorithm to run
+  bool confirmed = false;    // ranked[current] has run (and was logged)
+  std::vector<int> refused;  // algorithms refused at execution, in order
+};
+
+enum class ConvAttempt { kRan, kNotSupported };
+
+// Runs attempt(choice) with the key's current candidate, moving down the list while cuDNN refuses
+// it (kNotSupported: a refusal launches nothing, so even an accumulating pass is untouched), and
+// calls log(line) once, when a candidate first runs. Other failures are attempt's to throw.
+// Throws ft::Error naming the key and every refused algorithm when none runs.
+template <typename Attempt, typename Log>
+const ConvAlgoChoice& run_first_supported(ConvAlgoCandidates& candidates, const ConvAlgoKey& key,
+                                          Attempt&& attempt, Log&& log) {
+  while (candidates.current < candidates.ranked.size()) {
+    const ConvAlgoChoice& choice = candidates.ranked[candidates.current];
+    if (attempt(choice) == ConvAttempt::kRan) {
+      if (!candidates.confirmed) {
+        candidates.confirmed = true;
+        std::string line = key.text() + ": " + choice.text();
+        if (!candidates.refused.empty()) {
+          line += ", after cuDNN refused algorithm";
+          for (int refused : candidates.refused) line += " " + std::to_string(refused);
+        }
+        log(line);
+      }
+      return choice;
+    }
+    candidates.refused.push_back(choice.algorithm);
+    candidates.confirmed = false;
+    ++candidates.current;
+  }
+  std::string tried;
+  for (int refused : candidates.refused)
+    tried += (tried.empty() ? "" : ", ") + std::to_string(refused);
+  FT_FAIL("conv2d: cuDNN refused every fp32 algorithm for ", key.text(),
+          tried.empty() ? std::string(" (none was offered)") : " (refused: " + tried + ")");
+}
+
+// Candidates by key; `rank` runs only for a key not seen before. Entries never move, so a
+// convolution may keep a pointer to its key's entry.
 class ConvAlgoCache {
  public:
-  template <typename Choose>
-  const ConvAlgoChoice& get(const ConvAlgoKey& key, Choose&& choose) {
-    auto found = choices_.find(key);
-    if (found == choices_.end()) found = choices_.emplace(key, choose(key)).first;
+  template <typename Rank>
+  ConvAlgoCandidates& get(const ConvAlgoKey& key, Rank&& rank) {
+    auto found = entries_.find(key);
+    if (found == entries_.end()) {
+      ConvAlgoCandidates entry;
+      entry.ranked = rank(key);
+      found = entries_.emplace(key, std::move(entry)).first;
+    }
     return found->second;
   }
-  size_t size() const { return choices_.size(); }
+  size_t size() const { return entries_.size(); }
 
  private:
-  std::map<ConvAlgoKey, ConvAlgoChoice> choices_;
+  std::map<ConvAlgoKey, ConvAlgoCandidates> entries_;
 };
 
 }  // namespace ft
