@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <vector>
 
@@ -163,6 +165,20 @@ CLI::Validator number_check(bool allow_zero) {
                " number, got '" + text + "'";
       },
       allow_zero ? "NON-NEGATIVE" : "POSITIVE");
+}
+
+CLI::Validator uint64_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        // CLI11 turns a value past 2^64 - 1 into 2^64 - 1 without a word: check the digits here.
+        const bool digits =
+            !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+        errno = 0;
+        if (digits) std::strtoull(text.c_str(), nullptr, 10);
+        if (digits && errno != ERANGE) return "";
+        return "'" + text + "' is out of range (an integer from 0 to 18446744073709551615)";
+      },
+      "UINT64");
 }
 
 void refuse_non_decimal_integers(CLI::App& app) {

@@ -39,6 +39,8 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& error);
 
 // A number >= 0 (allow_zero) or > 0, and finite; says what is allowed in words.
 CLI::Validator number_check(bool allow_zero);
+// A decimal integer in [0, 2^64 - 1]: CLI11 would saturate a larger one in silence.
+CLI::Validator uint64_check();
 
 // Refuses an empty value for every text flag of every job except `free_text` ("--prompt"): a
 // path, list or choice given as '' would otherwise fall back to its default, or to nothing.

@@ -2,6 +2,9 @@
 // checks. Every error names where the value came from (file:line:col or the override).
 #include "app/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
@@ -13,6 +16,7 @@
 #include <map>
 
 #include "app/config_schema.h"
+#include "app/yaml_documents.h"
 #include "core/check.h"
 
 namespace ft {
@@ -104,18 +108,29 @@ class Reader {
 
   void read_document(const std::string& text) {
     resolved_dump_ = is_resolved_dump(text);
-    std::vector<YAML::Node> documents;
+    // Counted first, with a bound: YAML::LoadAll of yaml-cpp 0.7 can loop for ever (see
+    // app/yaml_documents.h), so only a text of exactly one document reaches YAML::Load.
+    YAML::Node root;
     try {
-      documents = YAML::LoadAll(text);
+      const YamlDocuments documents = scan_yaml_documents(text);
+      YAML::Mark where = YAML::Mark::null_mark();
+      where.line = documents.line;
+      where.column = documents.column;
+      if (documents.stuck)
+        FT_FAIL(location(origin_, where),
+                ": YAML syntax error: this token begins no value (a stray ',', or a '!' tag or "
+                "'&' anchor with nothing after it); a config is a map of sections such as "
+                "'train:' with 'key: value' lines under them");
+      if (documents.count > 1)
+        FT_FAIL(location(origin_, where), ": expected one YAML document, found ",
+                documents.capped ? "more than " : "", documents.count,
+                " (remove the '---' separators)");
+      if (documents.count == 1) root = YAML::Load(text);
     } catch (const YAML::Exception& error) {
       FT_FAIL(location(origin_, error.mark), ": YAML syntax error: ", error.msg);
     }
-    if (documents.empty() || (documents.size() == 1 && documents[0].IsNull()))
+    if (root.IsNull())
       FT_FAIL(origin_, ": config file is empty (it has no keys, only comments or blank lines)");
-    if (documents.size() > 1)
-      FT_FAIL(origin_, ": expected one YAML document, found ", documents.size(),
-              " (remove the '---' separators)");
-    const YAML::Node& root = documents[0];
     if (!root.IsMap())
       FT_FAIL(location(origin_, root.Mark()), ": the top level must be a map of sections, got ",
               kind_of(root), "; ", valid_keys_text(""));
@@ -257,10 +272,27 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     FT_FAIL(path, ": config file not found (working directory: ", fs::current_path(error).string(),
             ")");
   if (fs::is_directory(path, error)) FT_FAIL(path, ": is a directory, not a config file");
+  // O_NONBLOCK: open() of a FIFO with no writer would block for ever before the check below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) FT_FAIL(path, ": cannot open config file: ", std::strerror(errno));
+  struct stat info {};
+  const bool stat_ok = ::fstat(fd, &info) == 0;
+  ::close(fd);
+  if (!stat_ok) FT_FAIL(path, ": cannot stat config file: ", std::strerror(errno));
+  // A pipe or device has no size to check and may never end (or never start): a config is a file.
+  if (!S_ISREG(info.st_mode))
+    FT_FAIL(path, ": is ",
+            S_ISFIFO(info.st_mode)   ? "a pipe"
+            : S_ISCHR(info.st_mode)  ? "a character device"
+            : S_ISSOCK(info.st_mode) ? "a socket"
+                                     : "not a regular file",
+            ", not a config file; write the config to a file and pass its path");
+  if (static_cast<uint64_t>(info.st_size) > kMaxConfigBytes)
+    FT_FAIL(path, ": config file is larger than ", kMaxConfigBytes / (1024 * 1024),
+            " MiB (the limit for a config); is it the right file?");
   std::ifstream in(path, std::ios::binary);
   if (!in) FT_FAIL(path, ": cannot open config file: ", std::strerror(errno));
-  // Read at most one byte past the cap, so /dev/zero or a huge file fails fast instead of
-  // filling memory; a pipe (--config /dev/stdin) still works.
+  // At most one byte past the cap, should the file have grown since fstat.
   std::string text(kMaxConfigBytes + 1, '\0');
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) FT_FAIL(path, ": error while reading config file");

@@ -2,6 +2,7 @@
 // validation split or a given text file) or test accuracy and loss (ResNet).
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -23,11 +24,17 @@ int run_eval(const EvalArgs& args) {
                             : load_config(args.config_path, args.overrides);
   // Before building a model of the wrong kind, whose errors would only list missing tensors.
   auto arch = checkpoint.metadata.find("arch");
+  const bool arch_set =
+      std::any_of(args.overrides.begin(), args.overrides.end(),
+                  [](const std::string& set) { return set.rfind("model.arch=", 0) == 0; });
+  const std::string arch_source = arch_set ? std::string("--set")
+                                  : !args.config_path.empty()
+                                      ? "--config " + args.config_path
+                                      : std::string("its embedded config (metadata 'config')");
   if (arch != checkpoint.metadata.end())
     FT_REQUIRE(arch->second == config.model.arch, args.checkpoint_path, ": the checkpoint is a '",
-               arch->second, "' model (metadata 'arch'), but ",
-               args.config_path.empty() ? std::string("--set") : "--config " + args.config_path,
-               " says model.arch '", config.model.arch,
+               arch->second, "' model (metadata 'arch'), but ", arch_source, " says model.arch '",
+               config.model.arch,
                "'; pass the config the checkpoint was trained with, or no --config to use the "
                "one stored in it");
   omp_set_num_threads(resolve_threads(config.train.threads));

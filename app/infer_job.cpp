@@ -53,6 +53,24 @@ ImageDataset load_images(const InferArgs& args, bool* has_labels, std::string* s
   return ImageDataset::from_idx(std::move(images), std::move(labels), 28, 28, args.data);
 }
 
+// The export's metadata decides the input tensor's size, and its weights do not pin the image
+// size (a global average pool ends the convolutions): images of another size would be copied
+// past the input's end, or only in part.
+void check_export_fits_data(const ResnetShape& shape, const ImageDataset& data, bool has_labels,
+                            const std::string& model_path, const std::string& source) {
+  FT_REQUIRE(shape.image_size == data.height() && shape.image_size == data.width(), model_path,
+             ": the export's metadata says model.image_size ", shape.image_size, ", but ", source,
+             " holds ", data.height(), "x", data.width(), " images");
+  FT_REQUIRE(shape.in_channels == 1, model_path, ": the export's metadata says model.in_channels ",
+             shape.in_channels, ", but ", source, " holds 1-channel (grey) images");
+  int largest_label = 0;
+  for (int i = 0; has_labels && i < data.size(); ++i)
+    largest_label = std::max(largest_label, data.label(i));
+  FT_REQUIRE(largest_label < shape.classes, model_path, ": the export classifies ", shape.classes,
+             " classes (model.classes in its metadata), but ", source, " has label ",
+             largest_label);
+}
+
 // The unfolded eval model of a checkpoint, for --compare-unfolded.
 struct UnfoldedModel {
   Config config;
@@ -175,6 +193,7 @@ int run_infer(const InferArgs& args) {
   bool has_labels = false;
   std::string source;
   const ImageDataset data = load_images(args, &has_labels, &source);
+  check_export_fits_data(model.shape(), data, has_labels, args.model_path, source);
   const int total = args.limit > 0 ? std::min(args.limit, data.size()) : data.size();
   std::unique_ptr<UnfoldedModel> unfolded;
   if (!args.compare_checkpoint.empty())

@@ -1,6 +1,7 @@
 // Export and reload of folded inference models (see inference_model.h for the file's contents).
 #include "app/inference_model.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -260,6 +261,11 @@ ExportedResnet::ExportedResnet(const std::string& path, Device device) : path_(p
   tensors_.allocate(device);
   for (const auto& [name, shape] : layout) {
     std::vector<float>& data = file.tensors[name].data;
+    // As a checkpoint's: a NaN or infinity would turn every logit into NaN without an error.
+    for (size_t i = 0; i < data.size(); ++i)
+      FT_REQUIRE(std::isfinite(data[i]), path, ": tensor '", name, "' holds a non-finite value (",
+                 data[i], " at element ", i,
+                 "); the export is unusable: export again from a finite checkpoint");
     tensors_[tensors_.find(name)].value.copy_from(Tensor::wrap(data.data(), shape));
   }
   tensors_.mark_changed();

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   // The CPU guard (core/cpu_guard.h) has run by now; this call keeps its object in the link.
   (void)ft::cpu_guard_linked();
   using ft::number_check;
+  using ft::uint64_check;
   CLI::App app{"fusiontrain: a data-parallel trainer with switchable operator fusion"};
   app.require_subcommand(1);
 
@@ -195,7 +196,7 @@ int main(int argc, char** argv) {
           ->check(number_check(true));
   CLI::Option* sample_seed_flag =
       sample->add_option("--seed", sample_seed, "seed of the draws (default train.seed)")
-          ->check(number_check(true));
+          ->check(uint64_check());
   sample->add_flag("--no-kv-cache", sample_args.no_kv_cache,
                    "recompute the whole window for every new byte");
   sample->add_flag("--compare-no-cache", sample_args.compare_no_cache,

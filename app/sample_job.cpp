@@ -142,6 +142,46 @@ GptWeights load_gpt_weights(const SampleArgs& args) {
   return weights;
 }
 
+// An export's 'model' metadata is what other tools read to rebuild the network without our
+// config parser: it must exist, be well formed and agree with the embedded config (which sample
+// builds the model from, and whose shapes load_checkpoint_params holds the tensors to); every
+// tensor must be finite, as a checkpoint's must.
+void check_gpt_export(const SafetensorsFile& file, const std::string& path,
+                      const ModelConfig& model) {
+  auto entry = file.metadata.find("model");
+  FT_REQUIRE(entry != file.metadata.end(), path,
+             ": export metadata has no 'model' (the network's shape); export it again");
+  const nlohmann::json described = nlohmann::json::parse(entry->second, nullptr, false);
+  FT_REQUIRE(described.is_object(), path,
+             ": export metadata 'model' is not a JSON object of the network's shape; export it "
+             "again");
+  const std::pair<const char*, int> sizes[] = {{"n_layer", model.n_layer},
+                                               {"n_head", model.n_head},
+                                               {"d_model", model.d_model},
+                                               {"seq_len", model.seq_len},
+                                               {"vocab_size", model.vocab_size}};
+  for (const auto& [key, expected] : sizes) {
+    auto field = described.find(key);
+    FT_REQUIRE(field != described.end() && field->is_number_integer(), path,
+               ": export metadata model.", key, " is missing or not an integer");
+    FT_REQUIRE(field->get<int64_t>() == expected, path, ": export metadata model.", key, " is ",
+               field->get<int64_t>(), ", but its config says model.", key, ": ", expected,
+               "; the export contradicts itself: export it again");
+  }
+  auto qk_norm = described.find("qk_norm");
+  FT_REQUIRE(qk_norm != described.end() && qk_norm->is_boolean(), path,
+             ": export metadata model.qk_norm is missing or not true/false");
+  FT_REQUIRE(qk_norm->get<bool>() == model.qk_norm, path, ": export metadata model.qk_norm is ",
+             qk_norm->get<bool>() ? "true" : "false",
+             ", but its config says model.qk_norm: ", model.qk_norm ? "true" : "false",
+             "; the export contradicts itself: export it again");
+  for (const auto& [name, tensor] : file.tensors)
+    for (size_t i = 0; i < tensor.data.size(); ++i)
+      FT_REQUIRE(std::isfinite(tensor.data[i]), path, ": tensor '", name,
+                 "' holds a non-finite value (", tensor.data[i], " at element ", i,
+                 "); the export is unusable: export again from a finite checkpoint");
+}
+
 }  // namespace
 
 int run_sample(const SampleArgs& args) {
@@ -181,6 +221,7 @@ int run_sample(const SampleArgs& args) {
   const GptParamIds ids = register_gpt_params(shape, params);
   params.allocate();
   if (!weights) weights = load_gpt_weights(args);
+  if (!args.model_path.empty()) check_gpt_export(weights->file, weights->path, config.model);
   load_checkpoint_params(weights->file, weights->path, params);
   GptDecoder decoder(shape, ids, params);
 

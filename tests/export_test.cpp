@@ -20,6 +20,7 @@
 #include "core/atomic_file.h"
 #include "core/device.h"
 #include "model/gpt.h"
+#include "tests/export_test_util.h"
 #include "tests/fold_test_util.h"
 #include "tests/run_command.h"
 
@@ -28,58 +29,7 @@ namespace {
 
 using test::run_fusiontrain;
 using test::run_shell;
-
-// Debian's python3, where python3-torch lives, ahead of any other python3 on PATH.
-constexpr const char* kPython =
-    "$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3 )";
-
-std::string temp_path(const std::string& name) {
-  // ctest runs each test as its own process, in parallel: files are per process.
-  return ::testing::TempDir() + "/export_test_" + std::to_string(getpid()) + "_" + name;
-}
-
-Config resnet_config() {
-  return parse_config("model: {arch: resnet, resnet_blocks: 1, resnet_width: 16}\n", "test");
-}
-
-// A ResNet checkpoint at temp_path(name) with random weights (from `seed`) and BatchNorm
-// statistics far from identity.
-std::string write_resnet_checkpoint(const std::string& name, uint64_t seed) {
-  const Config config = resnet_config();
-  ParamStore params;
-  register_resnet_params(resnet_shape(config.model), params);
-  params.allocate();
-  params.initialize(seed);
-  fold_test::randomize_batchnorms(params, seed + 1);
-  const std::string file = temp_path(name);
-  fold_test::write_checkpoint(file, config, params);
-  return file;
-}
-
-const std::string& resnet_checkpoint() {
-  static const std::string path = write_resnet_checkpoint("resnet.ckpt.safetensors", 21);
-  return path;
-}
-
-const std::string& resnet_export() {
-  static const std::string path = [] {
-    const std::string file = temp_path("resnet.export.safetensors");
-    std::string summary;
-    export_model(resnet_checkpoint(), resnet_config(), file, &summary);
-    return file;
-  }();
-  return path;
-}
-
-// The header of a safetensors file, parsed with nlohmann-json only.
-// `fusiontrain args` exits 1 with an error containing every one of `needles`.
-void expect_refused(const std::string& args, const std::vector<std::string>& needles) {
-  const test::RunResult result = run_fusiontrain(args, 60);
-  EXPECT_EQ(result.exit_code, 1) << args << "\n" << result.output;
-  for (const std::string& needle : needles)
-    EXPECT_NE(result.output.find(needle), std::string::npos)
-        << args << ": expected '" << needle << "' in: " << result.output;
-}
+using namespace export_test;
 
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
