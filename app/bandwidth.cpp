@@ -135,24 +135,26 @@ PairUs time_pair_us(Communicator& comm, const Repeats& repeats, First first, Sec
 
 // User-facing: names the flag and what is allowed, without source locations.
 void check_args(const BandwidthArgs& args) {
-  if (args.min_bytes < 4) FT_FAIL("--min-bytes must be >= 4 (one float), got ", args.min_bytes);
+  if (args.min_bytes < 4)
+    FT_USAGE_FAIL("--min-bytes must be >= 4 (one float), got ", args.min_bytes);
   for (const auto& [flag, bytes] :
        {std::pair{"--min-bytes", args.min_bytes}, std::pair{"--max-bytes", args.max_bytes}}) {
     if (bytes > kBandwidthMaxMessageBytes)
       FT_FAIL(flag, " must be at most ", kBandwidthMaxMessageBytes, " (8 GiB), got ", bytes);
   }
   if (args.max_bytes < args.min_bytes) {
-    FT_FAIL("--max-bytes (", args.max_bytes, ") must be >= --min-bytes (", args.min_bytes, ")");
+    FT_USAGE_FAIL("--max-bytes (", args.max_bytes, ") must be >= --min-bytes (", args.min_bytes,
+                  ")");
   }
-  if (args.warmup < 0) FT_FAIL("--warmup must be >= 0, got ", args.warmup);
-  if (args.iters < 1) FT_FAIL("--iters must be >= 1, got ", args.iters);
+  if (args.warmup < 0) FT_USAGE_FAIL("--warmup must be >= 0, got ", args.warmup);
+  if (args.iters < 1) FT_USAGE_FAIL("--iters must be >= 1, got ", args.iters);
   if (args.peak_gbps < 0) {
-    FT_FAIL("--peak-gbps must be >= 0 (0 = measure), got ", args.peak_gbps);
+    FT_USAGE_FAIL("--peak-gbps must be >= 0 (0 = measure), got ", args.peak_gbps);
   }
   if (args.backend != "mpi" && args.backend != "nccl")
-    FT_FAIL("--backend must be one of: mpi, nccl; got '", args.backend, "'");
+    FT_USAGE_FAIL("--backend must be one of: mpi, nccl; got '", args.backend, "'");
   if (args.device != "cpu" && args.device != "cuda")
-    FT_FAIL("--device must be one of: cpu, cuda; got '", args.device, "'");
+    FT_USAGE_FAIL("--device must be one of: cpu, cuda; got '", args.device, "'");
 }
 
 // Device memory bandwidth: one device-to-device copy of 256 MiB, best of 3.

@@ -95,18 +95,19 @@ BenchVariant ad_hoc_variant(const std::string& entry) {
   BenchVariant variant;
   variant.name = entry.substr(0, colon);
   if (variant.name.empty())
-    FT_FAIL("--variants '", entry,
-            "': an ad-hoc variant needs a name before ':' (name:key=value;key=value)");
+    FT_USAGE_FAIL("--variants '", entry,
+                  "': an ad-hoc variant needs a name before ':' (name:key=value;key=value)");
   for (const std::string& override_text : split(entry.substr(colon + 1), ';')) {
     if (override_text.empty()) continue;
     const size_t equals = override_text.find('=');
     if (equals == std::string::npos || equals == 0)
-      FT_FAIL("--variants '", entry, "': override '", override_text,
-              "' is not key=value (name:key=value;key=value)");
+      FT_USAGE_FAIL("--variants '", entry, "': override '", override_text,
+                    "' is not key=value (name:key=value;key=value)");
     variant.overrides.push_back(override_text);
   }
   if (variant.overrides.empty())
-    FT_FAIL("--variants '", entry, "': an ad-hoc variant needs at least one key=value after ':'");
+    FT_USAGE_FAIL("--variants '", entry,
+                  "': an ad-hoc variant needs at least one key=value after ':'");
   return variant;
 }
 
@@ -166,16 +167,17 @@ std::vector<BenchVariant> expand_bench_variants(const std::string& list, bool ab
   std::vector<BenchVariant> variants;
   for (const std::string& entry : split(list, ',')) {
     if (entry.empty())
-      FT_FAIL("--variants '", list, "': empty entry; allowed: ", joined(bench_variant_names()),
-              ", or name:key=value;key=value");
+      FT_USAGE_FAIL("--variants '", list,
+                    "': empty entry; allowed: ", joined(bench_variant_names()),
+                    ", or name:key=value;key=value");
     if (entry.find(':') != std::string::npos) {
       variants.push_back(ad_hoc_variant(entry));
       continue;
     }
     BenchVariant variant;
     if (!named_variant(entry, &variant))
-      FT_FAIL("--variants: unknown variant '", entry, "'; allowed: ", joined(bench_variant_names()),
-              ", or name:key=value;key=value");
+      FT_USAGE_FAIL("--variants: unknown variant '", entry,
+                    "'; allowed: ", joined(bench_variant_names()), ", or name:key=value;key=value");
     variants.push_back(variant);
   }
   if (ablation) {
@@ -189,22 +191,24 @@ std::vector<BenchVariant> expand_bench_variants(const std::string& list, bool ab
   std::set<std::string> seen;
   for (const BenchVariant& variant : variants)
     if (!seen.insert(variant.name).second)
-      FT_FAIL("--variants: variant '", variant.name, "' appears twice",
-              ablation && variant.name.rfind("all-", 0) == 0 ? " (--ablation adds it)" : "");
+      FT_USAGE_FAIL("--variants: variant '", variant.name, "' appears twice",
+                    ablation && variant.name.rfind("all-", 0) == 0 ? " (--ablation adds it)" : "");
   return variants;
 }
 
 std::vector<BenchVariant> expand_bench_sweep(const std::string& spec) {
   const size_t equals = spec.find('=');
   if (equals == std::string::npos || equals == 0 || equals + 1 == spec.size())
-    FT_FAIL("--sweep '", spec, "': expected key=v1,v2,... (e.g. comm.bucket_mb=0.25,1,4)");
+    FT_USAGE_FAIL("--sweep '", spec, "': expected key=v1,v2,... (e.g. comm.bucket_mb=0.25,1,4)");
   const std::string key = spec.substr(0, equals);
   std::vector<BenchVariant> variants;
   std::set<std::string> seen;
   for (const std::string& value : split(spec.substr(equals + 1), ',')) {
     if (value.empty())
-      FT_FAIL("--sweep '", spec, "': empty value; expected key=v1,v2,... (e.g. ", key, "=1,2,4)");
-    if (!seen.insert(value).second) FT_FAIL("--sweep '", spec, "': value '", value, "' twice");
+      FT_USAGE_FAIL("--sweep '", spec, "': empty value; expected key=v1,v2,... (e.g. ", key,
+                    "=1,2,4)");
+    if (!seen.insert(value).second)
+      FT_USAGE_FAIL("--sweep '", spec, "': value '", value, "' twice");
     variants.push_back({key + "=" + value, {key + "=" + value}});
   }
   return variants;

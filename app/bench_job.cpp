@@ -264,12 +264,13 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
 }
 
 int run_bench(const BenchArgs& args, Communicator* comm) {
-  FT_REQUIRE(args.steps >= 1 && args.warmup >= 0, "--steps must be >= 1 and --warmup >= 0, got ",
-             args.steps, " and ", args.warmup);
+  FT_USAGE_REQUIRE(args.steps >= 1 && args.warmup >= 0,
+                   "--steps must be >= 1 and --warmup >= 0, got ", args.steps, " and ",
+                   args.warmup);
   FT_REQUIRE(args.peak_tflops >= 0 && std::isfinite(args.peak_tflops),
              "--peak-tflops must be >= 0 and finite (0 = no MFU), got ", args.peak_tflops);
   if (!args.sweep.empty() && (!args.variants.empty() || args.ablation))
-    FT_FAIL("--sweep replaces the variant list: drop --variants and --ablation");
+    FT_USAGE_FAIL("--sweep replaces the variant list: drop --variants and --ablation");
   const bool is_root = comm == nullptr || comm->rank() == 0;
   const char* flag = args.sweep.empty() ? "--variants" : "--sweep";
   const std::vector<BenchVariant> variants =

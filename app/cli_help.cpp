@@ -167,6 +167,33 @@ CLI::Validator number_check(bool allow_zero) {
       allow_zero ? "NON-NEGATIVE" : "POSITIVE");
 }
 
+CLI::Validator count_check(int64_t lowest, int64_t highest) {
+  const std::string range =
+      "an integer in [" + std::to_string(lowest) + ", " + std::to_string(highest) + "]";
+  return CLI::Validator(
+      [lowest, highest, range](std::string& text) -> std::string {
+        int64_t value = 0;
+        const bool parsed = CLI::detail::lexical_cast(text, value);
+        if (parsed && value >= lowest && value <= highest) return "";
+        return "expected " + range + ", got '" + text + "'";
+      },
+      "INT in [" + std::to_string(lowest) + ", " + std::to_string(highest) + "]");
+}
+
+CLI::Validator peak_check(double highest) {
+  // 0 turns the utilisation off; a tiny positive peak would print a utilisation hundreds of
+  // digits long, so a peak starts at a thousandth.
+  return CLI::Validator(
+      [highest](std::string& text) -> std::string {
+        double value = 0.0;
+        const bool parsed = CLI::detail::lexical_cast(text, value);
+        if (parsed && (value == 0.0 || (value >= 1e-3 && value <= highest))) return "";
+        return "expected 0 (off) or a number in [0.001, " + CLI::detail::to_string(highest) +
+               "], got '" + text + "'";
+      },
+      "0 or [0.001, " + CLI::detail::to_string(highest) + "]");
+}
+
 CLI::Validator uint64_check() {
   return CLI::Validator(
       [](std::string& text) -> std::string {

@@ -5,6 +5,7 @@
 // Thread safety: run from main() before anything else starts.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,10 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& error);
 
 // A number >= 0 (allow_zero) or > 0, and finite; says what is allowed in words.
 CLI::Validator number_check(bool allow_zero);
+// An integer count in [lowest, highest]: a job's length is bounded like a config key's range.
+CLI::Validator count_check(int64_t lowest, int64_t highest);
+// 0 (off) or a peak rate in [0.001, highest], for utilisation columns.
+CLI::Validator peak_check(double highest);
 // A decimal integer in [0, 2^64 - 1]: CLI11 would saturate a larger one in silence.
 CLI::Validator uint64_check();
 

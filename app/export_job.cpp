@@ -26,9 +26,10 @@ int run_export(const ExportArgs& args) {
   FT_REQUIRE(!args.checkpoint_path.empty(), "export needs --checkpoint FILE");
   FT_REQUIRE(!args.out_path.empty(), "export needs --out FILE.safetensors");
   // The atomic write would succeed and leave inference weights where the training state was.
-  FT_REQUIRE(!same_file(args.checkpoint_path, args.out_path), "--out '", args.out_path,
-             "' is the --checkpoint file; writing the export there would replace the checkpoint, ",
-             "so choose another --out");
+  FT_USAGE_REQUIRE(
+      !same_file(args.checkpoint_path, args.out_path), "--out '", args.out_path,
+      "' is the --checkpoint file; writing the export there would replace the checkpoint, ",
+      "so choose another --out");
   const Config config = args.config_path.empty()
                             ? checkpoint_config(args.checkpoint_path, args.overrides)
                             : load_config(args.config_path, args.overrides);

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "app/config_schema.h"
+#include "core/atomic_file.h"
 #include "core/check.h"
 
 namespace ft {
@@ -67,7 +68,7 @@ void require_key_range(const std::string& flag, const std::string& key, const st
   // The key's own parser on a scratch config: the flag gets exactly the key's range and rounding.
   Config scratch;
   const std::string problem = config_schema::assign_value(*field, scratch, text, false);
-  FT_REQUIRE(problem.empty(), flag, ": ", problem, " (the range of ", key, ")");
+  FT_USAGE_REQUIRE(problem.empty(), flag, ": ", problem, " (the range of ", key, ")");
 }
 
 void require_key_range(const std::string& flag, const std::string& key, int value) {
@@ -87,12 +88,15 @@ void require_writable_file(const std::string& what, const std::string& path, Out
              "' is a directory; give a file path");
   FT_REQUIRE(!path.empty() && !fs::path(path).filename().empty(), what, " '", path,
              "': not a file path (empty or ends with '/')");
-  const fs::path parent = fs::path(path).parent_path();
-  const fs::path directory = parent.empty() ? fs::path(".") : parent;
   if (how == OutputWrite::kAtomic) {
-    require_directory_takes_files(what, path, directory, true);
+    // A rename replaces whatever is there: only a regular file (or a link to one) may be.
+    const std::string target = resolve_output_target(path, what);
+    const fs::path parent = fs::path(target).parent_path();
+    require_directory_takes_files(what, path, parent.empty() ? fs::path(".") : parent, true);
     return;
   }
+  const fs::path parent = fs::path(path).parent_path();
+  const fs::path directory = parent.empty() ? fs::path(".") : parent;
   if (status.type() == fs::file_type::not_found) {
     require_directory_takes_files(what, path, directory, false);
     return;

@@ -96,10 +96,10 @@ std::unique_ptr<UnfoldedModel> load_unfolded(const std::string& checkpoint,
              " is the checkpoint it was exported from (", source_path, "); re-export it with ",
              "`fusiontrain export --checkpoint CKPT --out FILE`");
   const std::string sha256 = sha256_hex_of_file(checkpoint);
-  FT_REQUIRE(sha256 == digest->second, "--compare-unfolded ", checkpoint, " (sha256 ", sha256,
-             ") is not the checkpoint ", exported_path, " was exported from ", source_path,
-             " (source_sha256 ", digest->second, "); pass that checkpoint, or export this one ",
-             "and compare with its export");
+  FT_USAGE_REQUIRE(sha256 == digest->second, "--compare-unfolded ", checkpoint, " (sha256 ", sha256,
+                   ") is not the checkpoint ", exported_path, " was exported from ", source_path,
+                   " (source_sha256 ", digest->second,
+                   "); pass that checkpoint, or export this one ", "and compare with its export");
   model->config = checkpoint_config(checkpoint, {});
   FT_REQUIRE(model->config.model.arch == "resnet", checkpoint, ": --compare-unfolded needs a ",
              "ResNet checkpoint; this one is ", model->config.model.arch);
@@ -183,9 +183,10 @@ int run_infer(const InferArgs& args) {
   FT_REQUIRE(!args.model_path.empty(), "infer needs --model FILE.safetensors");
   // Before OpenMP sees the count: libgomp crashes or prints its own error on a huge one.
   require_key_range("--threads", "train.threads", args.threads);
-  require_key_range("--batch", "train.batch_size", args.batch);
-  FT_REQUIRE(args.labels_path.empty() || args.data != "test", "--labels '", args.labels_path,
-             "' goes with --data PATH (an IDX images file); the test set brings its own labels");
+  // --batch has its own range (count_check in app/main.cpp), not train.batch_size's.
+  FT_USAGE_REQUIRE(
+      args.labels_path.empty() || args.data != "test", "--labels '", args.labels_path,
+      "' goes with --data PATH (an IDX images file); the test set brings its own labels");
   const int threads = args.threads > 0 ? args.threads : resolve_threads(0);
   omp_set_num_threads(threads);
   const Device device = setup_device(args.device, "infer --device", "--device cpu", 0);

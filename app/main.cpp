@@ -30,7 +30,9 @@ void add_config_flags(CLI::App* job, std::string* config_path,
 int main(int argc, char** argv) {
   // The CPU guard (core/cpu_guard.h) has run by now; this call keeps its object in the link.
   (void)ft::cpu_guard_linked();
+  using ft::count_check;
   using ft::number_check;
+  using ft::peak_check;
   using ft::uint64_check;
   CLI::App app{"fusiontrain: a data-parallel trainer with switchable operator fusion"};
   app.require_subcommand(1);
@@ -70,13 +72,13 @@ int main(int argc, char** argv) {
       ->add_option("--max-bytes", bandwidth_args.max_bytes, "largest message, bytes (up to 8 GiB)")
       ->check(number_check(false));
   bandwidth->add_option("--warmup", bandwidth_args.warmup, "warm-up iterations")
-      ->check(number_check(true));
+      ->check(count_check(0, 10000));
   bandwidth->add_option("--iters", bandwidth_args.iters, "timed iterations")
-      ->check(number_check(false));
+      ->check(count_check(1, 100000));
   bandwidth
       ->add_option("--peak-gbps", bandwidth_args.peak_gbps,
                    "peak bandwidth for utilization, GB/s (0 = measure memory bandwidth)")
-      ->check(number_check(true));
+      ->check(peak_check(1e6));
   bandwidth->add_option("--json", bandwidth_args.json_path, "write the sweep as JSON");
   bandwidth->add_option("--backend", bandwidth_args.backend,
                         "mpi (host buffers, or device buffers staged through pinned memory) or "
@@ -94,14 +96,16 @@ int main(int argc, char** argv) {
                     "all-<pass>) or name:key=value;key=value");
   bench->add_flag("--ablation", bench_args.ablation, "add all-<pass> for every pass");
   bench->add_option("--sweep", bench_args.sweep, "key=v1,v2,...: one variant per value");
-  bench->add_option("--steps", bench_args.steps, "timed rounds")->check(number_check(false));
+  bench->add_option("--steps", bench_args.steps, "timed rounds")->check(count_check(1, 100000));
   bench->add_option("--warmup", bench_args.warmup, "untimed steps per variant")
-      ->check(number_check(true));
+      ->check(count_check(0, 10000));
   bench->add_option("--json", bench_args.json_path, "write the results as JSON");
   bench->add_option("--trace", bench_args.trace_path,
                     "Chrome trace of every variant's first 3 timed rounds (one process each)");
-  bench->add_option("--peak-tflops", bench_args.peak_tflops,
-                    "per-rank peak TFLOP/s for model FLOP utilisation (MFU); 0 = not reported");
+  bench
+      ->add_option("--peak-tflops", bench_args.peak_tflops,
+                   "per-rank peak TFLOP/s for model FLOP utilisation (MFU); 0 = not reported")
+      ->check(peak_check(1e6));
 
   ft::TuneArgs tune_args;
   tune_args.config_path = kDefaultConfig;
@@ -110,7 +114,7 @@ int main(int argc, char** argv) {
   add_config_flags(tune, &tune_args.config_path, &tune_args.overrides);
   tune->add_option("--budget-steps", tune_args.budget_steps,
                    "training steps of all measurements together (default 400)")
-      ->check(number_check(false));
+      ->check(count_check(1, 1000000));
   tune->add_option("--out", tune_args.out_path, "chosen config as YAML (default runs/tuned.yaml)");
   tune->add_option("--json", tune_args.json_path, "write every measured point as JSON");
 
@@ -131,7 +135,7 @@ int main(int argc, char** argv) {
                     "'test' (Fashion-MNIST test set, default) or an IDX images file");
   infer->add_option("--labels", infer_args.labels_path, "IDX labels for --data PATH");
   infer->add_option("--batch", infer_args.batch, "images per batch (default 256)")
-      ->check(number_check(false));
+      ->check(count_check(1, 65536));
   infer->add_option("--threads", infer_args.threads, "threads; 0 = all cores")
       ->check(number_check(true));
   infer->add_option("--limit", infer_args.limit, "first N images only; 0 = all")
@@ -159,9 +163,9 @@ int main(int argc, char** argv) {
                      "under mpirun: predict at the mpirun size, train on the equivalent emulated "
                      "link, compare");
   simulate->add_option("--steps", simulate_args.steps, "profiled / measured steps")
-      ->check(number_check(false));
+      ->check(count_check(1, 100000));
   simulate->add_option("--warmup", simulate_args.warmup, "untimed steps first")
-      ->check(number_check(true));
+      ->check(count_check(0, 10000));
   simulate->add_option("--json", simulate_args.json_path, "write the predictions as JSON");
 
   ft::SampleArgs sample_args;
@@ -296,6 +300,12 @@ int main(int argc, char** argv) {
       // Every rank stops here together: one report, and a clean exit instead of an abort.
       if (rank == 0) std::fprintf(stderr, "rank 0: error: %s\n", error.what());
       return 1;
+    } catch (const ft::UsageError& error) {
+      // A bad flag found by a job: the exit status of every usage error, CLI11's included.
+      std::fprintf(stderr, "rank %d: error: %s\n", rank, error.what());
+      std::fflush(stderr);
+      if (mpi.world_size() > 1) ft::MpiRuntime::abort(2);
+      return 2;
     } catch (const std::exception& error) {
       std::fprintf(stderr, "rank %d: error: %s\n", rank, error.what());
       std::fflush(stderr);

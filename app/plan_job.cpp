@@ -102,15 +102,15 @@ void print_totals(const Plan& plan) {
 GraphMode parse_mode(const std::string& mode) {
   if (mode == "train") return GraphMode::kTrain;
   if (mode == "eval") return GraphMode::kEval;
-  FT_FAIL("--mode '", mode, "' is not one of: train, eval");
+  FT_USAGE_FAIL("--mode '", mode, "' is not one of: train, eval");
 }
 
 }  // namespace
 
 int run_plan(const PlanArgs& args) {
   const GraphMode mode = parse_mode(args.mode);
-  FT_REQUIRE(!args.batch_given || args.batch >= 1, "--batch ", args.batch,
-             " must be a positive integer (default: train.batch_size)");
+  FT_USAGE_REQUIRE(!args.batch_given || args.batch >= 1, "--batch ", args.batch,
+                   " must be a positive integer (default: train.batch_size)");
   if (args.batch_given) require_key_range("--batch", "train.batch_size", args.batch);
   const Config config = load_config(args.config_path, args.overrides);
   const int batch = args.batch_given ? args.batch : config.train.batch_size;

@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "app/flag_checks.h"
+#include "core/atomic_file.h"
 #include "core/check.h"
 
 namespace ft {
@@ -186,6 +187,11 @@ void refuse_to_overwrite(const Config& config, Communicator* comm, bool is_root)
   namespace fs = std::filesystem;
   const fs::path run_dir(config.train.run_dir);
   std::error_code error;
+  // First, what a killed earlier attempt left (its first checkpoint's temp file, say), so a
+  // refusal below does not keep it there.
+  if (is_root)
+    for (const std::string& stale : remove_stale_temp_files(config.train.checkpoint_dir))
+      std::printf("removed stale temp file %s (its writer is gone)\n", stale.c_str());
   float found[3] = {0, 0, 0};  // checkpoints, config.yaml, metrics.jsonl
   if (is_root) {
     found[0] = static_cast<float>(count_checkpoints(config.train.checkpoint_dir));
@@ -262,6 +268,7 @@ extern "C" void on_interrupt(int signo) {
       write_all(fd, rest, std::strlen(rest));
     }
   }
+  remove_temp_files_in_progress();  // a checkpoint cut short leaves no temp file behind
   ::_exit(128 + signo);
 }
 }  // namespace

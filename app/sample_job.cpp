@@ -46,19 +46,21 @@ SampleSettings resolve_settings(const SampleArgs& args, const Config& config) {
   settings.seed = args.seed.value_or(config.train.seed);
   const int vocab = config.model.vocab_size;
   if (settings.max_new_tokens <= 0)
-    FT_FAIL(origin(args.max_new_tokens.has_value(), "--max-new-tokens", "inference.max_new_tokens"),
-            " = ", settings.max_new_tokens, ": must be a positive number of bytes");
+    FT_USAGE_FAIL(
+        origin(args.max_new_tokens.has_value(), "--max-new-tokens", "inference.max_new_tokens"),
+        " = ", settings.max_new_tokens, ": must be a positive number of bytes");
   const float temperature = settings.sampling.temperature;
   if (!(std::isfinite(temperature) && temperature >= 0.0f))
-    FT_FAIL(origin(args.temperature.has_value(), "--temperature", "inference.temperature"), " = ",
-            temperature, ": must be a finite number >= 0 (0 = greedy)");
+    FT_USAGE_FAIL(origin(args.temperature.has_value(), "--temperature", "inference.temperature"),
+                  " = ", temperature, ": must be a finite number >= 0 (0 = greedy)");
   // The config checked its keys' ranges; a flag takes the same (0 = greedy is the flag's own).
   if (args.top_k) require_key_range("--top-k", "inference.top_k", *args.top_k);
   // inference.top_k's cross-key rule (app/config_checks.cpp), which a flag must follow as well.
   if (settings.sampling.top_k > vocab)
-    FT_FAIL(origin(args.top_k.has_value(), "--top-k", "inference.top_k"), " = ",
-            settings.sampling.top_k, ": inference.top_k must not exceed model.vocab_size = ", vocab,
-            " (0 = no truncation); pass a value from 0 to ", vocab);
+    FT_USAGE_FAIL(origin(args.top_k.has_value(), "--top-k", "inference.top_k"), " = ",
+                  settings.sampling.top_k,
+                  ": inference.top_k must not exceed model.vocab_size = ", vocab,
+                  " (0 = no truncation); pass a value from 0 to ", vocab);
   if (args.max_new_tokens)
     require_key_range("--max-new-tokens", "inference.max_new_tokens", *args.max_new_tokens);
   if (args.temperature && *args.temperature != 0.0)
@@ -197,7 +199,8 @@ int run_sample(const SampleArgs& args) {
   if (config.model.vocab_size != 256)
     FT_FAIL("sample generates bytes: model.vocab_size must be 256, is ", config.model.vocab_size);
   if (args.no_kv_cache && args.compare_no_cache)
-    FT_FAIL("--no-kv-cache and --compare-no-cache exclude each other (the comparison runs both)");
+    FT_USAGE_FAIL(
+        "--no-kv-cache and --compare-no-cache exclude each other (the comparison runs both)");
   const SampleSettings settings = resolve_settings(args, config);
   const int seq_len = config.model.seq_len;
   // An empty prompt starts from a newline: the model needs one token to predict from, and a line

@@ -20,7 +20,7 @@ const LinkModel kNamedLinks[] = {
 };
 
 [[noreturn]] void bad_link(const std::string& text, const std::string& why) {
-  FT_FAIL("--link '", text, "': ", why, "; expected one of ", link_help());
+  FT_USAGE_FAIL("--link '", text, "': ", why, "; expected one of ", link_help());
 }
 
 // Bounds of a custom link: α up to a second per message, as comm.emulate.latency_us; β from 1 MB/s
@@ -222,14 +222,14 @@ std::vector<int> parse_rank_list(const std::string& text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    FT_REQUIRE(used == field.size() && used > 0 && value >= 1 && value <= kMaxRanks, "--ranks '",
-               text, "': expected comma-separated rank counts in [1, ", kMaxRanks,
-               "], such as 8,64,512,4096");
-    FT_REQUIRE(std::find(ranks.begin(), ranks.end(), value) == ranks.end(), "--ranks '", text,
-               "': ", value, " is given twice; each rank count once");
+    FT_USAGE_REQUIRE(used == field.size() && used > 0 && value >= 1 && value <= kMaxRanks,
+                     "--ranks '", text, "': expected comma-separated rank counts in [1, ",
+                     kMaxRanks, "], such as 8,64,512,4096");
+    FT_USAGE_REQUIRE(std::find(ranks.begin(), ranks.end(), value) == ranks.end(), "--ranks '", text,
+                     "': ", value, " is given twice; each rank count once");
     ranks.push_back(value);
   }
-  FT_REQUIRE(!ranks.empty(), "--ranks is empty; expected rank counts such as 8,64,512,4096");
+  FT_USAGE_REQUIRE(!ranks.empty(), "--ranks is empty; expected rank counts such as 8,64,512,4096");
   return ranks;
 }
 

@@ -155,8 +155,9 @@ int validate(const SimulateArgs& args, const Config& config, SimReport& report,
 }  // namespace
 
 int run_simulate(const SimulateArgs& args, Communicator* comm) {
-  FT_REQUIRE(args.steps >= 1 && args.warmup >= 0, "--steps must be >= 1 and --warmup >= 0, got ",
-             args.steps, " and ", args.warmup);
+  FT_USAGE_REQUIRE(args.steps >= 1 && args.warmup >= 0,
+                   "--steps must be >= 1 and --warmup >= 0, got ", args.steps, " and ",
+                   args.warmup);
   // A device a thousand times faster or slower is already far outside what a profile here says.
   FT_REQUIRE(args.compute_scale >= 1e-3 && args.compute_scale <= 1e3,
              "--compute-scale must be a number in [0.001, 1000], got ", args.compute_scale);

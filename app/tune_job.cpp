@@ -10,6 +10,7 @@
 
 #include "app/bench.h"
 #include "app/bench_runner.h"
+#include "app/flag_checks.h"
 #include "app/jobs.h"
 #include "app/task.h"
 #include "app/tune.h"
@@ -157,6 +158,11 @@ int smallest_max_ops_keeping_fusions(const std::string& config_path,
 }
 
 int run_tune(const TuneArgs& args, Communicator* comm) {
+  // The winner would replace the input, and with it the comments and keys it did not set.
+  FT_USAGE_REQUIRE(args.out_path.empty() || !same_file(args.config_path, args.out_path), "--out '",
+                   args.out_path,
+                   "' is the --config tune reads; writing the winner there would replace "
+                   "it: choose another --out (default runs/tuned.yaml)");
   const Config base = load_config(args.config_path, args.overrides);
   omp_set_num_threads(resolve_threads(base.train.threads));
   Tuner tuner(args, comm);
@@ -169,9 +175,9 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
   BenchRun run;
   const TuneMeasureSize profile_size = plan_tune_measure(args.budget_steps / 10, 1);
   if (!tuner.measure("profile", {best}, profile_size, &run))
-    FT_FAIL("--budget-steps ", args.budget_steps, " cannot pay for the first measurement (the ",
-            "unfused profile needs ", profile_size.steps_per_variant(),
-            " steps); give tune at least that many");
+    FT_USAGE_FAIL("--budget-steps ", args.budget_steps,
+                  " cannot pay for the first measurement (the ", "unfused profile needs ",
+                  profile_size.steps_per_variant(), " steps); give tune at least that many");
   tuner.record("profile", run, 0, 0);
   double best_ms = median_of(run, 0);
   if (tuner.is_root()) std::printf("%s", format_top_ops("unfused", run.profiles[0], 5).c_str());

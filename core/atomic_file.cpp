@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <climits>
@@ -27,12 +28,75 @@ std::string parent_directory(const std::string& path) {
   return parent.empty() ? std::string(".") : parent.string();
 }
 
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a pipe";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// The temp files being written now, for remove_temp_files_in_progress: fixed slots a signal
+// handler can read without locks or allocation. A writer claims a slot, copies its path in, and
+// only then marks it ready, which is all the handler looks at.
+constexpr int kTempSlots = 8;
+char temp_slot_paths[kTempSlots][PATH_MAX];
+std::atomic<bool> temp_slot_claimed[kTempSlots];
+std::atomic<bool> temp_slot_ready[kTempSlots];
+static_assert(std::atomic<bool>::is_always_lock_free, "read by a signal handler");
+
+int claim_temp_slot(const std::string& temp_path) {
+  if (temp_path.size() >= PATH_MAX) return -1;
+  for (int slot = 0; slot < kTempSlots; ++slot) {
+    bool expected = false;
+    if (!temp_slot_claimed[slot].compare_exchange_strong(expected, true)) continue;
+    std::memcpy(temp_slot_paths[slot], temp_path.c_str(), temp_path.size() + 1);
+    temp_slot_ready[slot].store(true);
+    return slot;
+  }
+  return -1;  // more writers at once than slots: this one is not cleaned up on a signal
+}
+
+void release_temp_slot(int slot) {
+  if (slot < 0) return;
+  temp_slot_ready[slot].store(false);
+  temp_slot_claimed[slot].store(false);
+}
+
 }  // namespace
 
-AtomicFileWriter::AtomicFileWriter(const std::string& path)
-    : path_(path), temp_path_(path + ".tmp." + std::to_string(::getpid())) {
+std::string resolve_output_target(const std::string& path, const std::string& what) {
   if (path.empty() || std::filesystem::path(path).filename().empty())
-    FT_FAIL("cannot write '", path, "': not a file path (empty or ends with '/')");
+    FT_FAIL(what, " '", path, "': not a file path (empty or ends with '/')");
+  struct stat link_info {};
+  if (::lstat(path.c_str(), &link_info) != 0) return path;  // nothing there yet
+  if (S_ISREG(link_info.st_mode)) return path;
+  if (!S_ISLNK(link_info.st_mode))
+    FT_FAIL(what, " '", path, "': it exists and is ", kind_of(link_info.st_mode),
+            ", not a regular file, so it cannot be replaced by the output; choose another path");
+  // A symbolic link is followed: the output replaces the file it points to, never the link.
+  struct stat target_info {};
+  if (::stat(path.c_str(), &target_info) != 0)
+    FT_FAIL(what, " '", path, "': it is a symbolic link to a missing file (", errno_text(errno),
+            "); choose another path");
+  if (!S_ISREG(target_info.st_mode))
+    FT_FAIL(what, " '", path, "': it is a symbolic link to ", kind_of(target_info.st_mode),
+            ", not a regular file, so it cannot be replaced by the output; choose another path");
+  std::error_code ec;
+  const std::filesystem::path target = std::filesystem::canonical(path, ec);
+  if (ec) FT_FAIL(what, " '", path, "': cannot resolve the symbolic link: ", ec.message());
+  return target.string();
+}
+
+void remove_temp_files_in_progress() noexcept {
+  for (int slot = 0; slot < kTempSlots; ++slot)
+    if (temp_slot_ready[slot].load()) ::unlink(temp_slot_paths[slot]);
+}
+
+AtomicFileWriter::AtomicFileWriter(const std::string& path)
+    : path_(resolve_output_target(path, "cannot write")),
+      temp_path_(path_ + ".tmp." + std::to_string(::getpid())) {
   std::error_code ec;
   std::filesystem::create_directories(parent_directory(path), ec);
   if (ec)
@@ -40,6 +104,7 @@ AtomicFileWriter::AtomicFileWriter(const std::string& path)
             "' failed: ", ec.message());
   // O_TRUNC, not O_EXCL: a temp file left by a crashed run whose pid was reused must not block us.
   fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd_ >= 0) slot_ = claim_temp_slot(temp_path_);
   if (fd_ < 0) {
     int err = errno;
     FT_FAIL("cannot write '", path, "': creating temp file '", temp_path_,
@@ -48,6 +113,7 @@ AtomicFileWriter::AtomicFileWriter(const std::string& path)
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
+  release_temp_slot(slot_);
   if (finished_) return;
   if (fd_ >= 0) ::close(fd_);
   ::unlink(temp_path_.c_str());
@@ -57,6 +123,8 @@ void AtomicFileWriter::fail(const std::string& what, int err) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   ::unlink(temp_path_.c_str());
+  release_temp_slot(slot_);
+  slot_ = -1;
   finished_ = true;
   FT_FAIL("cannot write '", path_, "': ", what, " failed: ", errno_text(err));
 }
@@ -84,6 +152,8 @@ void AtomicFileWriter::commit() {
   if (close_result != 0) fail("closing temp file '" + temp_path_ + "'", errno);
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
     fail("renaming '" + temp_path_ + "' over it", errno);
+  release_temp_slot(slot_);
+  slot_ = -1;
   finished_ = true;
 
   // Without this the rename itself may be lost on power failure.

@@ -17,6 +17,8 @@ namespace ft {
 class AtomicFileWriter {
  public:
   // Creates missing parent directories and opens "<path>.tmp.<pid>" (truncating a stale one).
+  // Throws, before creating anything, when `path` is not a writable target
+  // (resolve_output_target).
   explicit AtomicFileWriter(const std::string& path);
   ~AtomicFileWriter();  // never throws
   AtomicFileWriter(const AtomicFileWriter&) = delete;
@@ -34,11 +36,22 @@ class AtomicFileWriter {
   // Closes and removes the temp file, then throws ft::Error for `what` with errno `err`.
   [[noreturn]] void fail(const std::string& what, int err);
 
-  std::string path_;
+  std::string path_;  // the file written: the target of a symbolic link, never the link
   std::string temp_path_;
   int fd_ = -1;
+  int slot_ = -1;          // its entry for remove_temp_files_in_progress, or -1
   bool finished_ = false;  // committed or failed: the destructor has nothing to clean up
 };
+
+// Where an atomic output to `path` goes, checked before any work: `path` itself when nothing or a
+// regular file is there, the file a symbolic link points to (a link is followed, never replaced),
+// and an ft::Error beginning with `what` and the path for anything else (a device such as
+// /dev/null, a directory, a pipe, a dangling link): renaming over those would replace them.
+std::string resolve_output_target(const std::string& path, const std::string& what);
+
+// Removes the temp files of writers still in progress in this process. Async-signal-safe: the
+// SIGINT/SIGTERM handler calls it before _exit, so an interrupted checkpoint leaves nothing.
+void remove_temp_files_in_progress() noexcept;
 
 // Writes `bytes` to `path` atomically (see above). Creates missing parent directories.
 void write_file_atomic(const std::string& path, const std::string& bytes);

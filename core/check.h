@@ -27,6 +27,13 @@ class CollectiveError : public Error {
   explicit CollectiveError(const std::string& what) : Error(what) {}
 };
 
+// A bad flag value or combination on the command line: main() exits with 2, as for the flags
+// CLI11 itself refuses, where every other error exits with 1.
+class UsageError : public Error {
+ public:
+  explicit UsageError(const std::string& what) : Error(what) {}
+};
+
 namespace detail {
 template <typename... Args>
 std::string concat(const Args&... args) {
@@ -54,4 +61,11 @@ std::string concat(const Args&... args) {
 #define FT_REQUIRE(cond, ...)          \
   do {                                 \
     if (!(cond)) FT_FAIL(__VA_ARGS__); \
+  } while (0)
+
+// FT_FAIL and FT_REQUIRE for a command-line flag: ft::UsageError, exit status 2.
+#define FT_USAGE_FAIL(...) throw ::ft::UsageError(::ft::detail::concat(__VA_ARGS__))
+#define FT_USAGE_REQUIRE(cond, ...)          \
+  do {                                       \
+    if (!(cond)) FT_USAGE_FAIL(__VA_ARGS__); \
   } while (0)

@@ -372,7 +372,7 @@ TEST(BenchBinary, ALossThatDiffersIsAMismatchAndFails) {
 
 TEST(BenchBinary, BadInputNamesTheFlagAndTheAllowedValues) {
   RunResult result = run(kTiny + "--variants unfused,turbo");
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.exit_code, 2) << result.output;  // a usage error
   EXPECT_NE(result.output.find("--variants: unknown variant 'turbo'; allowed: unfused, horizontal"),
             std::string::npos)
       << result.output;
@@ -384,10 +384,12 @@ TEST(BenchBinary, BadInputNamesTheFlagAndTheAllowedValues) {
       << result.output;
   EXPECT_NE(result.output.find("requires train.device = cuda"), std::string::npos) << result.output;
   result = run(kTiny + "--peak-tflops -1");
-  EXPECT_EQ(result.exit_code, 1) << result.output;
-  EXPECT_NE(result.output.find("--peak-tflops must be >= 0"), std::string::npos) << result.output;
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("--peak-tflops: expected 0 (off) or a number in [0.001, 1e+06]"),
+            std::string::npos)
+      << result.output;
   result = run(kTiny + "--sweep fusion.max_ops");
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("--sweep 'fusion.max_ops': expected key=v1,v2"), std::string::npos)
       << result.output;
   result = run(kTiny + "--sweep fusion.max_opz=1,2");

@@ -74,7 +74,7 @@ TEST(CliHelp, JsonOnAFullDiskFailsLoudly) {
 // A budget too small for tune's first measurement says so instead of exiting 1 in silence.
 TEST(CliHelp, TuneBudgetTooSmallSaysSo) {
   const test::RunResult result = run_fusiontrain("tune --budget-steps 1", 60);
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("--budget-steps 1 cannot pay for the first measurement"),
             std::string::npos)
       << result.output;

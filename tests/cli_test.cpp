@@ -128,9 +128,16 @@ TEST(Cli, ParseErrorsAreUsageErrorsNamingTheFlagAndTheJobHelp) {
       {"sample --checkpoint x --max-new-tokens 1e3", "'1e3' is not a decimal integer"},
       {"simulate --compute-scale fast", "--compute-scale: 'fast' is not a number"},
       {"eval", "error: --checkpoint is required (run 'fusiontrain eval --help')"},
-      {"bench --steps 0", "--steps: must be positive (> 0), got '0'"},
+      {"bench --steps 0", "--steps: expected an integer in [1, 100000], got '0'"},
+      {"bench --steps 2147483647", "--steps: expected an integer in [1, 100000], got '2147483647'"},
+      {"bench --warmup 99999", "--warmup: expected an integer in [0, 10000], got '99999'"},
+      {"bandwidth --iters 2147483647", "--iters: expected an integer in [1, 100000]"},
+      {"bench --peak-tflops 1e-300", "--peak-tflops: expected 0 (off) or a number in [0.001, "},
+      {"bandwidth --peak-gbps 1e-300", "--peak-gbps: expected 0 (off) or a number in [0.001, "},
       {"sample --checkpoint x --top-k -1", "--top-k: must be non-negative (>= 0), got '-1'"},
-      {"bandwidth --peak-gbps inf", "--peak-gbps: must be a finite non-negative number, got 'inf'"},
+      {"bandwidth --peak-gbps inf",
+       "--peak-gbps: expected 0 (off) or a number in [0.001, 1e+06], "
+       "got 'inf'"},
       {"train --bogus", "(run 'fusiontrain train --help')"},
       {"", "(run 'fusiontrain --help')"}};
   for (const auto& [args, needle] : cases) expect_usage_error(run(args), needle);
@@ -169,11 +176,26 @@ TEST(Cli, InferThreadsTakeTheRangeOfTrainThreads) {
                "/nonexistent.safetensors");
 }
 
+// A bad flag exits 2 whether CLI11 refuses it or the job does (once 1 for `--mode infer` and 2
+// for `--mode ''`); every other error exits 1.
+TEST(Cli, EveryUsageErrorExitsTwo) {
+  for (const char* args :
+       {"plan --mode infer", "plan --mode ''", "plan --batch 0", "bench --variants turbo",
+        "bench --sweep fusion.max_ops", "simulate --ranks 8,8"}) {
+    const RunResult result = run(args);
+    EXPECT_EQ(result.exit_code, 2) << args << ": " << result.output;
+  }
+  EXPECT_EQ(run("plan --config /nonexistent.yaml").exit_code, 1);
+}
+
 TEST(Cli, FlagsTakeTheRangesOfTheirConfigKeys) {
   expect_error(run("plan --batch 2147483647"),
                "--batch: expected an integer in [1, 65536], got 2147483647 (the range of "
                "train.batch_size)");
-  expect_error(run("infer --model /nonexistent.safetensors --batch 70000"), "train.batch_size");
+  // infer's --batch has its own range, not train.batch_size's.
+  const RunResult infer_batch = run("infer --model /nonexistent.safetensors --batch 70000");
+  expect_error(infer_batch, "--batch: expected an integer in [1, 65536], got '70000'");
+  EXPECT_EQ(infer_batch.output.find("train.batch_size"), std::string::npos) << infer_batch.output;
   // With --config the flags are checked before the checkpoint is read.
   const std::string sample =
       "sample --checkpoint /nonexistent.safetensors --config configs/gpt_tiny.yaml ";
@@ -197,7 +219,7 @@ TEST(Cli, SimulateRefusesNonFiniteAndAbsurdValues) {
       {"simulate --compute-scale 1e-300", "got 1e-300"},
       {"simulate --ranks 8,64,8", "--ranks '8,64,8': 8 is given twice"},
       {"simulate --ranks 8,2000000", "rank counts in [1, 1000000]"},
-      {"bench --peak-tflops inf", "--peak-tflops must be >= 0 and finite"}};
+      {"bench --peak-tflops inf", "--peak-tflops: expected 0 (off) or a number in [0.001, "}};
   for (const auto& [args, needle] : cases) expect_error(run(args), needle);
 }
 

@@ -301,7 +301,7 @@ TEST(Export, InferRefusesToCompareWithAnotherCheckpoint) {
   const std::string other = write_resnet_checkpoint("other.ckpt.safetensors", 31);
   const test::RunResult result = run_fusiontrain(
       "infer --model " + resnet_export() + " --compare-unfolded " + other + " --limit 8", 120);
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.exit_code, 2) << result.output;  // a usage error
   EXPECT_NE(result.output.find("--compare-unfolded " + other), std::string::npos) << result.output;
   EXPECT_NE(result.output.find(resnet_export() + " was exported from " + resnet_checkpoint()),
             std::string::npos)

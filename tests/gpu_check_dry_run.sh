@@ -80,7 +80,7 @@ gpu_check() {
   shift
   start=$(date +%s.%N)
   env PATH="$T/bin:$PATH" TMPDIR="$T/tmp" OUT="$T/$out" GPU_CHECK_BUILD_DIR="$T/build" "$@" \
-    timeout -k 1 40 bash "$SCRIPT" > "$T/$out.log" 2>&1
+    timeout -k 1 90 bash "$SCRIPT" > "$T/$out.log" 2>&1
   echo "$? $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')" > "$T/$out.rc"
 }
 result() {  # result OUT: RC and WALL of run OUT
@@ -88,11 +88,13 @@ result() {  # result OUT: RC and WALL of run OUT
   echo "== $1: exit $RC in ${WALL}s"
 }
 
-# A: every kind of trouble, deadline 30 s. The tests and mpiruns are capped at 2 s, so the one
+# A: every kind of trouble, deadline 60 s (30 s ran out before the last passing step on a CI
+# machine busy with other tests: each step's results are rewritten, which costs time under
+# load). The tests and mpiruns are capped at 2 s, so the one
 # that ignores TERM takes 2 + 5 s; the benches' cap (100 s) is above the deadline, so the first
 # is cut by the deadline itself (its KILL lands on the deadline) and the others are not run.
 # It runs in the background, beside B to E.
-gpu_check A GPU_CHECK_DEADLINE=30 GPU_CHECK_SETUP_CAP=5 GPU_CHECK_TEST_CAP=2 GPU_CHECK_TRAIN_CAP=2 \
+gpu_check A GPU_CHECK_DEADLINE=60 GPU_CHECK_SETUP_CAP=5 GPU_CHECK_TEST_CAP=2 GPU_CHECK_TRAIN_CAP=2 \
   GPU_CHECK_MPI_CAP=2 GPU_CHECK_BENCH_CAP=100 FAKE_cuda_b_test=fail FAKE_cuda_c_test=orphan \
   FAKE_cuda_d_test=stubborn FAKE_cuda_e_test=skip FAKE_train_cuda_graph_true=fail \
   FAKE_train_nccl_graph_true=hang FAKE_bench_gpt_tiny=stubborn &
@@ -111,9 +113,9 @@ wait "$A_PID"
 
 result A
 check "A: exit status non-zero" [ "$RC" != 0 ]
-check "A: ends by the deadline (30 s + 2 s slack), took $WALL s" at_most "$WALL" 32
+check "A: ends by the deadline (60 s + 2 s slack), took $WALL s" at_most "$WALL" 62
 check "A: summary and archive only" only_results A
-check "A: ok false, finished" query A 'not s["ok"] and s["finished"] and s["deadline_s"] == 30'
+check "A: ok false, finished" query A 'not s["ok"] and s["finished"] and s["deadline_s"] == 60'
 check "A: passed steps" query A 'all(status[n] == "passed" for n in ["nvidia_smi", "version",
   "cuda_a_test", "train_gpt_tiny_cuda_graph_false", "nccl_np1", "train_gpt_tiny_nccl_graph_false",
   "bandwidth_nccl_np1", "bandwidth_mpi_staged_np2"])'

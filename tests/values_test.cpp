@@ -141,7 +141,7 @@ TEST(ValuesConfigFile, OversizedAndEndlessFilesAreRefused) {
     load_config("/dev/zero");
     ADD_FAILURE() << "/dev/zero accepted as a config";
   } catch (const Error& error) {
-    expect_has(error.what(), "/dev/zero: config file is larger than 4 MiB");
+    expect_has(error.what(), "/dev/zero: is a character device, not a config file");
     expect_user_error(error.what());
   }
   const std::string big = temp_dir() + "/big.yaml";
@@ -177,7 +177,7 @@ void expect_cli_error(const test::RunResult& result, const std::string& part) {
 
 TEST(ValuesCli, DevZeroAsConfigDataOrCheckpointEndsQuickly) {
   expect_cli_error(test::run_fusiontrain("train --config /dev/zero", 20),
-                   "/dev/zero: config file is larger than 4 MiB");
+                   "/dev/zero: is a character device, not a config file");
   expect_cli_error(test::run_fusiontrain("train --set data.path=/dev/zero" + run_dirs(), 20),
                    "text data file /dev/zero: is a character device, not a regular file");
   expect_cli_error(test::run_fusiontrain("eval --checkpoint /dev/zero", 20),
