@@ -2,15 +2,18 @@
 // optimizer state under "optim.<slot>.<name>", and metadata (config, step, format).
 // Loading checks everything a checkpoint claims: the format, every tensor finite, every tensor
 // one the model has (and of its shape), and the step counters in range.
+#include <algorithm>
 #include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "app/inference_model.h"
 #include "app/trainer.h"
+#include "comm/gather.h"
 #include "core/check.h"
 #include "core/safetensors.h"
 
@@ -244,6 +247,10 @@ void Trainer::save_checkpoint(const std::string& path) {
   // Every rank checks (the parameters are the same on all), so all of them stop together.
   const HostState host = host_state();
   require_finite_state(path, host);
+  // Every rank's place in its data stream, so a resume restores it instead of replaying it.
+  const std::vector<std::string> data_states = comm_ != nullptr
+                                                   ? gather_strings(*comm_, task_->data_state(), 0)
+                                                   : std::vector<std::string>{task_->data_state()};
   if (comm_ != nullptr && comm_->rank() != 0) {
     last_checkpoint_ = path;
     return;
@@ -270,7 +277,8 @@ void Trainer::save_checkpoint(const std::string& path) {
       {"optimizer_steps", std::to_string(optimizer_->steps_taken())},
       {"skipped_steps", std::to_string(skipped_steps_)},
       {"arch", config_.model.arch},
-      {"config", config_to_yaml(config_)}};
+      {"config", config_to_yaml(config_)},
+      {"data_state", nlohmann::json(data_states).dump()}};
   save_safetensors(path, metadata, views);
   last_checkpoint_ = path;
 }
@@ -309,7 +317,33 @@ void Trainer::load_checkpoint(const std::string& path) {
   step_ = step;
   skipped_steps_ = skipped;
   optimizer_->set_steps_taken(optimizer_steps);
-  task_->skip_train_batches(static_cast<int64_t>(step_) * config_.train.grad_accum);
+  restore_data_position(file, path);
+}
+
+void Trainer::restore_data_position(const SafetensorsFile& file, const std::string& path) {
+  const int rank = comm_ != nullptr ? comm_->rank() : 0;
+  auto stored = file.metadata.find("data_state");
+  if (stored != file.metadata.end()) {
+    const nlohmann::json states = nlohmann::json::parse(stored->second, nullptr, false);
+    FT_REQUIRE(
+        states.is_array() && std::all_of(states.begin(), states.end(),
+                                         [](const nlohmann::json& s) { return s.is_string(); }),
+        path, ": checkpoint metadata 'data_state' is not a JSON list of strings");
+    if (static_cast<int>(states.size()) == world_size_) {
+      task_->set_data_state(states[static_cast<size_t>(rank)].get<std::string>(),
+                            path + " (metadata data_state, rank " + std::to_string(rank) + ")");
+      return;
+    }
+  }
+  // An older checkpoint, or another number of ranks (whose shards differ anyway): replay the
+  // stream from the step count, as before, within a bound a resume can afford.
+  const int64_t batches = static_cast<int64_t>(step_) * config_.train.grad_accum;
+  constexpr int64_t kMostReplayedBatches = 1000000;
+  FT_REQUIRE(batches <= kMostReplayedBatches, path, ": the checkpoint holds no data position for ",
+             world_size_, " rank(s), and replaying its ", batches,
+             " batches to find it would take too long (at most ", kMostReplayedBatches,
+             "); resume with the number of ranks that wrote it");
+  task_->skip_train_batches(batches);
 }
 
 void load_checkpoint_params(const std::string& path, ParamStore& params) {

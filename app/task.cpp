@@ -1,9 +1,12 @@
 #include "app/task.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <sstream>
+#include <string>
 
 #include "app/plan.h"
 #include "core/check.h"
@@ -52,6 +55,23 @@ GptShape gpt_shape(const ModelConfig& model) {
 }
 
 namespace {
+
+// A batcher's state as five decimal numbers: the generator's four words, then the count taken.
+std::string encode_data_state(const std::array<uint64_t, 4>& rng, uint64_t taken) {
+  std::string text;
+  for (uint64_t word : rng) text += std::to_string(word) + " ";
+  return text + std::to_string(taken);
+}
+
+void decode_data_state(const std::string& text, const std::string& origin,
+                       std::array<uint64_t, 4>* rng, uint64_t* taken) {
+  std::istringstream in(text);
+  for (uint64_t& word : *rng) in >> word;
+  in >> *taken;
+  std::string rest;
+  FT_REQUIRE(!in.fail() && !(in >> rest), origin, ": data state '", text,
+             "' is not five non-negative integers (generator state, then batches taken)");
+}
 
 void load_tokens(const TokenBatch& batch, Workspace& ws) {
   ws.tokens = batch.inputs;
@@ -121,6 +141,16 @@ class GptTask : public Task {
   void skip_train_batches(int64_t count) override {
     for (int64_t i = 0; i < count; ++i) batcher_.next(&batch_);
   }
+  std::string data_state() const override {
+    return encode_data_state(batcher_.rng_state(), batcher_.batches_taken());
+  }
+  void set_data_state(const std::string& state, const std::string& origin) override {
+    std::array<uint64_t, 4> rng{};
+    uint64_t taken = 0;
+    decode_data_state(state, origin, &rng, &taken);
+    batcher_.set_rng_state(rng);
+    batcher_.set_batches_taken(taken);
+  }
 
   EvalResult evaluate(GraphCache& graphs, int batch, int max_batches) override {
     return evaluate_windows(graphs, data_.val_bytes(), data_.val_size(), config_.model.seq_len,
@@ -177,6 +207,16 @@ class ResnetTask : public Task {
 
   void skip_train_batches(int64_t count) override {
     for (int64_t i = 0; i < count; ++i) batcher_.next(&batch_);
+  }
+  std::string data_state() const override {
+    return encode_data_state(batcher_.rng_state(), batcher_.position());
+  }
+  void set_data_state(const std::string& state, const std::string& origin) override {
+    std::array<uint64_t, 4> rng{};
+    uint64_t samples = 0;
+    decode_data_state(state, origin, &rng, &samples);
+    batcher_.set_rng_state(rng);
+    batcher_.set_position(samples);
   }
 
   EvalResult evaluate(GraphCache& graphs, int batch, int max_batches) override {

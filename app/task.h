@@ -60,9 +60,14 @@ class Task {
   virtual Graph build_graph(int batch, GraphMode mode) const = 0;
   // Loads the next training batch of this rank into `ws` (tokens/targets, or the input image).
   virtual void next_train_batch(Workspace& ws, const Graph& graph) = 0;
-  // Advances the training data stream by `count` batches without using them (resume replays
-  // the stream, so any rank's position is recovered from the step count alone).
+  // Advances the training data stream by `count` batches without using them: resume from a
+  // checkpoint without this rank's data state (an older one, or another world size).
   virtual void skip_train_batches(int64_t count) = 0;
+  // This rank's position in its training data stream as text (generator state and batches or
+  // samples taken), stored in checkpoints so resume restores it in O(1), bit-exact.
+  virtual std::string data_state() const = 0;
+  // Restores data_state(); throws ft::Error naming `origin` when `state` is malformed.
+  virtual void set_data_state(const std::string& state, const std::string& origin) = 0;
   // Forward over up to max_batches evaluation batches (0 = all), in eval mode.
   virtual EvalResult evaluate(GraphCache& graphs, int batch, int max_batches) = 0;
   // Tokens (GPT) or images (ResNet) in one training batch of this rank.

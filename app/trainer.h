@@ -94,6 +94,9 @@ class Trainer {
   std::string last_checkpoint_;
   std::set<std::string> cleaned_dirs_;  // directories already rid of stale temp files
 
+  // Puts this rank's data stream where the checkpoint left it: its stored data state, or (an
+  // older checkpoint, another world size) a bounded replay of step_ batches.
+  void restore_data_position(const SafetensorsFile& file, const std::string& path);
   // The dropout seed of micro-batch `micro` of the coming step: a function of (seed, step,
   // micro-batch) only, so a resumed run draws the same masks.
   uint64_t dropout_seed(int micro) const;
