@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 
 #include "app/bench.h"
@@ -263,6 +264,34 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
   return run;
 }
 
+// A step time compares variants only when each does the same work per step: a variant that
+// changes the batch, the accumulation or the model (once "x 4.373x" for a quarter of the work)
+// is refused, naming the key and both values. train.trace would time ops on the host inside the
+// timed rounds, so bench takes --trace instead.
+void require_same_work_per_step(const std::vector<Config>& configs,
+                                const std::vector<BenchVariant>& variants, const char* flag) {
+  auto work_keys = [](const Config& config) {
+    std::map<std::string, std::string> keys;
+    for (const auto& [key, value] : flatten_config(config))
+      if (key.rfind("model.", 0) == 0 || key == "train.batch_size" || key == "train.grad_accum")
+        keys[key] = value;
+    return keys;
+  };
+  const std::map<std::string, std::string> first = work_keys(configs.front());
+  for (size_t v = 0; v < configs.size(); ++v) {
+    FT_USAGE_REQUIRE(configs[v].train.trace.empty(), flag, ": variant '", variants[v].name,
+                     "' sets train.trace, which bench does not write (its timing would include "
+                     "the tracing); use bench --trace FILE for a trace of every variant");
+    for (const auto& [key, value] : work_keys(configs[v]))
+      FT_USAGE_REQUIRE(first.at(key) == value, flag, ": variant '", variants[v].name, "' sets ",
+                       key, " = ", value, " where '", variants.front().name, "' has ",
+                       first.at(key),
+                       ": it does another amount of work per step, so its step time compares "
+                       "with nothing; bench one config per ",
+                       key, " and compare their items/s instead");
+  }
+}
+
 int run_bench(const BenchArgs& args, Communicator* comm) {
   FT_USAGE_REQUIRE(args.steps >= 1 && args.warmup >= 0,
                    "--steps must be >= 1 and --warmup >= 0, got ", args.steps, " and ",
@@ -282,6 +311,7 @@ int run_bench(const BenchArgs& args, Communicator* comm) {
   std::vector<Config> configs;
   for (const BenchVariant& variant : variants)
     configs.push_back(variant_config(args, variant, flag));
+  require_same_work_per_step(configs, variants, flag);
   omp_set_num_threads(resolve_threads(configs.front().train.threads));
   if (is_root) {
     std::fprintf(stderr, "bench: %zu variants, %d rank(s), %d thread(s), warmup %d, %d rounds\n",

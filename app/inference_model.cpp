@@ -63,19 +63,36 @@ nlohmann::json metadata_json(const std::map<std::string, std::string>& metadata,
                              const std::string& key, const std::string& path) {
   try {
     return nlohmann::json::parse(metadata_entry(metadata, key, path));
-  } catch (const nlohmann::json::exception& error) {
-    FT_FAIL(path, ": export metadata '", key, "' is not valid JSON: ", error.what());
+  } catch (const nlohmann::json::parse_error& error) {
+    // Our words, not the library's "[json.exception.parse_error.101] ...".
+    FT_FAIL(path, ": export metadata '", key, "' is not valid JSON (it breaks at byte ", error.byte,
+            "); export the model again");
+  }
+}
+
+// The library's exception names neither the field nor the file: say which field is wrong.
+template <typename T>
+T field_of(const nlohmann::json& model, const char* key, const char* type,
+           const std::string& path) {
+  auto it = model.find(key);
+  FT_REQUIRE(it != model.end(), path, ": export metadata 'model' has no '", key, "'");
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    FT_FAIL(path, ": export metadata model.", key, " is ", it->dump(), ", not ", type);
   }
 }
 
 ResnetShape shape_from_json(const nlohmann::json& model, const std::string& path) {
-  try {
-    ResnetShape shape{model.at("resnet_blocks").get<int>(), model.at("resnet_width").get<int>()};
-    shape.image_size = model.at("image_size").get<int>();
-    shape.in_channels = model.at("in_channels").get<int>();
-    shape.classes = model.at("classes").get<int>();
-    shape.bn_eps = model.at("bn_eps").get<float>();
-    const std::string algorithm = model.at("conv_algorithm").get<std::string>();
+  FT_REQUIRE(model.is_object(), path, ": export metadata 'model' is not a JSON object");
+  {
+    ResnetShape shape{field_of<int>(model, "resnet_blocks", "an integer", path),
+                      field_of<int>(model, "resnet_width", "an integer", path)};
+    shape.image_size = field_of<int>(model, "image_size", "an integer", path);
+    shape.in_channels = field_of<int>(model, "in_channels", "an integer", path);
+    shape.classes = field_of<int>(model, "classes", "an integer", path);
+    shape.bn_eps = field_of<float>(model, "bn_eps", "a number", path);
+    const std::string algorithm = field_of<std::string>(model, "conv_algorithm", "a string", path);
     FT_REQUIRE(algorithm == "auto" || algorithm == "onednn", path,
                ": export metadata model.conv_algorithm is '", algorithm, "', not auto or onednn");
     shape.conv_algorithm = algorithm == "onednn" ? ConvAlgorithm::kOneDnn : ConvAlgorithm::kAuto;
@@ -84,8 +101,6 @@ ResnetShape shape_from_json(const nlohmann::json& model, const std::string& path
                    shape.in_channels >= 1 && shape.classes >= 2 && shape.bn_eps > 0,
                path, ": export metadata 'model' holds an impossible shape: ", model.dump());
     return shape;
-  } catch (const nlohmann::json::exception& error) {
-    FT_FAIL(path, ": export metadata 'model' lacks a field or has the wrong type: ", error.what());
   }
 }
 
@@ -226,13 +241,19 @@ ExportedResnet::ExportedResnet(const std::string& path, Device device) : path_(p
              " export; infer runs ResNet exports (`fusiontrain sample --model FILE` generates "
              "text from a GPT export)");
   shape_ = shape_from_json(metadata_json(metadata_, "model", path), path);
-  try {
-    stats_.mean = metadata_json(metadata_, "image_mean", path).get<float>();
-    stats_.stddev = metadata_json(metadata_, "image_std", path).get<float>();
-  } catch (const nlohmann::json::exception& error) {
-    FT_FAIL(path, ": export metadata image_mean/image_std are not numbers: ", error.what());
-  }
-  FT_REQUIRE(stats_.stddev > 0, path, ": export metadata image_std must be positive");
+  const nlohmann::json mean = metadata_json(metadata_, "image_mean", path);
+  const nlohmann::json stddev = metadata_json(metadata_, "image_std", path);
+  FT_REQUIRE(mean.is_number() && std::isfinite(mean.get<double>()), path,
+             ": export metadata image_mean is ", mean.dump(), ", not a finite number");
+  // A denormal or tiny stddev would scale every pixel to infinity (and flushes to 0 on CPUs
+  // that treat denormals as zero, as this process does).
+  FT_REQUIRE(
+      stddev.is_number() && std::isfinite(stddev.get<double>()) && stddev.get<double>() >= 1e-6,
+      path, ": export metadata image_std is ", stddev.dump(),
+      "; it must be a finite number >= 1e-06 (the pixel standard deviation the model "
+      "was trained with); export the model again");
+  stats_.mean = mean.get<float>();
+  stats_.stddev = stddev.get<float>();
 
   layout_ids_ = register_resnet_params(shape_, layout_);
   layout_.allocate();

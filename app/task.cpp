@@ -110,6 +110,14 @@ TextDataset load_text(const Config& config) {
   const size_t window = static_cast<size_t>(config.model.seq_len) + 1;
   if (data.val_size() < window) {
     const double total = static_cast<double>(data.train_size() + data.val_size());
+    // The largest val_fraction (0.5) may still hold out too little: then the data is too small.
+    FT_REQUIRE(static_cast<double>(window) / total <= 0.5, data.name(), " holds ",
+               data.train_size() + data.val_size(),
+               " bytes, too few for model.seq_len = ", config.model.seq_len,
+               ": its validation split (data.val_fraction, at most 0.5) "
+               "needs one window of seq_len + 1 = ",
+               window,
+               " bytes and training needs more; use a larger corpus or lower model.seq_len");
     FT_FAIL("data.val_fraction = ", config.data.val_fraction, " holds out ", data.val_size(),
             " of the ", data.train_size() + data.val_size(), " bytes of ", data.name(),
             " for validation, less than one evaluation window of model.seq_len + 1 = ", window,

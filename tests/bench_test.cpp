@@ -399,3 +399,33 @@ TEST(BenchBinary, BadInputNamesTheFlagAndTheAllowedValues) {
 
 }  // namespace
 }  // namespace ft
+
+namespace ft {
+namespace {
+
+// Variants must do the same work per step (a smaller batch once read "x 4.373x"), and bench
+// writes no train.trace (it would time the tracing too): both are usage errors naming the key.
+TEST(BenchBinary, VariantsThatChangeTheWorkOrTraceAreRefused) {
+  const std::string tiny =
+      "bench --config configs/gpt_tiny.yaml --set model.n_layer=1 --set model.d_model=16 "
+      "--set model.n_head=2 --set train.batch_size=4 --steps 1 --warmup 1 ";
+  const struct {
+    std::string args, expected;
+  } cases[] = {
+      {"--variants unfused,x:train.batch_size=2",
+       "variant 'x' sets train.batch_size = 2 where 'unfused' has 4"},
+      {"--variants unfused,deep:model.n_layer=2", "variant 'deep' sets model.n_layer = 2"},
+      {"--variants unfused,acc:train.grad_accum=2", "sets train.grad_accum = 2"},
+      {"--sweep model.seq_len=16,32", "--sweep: variant 'model.seq_len=32' sets model.seq_len"},
+      {"--variants unfused,t:train.trace=/tmp/never.json", "sets train.trace"},
+      {"--variants unfused --set train.trace=/tmp/never.json", "use bench --trace FILE"},
+  };
+  for (const auto& c : cases) {
+    const test::RunResult result = test::run_fusiontrain(tiny + c.args, 60);
+    EXPECT_EQ(result.exit_code, 2) << c.args << ": " << result.output;
+    EXPECT_NE(result.output.find(c.expected), std::string::npos) << c.args << ": " << result.output;
+  }
+}
+
+}  // namespace
+}  // namespace ft

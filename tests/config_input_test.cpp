@@ -17,6 +17,7 @@
 #include "app/yaml_documents.h"
 #include "config_test_util.h"
 #include "fifo_test_util.h"
+#include "tests/run_command.h"
 
 namespace ft {
 namespace {
@@ -80,6 +81,26 @@ TEST(ConfigInput, ADeviceIsRefused) {
   const std::string message = config_test::error_of([] { load_config("/dev/zero", {}); });
   EXPECT_NE(message.find("/dev/zero: is a character device, not a config file"), std::string::npos)
       << message;
+}
+
+// A corpus too small for any data.val_fraction says so, instead of asking for a fraction above
+// the key's maximum of 0.5.
+TEST(ConfigInput, ACorpusTooSmallForAnyValidationSplitSaysSo) {
+  const std::string corpus = testing::TempDir() + "/tiny_corpus_" + std::to_string(::getpid());
+  {
+    std::FILE* file = std::fopen(corpus.c_str(), "w");
+    ASSERT_NE(file, nullptr);
+    for (int i = 0; i < 100; ++i) std::fputc('a' + i % 26, file);
+    std::fclose(file);
+  }
+  const test::RunResult result = test::run_fusiontrain(
+      "train --set data.path=" + corpus + " --set train.run_dir=" + corpus + "_run", 60);
+  ::unlink(corpus.c_str());
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find(corpus + " holds 100 bytes, too few for model.seq_len = 64"),
+            std::string::npos)
+      << result.output;
+  EXPECT_EQ(result.output.find("raise data.val_fraction"), std::string::npos) << result.output;
 }
 
 }  // namespace

@@ -64,6 +64,33 @@ TEST(ExportInput, InferRefusesNonFiniteWeights) {
   }
 }
 
+// Metadata in our words: no library exception text, the key named, a tiny stddev refused.
+TEST(ExportInput, InferNamesTheBadMetadataKey) {
+  const struct {
+    const char* name;
+    std::function<void(SafetensorsFile&)> edit;
+    std::string expected;
+  } cases[] = {
+      {"std", [](SafetensorsFile& f) { f.metadata["image_std"] = "1e-45"; },
+       "export metadata image_std is 1e-45; it must be a finite number >= 1e-06"},
+      {"mean", [](SafetensorsFile& f) { f.metadata["image_mean"] = "\"grey\""; },
+       "export metadata image_mean is \"grey\", not a finite number"},
+      {"json", [](SafetensorsFile& f) { f.metadata["model"] = "{\"resnet_blocks\": "; },
+       "export metadata 'model' is not valid JSON (it breaks at byte"},
+      {"field", [](SafetensorsFile& f) { set_model_field(f, "classes", "ten"); },
+       "export metadata model.classes is \"ten\", not an integer"},
+  };
+  for (const auto& c : cases) {
+    const std::string path =
+        edited_copy(resnet_export(), std::string("meta_") + c.name + ".safetensors", c.edit);
+    const test::RunResult result =
+        test::run_fusiontrain("infer --model " + path + " --limit 8", 60);
+    EXPECT_EQ(result.exit_code, 1) << result.output;
+    EXPECT_NE(result.output.find(path + ": " + c.expected), std::string::npos) << result.output;
+    EXPECT_EQ(result.output.find("json.exception"), std::string::npos) << result.output;
+  }
+}
+
 // A small GPT's export, made once per process.
 const std::string& gpt_export() {
   static const std::string path = [] {
