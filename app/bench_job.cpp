@@ -182,6 +182,7 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
   run.results.resize(variants.size());
   for (size_t v = 0; v < variants.size(); ++v) {
     trainers.push_back(std::make_unique<Trainer>(configs[v], comm));
+    trainers.back()->set_writes_checkpoints(false);
     Trainer& trainer = *trainers.back();
     profilers.push_back(std::make_unique<Profiler>(trainer.executor().graph(), 0));
     if (is_root) trainer.executor().set_observer(profilers.back().get());

@@ -237,6 +237,7 @@ void Trainer::require_finite_state(const std::string& path, const HostState& hos
 }
 
 std::string Trainer::last_checkpoint_text() const {
+  if (!writes_checkpoints_) return "this job measures steps and writes no checkpoints";
   if (!last_checkpoint_.empty()) return "last good checkpoint: " + last_checkpoint_;
   if (!config_.train.resume.empty())
     return "no checkpoint written yet (resumed from " + config_.train.resume + ")";

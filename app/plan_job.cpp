@@ -116,10 +116,9 @@ int run_plan(const PlanArgs& args) {
   const int batch = args.batch_given ? args.batch : config.train.batch_size;
   omp_set_num_threads(resolve_threads(config.train.threads));
   std::unique_ptr<Task> task = make_task(config, 0, 1);
+  // Shapes only: plan describes the model without allocating it (a large one would not fit).
   ParamStore params;
   task->register_params(params);
-  params.allocate();
-  params.initialize(config.train.seed);
   const Plan plan =
       build_plan([&] { return task->build_graph(batch, mode); }, params, config.fusion);
 

@@ -95,6 +95,7 @@ int validate(const SimulateArgs& args, const Config& config, SimReport& report,
       mode.comm.emulate.latency_us = emulated.latency_us;
       mode.comm.emulate.bandwidth_gbps = emulated.bandwidth_gbps;
       trainers.push_back(std::make_unique<Trainer>(mode, &comm));
+      trainers.back()->set_writes_checkpoints(false);
     }
   for (int step = 0; step < args.warmup; ++step) {
     profiled.step();

@@ -69,6 +69,9 @@ class Trainer {
   const Config& config() const { return config_; }
   ParamStore& params() { return params_; }
   Task& task() { return *task_; }
+  // For trainers that only measure steps (bench, simulate): their errors then say that the job
+  // writes no checkpoints instead of "no checkpoint written yet". Default true.
+  void set_writes_checkpoints(bool writes) { writes_checkpoints_ = writes; }
   Executor& executor() { return *train_run_->executor; }
   GradSync* grad_sync() { return grad_sync_.get(); }  // null without a communicator
   int64_t items_per_step() const;                     // over all ranks and micro-batches
@@ -92,6 +95,7 @@ class Trainer {
   int skipped_steps_ = 0;
   Tensor buffers_before_step_;  // train.nan_policy skip_step: restored when a step is skipped
   std::string last_checkpoint_;
+  bool writes_checkpoints_ = true;
   std::set<std::string> cleaned_dirs_;  // directories already rid of stale temp files
 
   // Puts this rank's data stream where the checkpoint left it: its stored data state, or (an

@@ -429,3 +429,24 @@ TEST(BenchBinary, VariantsThatChangeTheWorkOrTraceAreRefused) {
 
 }  // namespace
 }  // namespace ft
+
+namespace ft {
+namespace {
+
+// A diverging bench stops with the step and says it writes no checkpoints, instead of "no
+// checkpoint written yet" (which suggests one will be).
+TEST(BenchBinary, DivergenceSaysBenchWritesNoCheckpoints) {
+  const test::RunResult result = test::run_fusiontrain(
+      "bench --config configs/gpt_tiny.yaml --variants unfused --steps 20 --warmup 5 "
+      "--set optim.lr=10 --set optim.grad_clip=0 --set optim.name=sgd",
+      120);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("stopping the run"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("this job measures steps and writes no checkpoints"),
+            std::string::npos)
+      << result.output;
+  EXPECT_EQ(result.output.find("no checkpoint written yet"), std::string::npos) << result.output;
+}
+
+}  // namespace
+}  // namespace ft

@@ -173,3 +173,21 @@ TEST(PlanCli, WritesTheReportAsJson) {
 
 }  // namespace
 }  // namespace ft
+
+namespace ft {
+namespace {
+
+// plan describes a model without allocating it: a 10-billion-parameter GPT (about 40 GiB of
+// parameters) is planned inside a 4 GB address-space limit. It once allocated its parameters
+// (48 GiB for a larger one) and failed advising to reduce bench sizes.
+TEST(PlanCli, DescribesAModelLargerThanMemoryWithoutAllocatingIt) {
+  const test::RunResult result = test::run_shell(
+      std::string("cd ") + FT_SOURCE_DIR + " && ulimit -v 4000000 && " + FT_BINARY +
+      " plan --set model.n_layer=48 --set model.d_model=4096 --set model.n_head=32 --set "
+      "model.seq_len=1024 --set train.batch_size=1 2>&1");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("peak activation memory"), std::string::npos) << result.output;
+}
+
+}  // namespace
+}  // namespace ft
