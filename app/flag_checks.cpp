@@ -97,8 +97,9 @@ void require_writable_file(const std::string& what, const std::string& path, Out
   }
   const fs::path parent = fs::path(path).parent_path();
   const fs::path directory = parent.empty() ? fs::path(".") : parent;
+  // One rule for every output: missing folders are created, as for atomic outputs.
   if (status.type() == fs::file_type::not_found) {
-    require_directory_takes_files(what, path, directory, false);
+    require_directory_takes_files(what, path, directory, true);
     return;
   }
   // An existing file is written where it is (/dev/stdout included); a FIFO would block this open

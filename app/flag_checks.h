@@ -18,8 +18,9 @@ void require_key_range(const std::string& flag, const std::string& key, double v
 
 // How a job writes an output file, which decides what must exist beforehand.
 enum class OutputWrite {
-  kInPlace,  // opened at its path (write_output_file, JSON Lines): its directory must exist
-  kAtomic,   // a temp file renamed over it (write_file_atomic): missing directories are created
+  kInPlace,  // opened at its path (write_output_file, JSON Lines)
+  kAtomic,   // a temp file renamed over it (write_file_atomic)
+  // Either way missing directories are created, so every job treats an output path alike.
 };
 
 // Throws, naming `what` (the flag or key) and `path`, unless a file can be written at `path`: it

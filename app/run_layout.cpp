@@ -216,6 +216,7 @@ void refuse_to_overwrite(const Config& config, Communicator* comm, bool is_root)
 
 void JsonLinesFile::open(const std::string& path, bool append) {
   path_ = path;
+  create_parent_directories(path);
   out_.open(path, append ? std::ios::app : std::ios::trunc);
   FT_REQUIRE(out_.good(), "cannot open --json file '", path, "' for writing");
 }

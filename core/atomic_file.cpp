@@ -66,6 +66,16 @@ void release_temp_slot(int slot) {
 
 }  // namespace
 
+void create_parent_directories(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  if (ec)
+    FT_FAIL("cannot write '", path, "': creating directory '", parent.string(),
+            "' failed: ", ec.message());
+}
+
 std::string resolve_output_target(const std::string& path, const std::string& what) {
   if (path.empty() || std::filesystem::path(path).filename().empty())
     FT_FAIL(what, " '", path, "': not a file path (empty or ends with '/')");
@@ -242,6 +252,7 @@ std::string read_file(const std::string& path) {
 }
 
 void write_output_file(const std::string& path, const std::string& text) {
+  create_parent_directories(path);
   errno = 0;
   std::FILE* file = std::fopen(path.c_str(), "wb");
   if (file == nullptr) FT_FAIL("cannot open '", path, "' for writing: ", std::strerror(errno));

@@ -66,6 +66,9 @@ std::vector<std::string> remove_stale_temp_files(const std::string& directory);
 // Returns the whole content of `path`; throws ft::Error naming the path when it cannot be read.
 std::string read_file(const std::string& path);
 
+// Creates the missing folders above `path` (every output's rule); throws ft::Error naming the path.
+void create_parent_directories(const std::string& path);
+
 // Writes `text` to `path` (a --json output: not atomic, so /dev/stdout and pipes work) and throws
 // ft::Error naming the path and the system's reason when opening, writing or closing fails (a full
 // disk included), instead of leaving a short file behind a zero exit.

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -252,7 +253,17 @@ TEST(Cli, UnwritableOutputsAreRefusedBeforeAnyWork) {
   expect_error(run("export --checkpoint /nonexistent.safetensors --out /proc/x.safetensors"),
                "--out '/proc/x.safetensors'");
   expect_error(run("plan --json " + ::testing::TempDir()), "is a directory");
-  expect_error(run("plan --json /nonexistent/x.json"), "directory '/nonexistent' does not exist");
+  // One rule for every job's outputs: missing folders are created (plan, train, eval, sample and
+  // infer once refused them while bench, tune and export created them).
+  const std::string folder = ::testing::TempDir() + "/missing_" + std::to_string(::getpid());
+  std::filesystem::remove_all(folder);
+  // infer gets past the output check and fails on its model, the first thing it reads.
+  expect_error(run("infer --model /nonexistent.safetensors --json " + folder + "/a/b.json"),
+               "/nonexistent.safetensors");
+  const RunResult planned = run("plan --json " + folder + "/a/plan.json");
+  EXPECT_EQ(planned.exit_code, 0) << planned.output;
+  EXPECT_TRUE(std::filesystem::exists(folder + "/a/plan.json"));
+  std::filesystem::remove_all(folder);
   const std::string file = temp_file("not_a_dir", "");
   expect_error(run("bench --trace " + file + "/trace.json"), "'" + file + "' is not a directory");
 }
