@@ -260,12 +260,17 @@ ExportedResnet::ExportedResnet(const std::string& path, Device device) : path_(p
   const Graph graph = build_folded_resnet_graph(shape_, 1, layout_ids_, layout_);
   const nlohmann::json plan = plan_of(graph, layout_);
   const nlohmann::json file_plan = metadata_json(metadata_, "plan", path);
+  FT_REQUIRE(file_plan.is_array(), path, ": export metadata 'plan' is not a JSON list");
   FT_REQUIRE(plan.size() == file_plan.size(), path, ": the export's plan folds ", file_plan.size(),
              " convolutions; this build folds ", plan.size());
+  // Compared as JSON values: a field of another type differs, it does not throw.
+  auto field = [](const nlohmann::json& entry, const char* key) {
+    return entry.is_object() && entry.contains(key) ? entry.at(key) : nlohmann::json();
+  };
   for (size_t i = 0; i < plan.size(); ++i)
-    FT_REQUIRE(file_plan[i].is_object() && file_plan[i].value("conv", "") == plan[i]["conv"] &&
-                   file_plan[i].value("residual", false) == plan[i]["residual"] &&
-                   file_plan[i].value("relu", false) == plan[i]["relu"],
+    FT_REQUIRE(field(file_plan[i], "conv") == plan[i]["conv"] &&
+                   field(file_plan[i], "residual") == plan[i]["residual"] &&
+                   field(file_plan[i], "relu") == plan[i]["relu"],
                path, ": the export's plan entry ", file_plan[i].dump(),
                " differs from this build's ", plan[i].dump());
 

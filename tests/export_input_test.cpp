@@ -79,6 +79,15 @@ TEST(ExportInput, InferNamesTheBadMetadataKey) {
        "export metadata 'model' is not valid JSON (it breaks at byte"},
       {"field", [](SafetensorsFile& f) { set_model_field(f, "classes", "ten"); },
        "export metadata model.classes is \"ten\", not an integer"},
+      {"plan", [](SafetensorsFile& f) { f.metadata["plan"] = "{\"conv\": 5}"; },
+       "export metadata 'plan' is not a JSON list"},
+      {"entry",
+       [](SafetensorsFile& f) {
+         nlohmann::json plan = nlohmann::json::parse(f.metadata.at("plan"));
+         plan[0]["conv"] = 5;
+         f.metadata["plan"] = plan.dump();
+       },
+       "the export's plan entry {\"conv\":5"},
   };
   for (const auto& c : cases) {
     const std::string path =
