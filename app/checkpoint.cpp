@@ -67,6 +67,17 @@ Tensor host_tensor(const SafetensorsEntry& entry, const Shape& shape) {
   return Tensor::wrap(const_cast<float*>(entry.data.data()), shape);
 }
 
+}  // namespace
+
+void require_checkpoint_tensors(const SafetensorsFile& file, const std::string& path,
+                                const ParamStore& params) {
+  for (ParamId id = 0; id < params.size(); ++id)
+    find_entry(file, params[id].name, params[id].shape, path);
+  require_no_unknown_tensors(file, params, path);
+}
+
+namespace {
+
 void copy_params(const SafetensorsFile& file, ParamStore& params, const std::string& path) {
   for (ParamId id = 0; id < params.size(); ++id) {
     Param& param = params[id];

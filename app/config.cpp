@@ -138,7 +138,10 @@ class Reader {
   }
 
   void apply_override(const std::string& assignment) {
-    const std::string where = "--set '" + assignment + "'";
+    // Shown with any NUL byte spelled \0: a message is a C string, cut at the first NUL.
+    std::string shown;
+    for (char c : assignment) shown += c == '\0' ? std::string("\\0") : std::string(1, c);
+    const std::string where = "--set '" + shown + "'";
     const size_t equals = assignment.find('=');
     if (equals == std::string::npos || equals == 0)
       FT_FAIL(where, ": expected section.key=value, e.g. --set model.n_layer=6");

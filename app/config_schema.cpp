@@ -161,6 +161,11 @@ std::string assign_value(const Field& field, Config& config, const std::string& 
         using T = std::decay_t<decltype(target)>;
         if constexpr (std::is_same_v<T, std::string>) {
           if (allowed.nonempty && text.empty()) return expected + "an empty string";
+          // Every C call (open, mkdir) would see the text cut at a NUL: a path that is not this.
+          if (text.find('\0') != std::string::npos)
+            return expected +
+                   "a string holding a NUL byte (\\0 or \\x00), which no path or "
+                   "name may hold";
           if (!allowed.choices.empty() && std::find(allowed.choices.begin(), allowed.choices.end(),
                                                     text) == allowed.choices.end())
             return expected + got + did_you_mean(nearest(text, allowed.choices)) +

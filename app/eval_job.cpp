@@ -42,6 +42,7 @@ int run_eval(const EvalArgs& args) {
   const Device device = setup_device(config, 0);
   ParamStore params;
   task->register_params(params);
+  require_checkpoint_tensors(checkpoint, args.checkpoint_path, params);  // before allocating
   params.allocate(device);
   load_checkpoint_params(checkpoint, args.checkpoint_path, params);
   GraphCache graphs([&task](int batch, GraphMode mode) { return task->build_graph(batch, mode); },

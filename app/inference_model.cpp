@@ -256,6 +256,22 @@ ExportedResnet::ExportedResnet(const std::string& path, Device device) : path_(p
   stats_.stddev = stddev.get<float>();
 
   layout_ids_ = register_resnet_params(shape_, layout_);
+  // Before allocating the model the metadata describes: every convolution and the classifier
+  // keep their weight's name and shape in an export, so a file that lacks them (metadata of a
+  // huge model over a few bytes of tensors) is refused without allocating anything.
+  for (ParamId id = 0; id < layout_.size(); ++id) {
+    const Param& param = layout_[id];
+    const bool exported = param.name.size() > 7 &&
+                          param.name.compare(param.name.size() - 7, 7, ".weight") == 0 &&
+                          param.shape.size() != 1;  // not a BatchNorm's scale
+    if (!exported) continue;
+    auto it = file.tensors.find(param.name);
+    FT_REQUIRE(it != file.tensors.end(), path, ": export has no tensor '", param.name,
+               "' for the model its metadata describes");
+    FT_REQUIRE(it->second.shape == param.shape, path, ": tensor '", param.name, "' has shape ",
+               shape_str(it->second.shape), ", expected ", shape_str(param.shape),
+               " for the model its metadata describes");
+  }
   layout_.allocate();
   const Graph graph = build_folded_resnet_graph(shape_, 1, layout_ids_, layout_);
   const nlohmann::json plan = plan_of(graph, layout_);

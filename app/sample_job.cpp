@@ -222,9 +222,10 @@ int run_sample(const SampleArgs& args) {
   const GptShape shape = gpt_shape_of(config.model);
   ParamStore params;
   const GptParamIds ids = register_gpt_params(shape, params);
-  params.allocate();
   if (!weights) weights = load_gpt_weights(args);
   if (!args.model_path.empty()) check_gpt_export(weights->file, weights->path, config.model);
+  require_checkpoint_tensors(weights->file, weights->path, params);  // before allocating
+  params.allocate();
   load_checkpoint_params(weights->file, weights->path, params);
   GptDecoder decoder(shape, ids, params);
 

@@ -142,6 +142,11 @@ void require_checkpoint(const SafetensorsFile& file, const std::string& path);
 // Throws ft::Error naming the file and the first missing or mis-shaped tensor, or listing the
 // tensors `params` does not have (optimizer state "optim.<slot>.<param>" of a known param aside).
 void load_checkpoint_params(const std::string& path, ParamStore& params);
+// Throws, naming `path`, unless `file` holds every parameter registered in `params` with its
+// shape and nothing else. Needs no allocation: call it first, so that metadata describing a huge
+// model with no tensors to match is refused before the model is allocated.
+void require_checkpoint_tensors(const SafetensorsFile& file, const std::string& path,
+                                const ParamStore& params);
 // Same, from a file already read by load_checkpoint_file; `path` names it in errors.
 void load_checkpoint_params(const SafetensorsFile& file, const std::string& path,
                             ParamStore& params);

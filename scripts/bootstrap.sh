@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake pkg-config libdnnl-dev libyaml-cpp-dev libopenmpi-dev openmpi-bin
   ocl-icd-opencl-dev opencl-headers nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev libssl-dev
-  dataset-fashion-mnist python3 python3-matplotlib python3-numpy python3-torch clang-format git)
+  dataset-fashion-mnist python3 python3-matplotlib python3-numpy python3-torch clang-format git clang libclang-rt-dev)
 
 fail() {
   echo "bootstrap: $1 failed" >&2

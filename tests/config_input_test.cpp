@@ -68,6 +68,17 @@ TEST(ConfigInput, ManyDocumentsAreCountedUpToABound) {
   EXPECT_FALSE(scan_yaml_documents("train:\n  steps: 3\n").stuck);
 }
 
+// A NUL byte would cut every path at it: refused in YAML escapes and in --set alike.
+TEST(ConfigInput, StringsWithANulByteAreRefused) {
+  EXPECT_NE(parse_error("train:\n  run_dir: \"runs/a\\0b\"\n").find("holding a NUL byte"),
+            std::string::npos);
+  EXPECT_NE(parse_error("data:\n  path: \"data/moby_dick.txt\\x00.ignored\"\n").find("NUL byte"),
+            std::string::npos);
+  EXPECT_NE(
+      parse_error("model: {arch: gpt}\n", {std::string("train.run_dir=a\0b", 17)}).find("NUL byte"),
+      std::string::npos);
+}
+
 TEST(ConfigInput, AFifoIsRefusedAtOnce) {
   const std::string fifo = testing::TempDir() + "/config_fifo_" + std::to_string(::getpid());
   ::unlink(fifo.c_str());

@@ -180,3 +180,33 @@ TEST(ExportInput, EvalNamesTheEmbeddedConfigAsTheSourceOfTheArch) {
 
 }  // namespace
 }  // namespace ft
+
+namespace ft {
+namespace {
+
+// The fuzzer's findings (fuzz/findings): a few hundred bytes whose metadata describes a model of
+// 48 or 94 GiB with no tensors to match. Refused before anything is allocated: each runs inside
+// a 4 GB address-space limit and names the missing tensor.
+TEST(ExportInput, TinyFilesDescribingHugeModelsAreRefusedBeforeAllocating) {
+  const std::string findings = std::string(FT_SOURCE_DIR) + "/fuzz/findings/";
+  const std::pair<std::string, std::string> cases[] = {
+      {"sample --max-new-tokens 2 --model " + findings + "sample_model_allocates_48GiB.safetensors",
+       "no tensor 'wte.weight'"},
+      {"sample --max-new-tokens 2 --model " + findings + "sample_model_1.8GB_rss.safetensors",
+       "no tensor 'wte.weight'"},
+      {"eval --checkpoint " + findings + "checkpoint_allocates_48GiB.safetensors",
+       "no tensor 'wte.weight'"},
+      {"infer --model " + findings + "infer_model_allocates_94GiB.safetensors",
+       "export has no tensor 'conv1.weight'"},
+  };
+  for (const auto& [args, expected] : cases) {
+    const test::RunResult result = test::run_shell(
+        std::string("cd ") + FT_SOURCE_DIR + " && ulimit -v 4000000 && " + FT_BINARY + " " + args);
+    EXPECT_EQ(result.exit_code, 1) << args << ": " << result.output;
+    EXPECT_NE(result.output.find(expected), std::string::npos) << args << ": " << result.output;
+    EXPECT_EQ(result.output.find("out of host memory"), std::string::npos) << result.output;
+  }
+}
+
+}  // namespace
+}  // namespace ft
