@@ -196,16 +196,19 @@ IdxArray read_idx(const std::string& path) {
     array.dims.push_back(static_cast<int32_t>(value));
   }
 
-  // Grown as bytes arrive, so a header promising more than the file holds allocates no more
-  // than the file's own size (plus the last chunk).
-  constexpr size_t kChunk = size_t{64} << 20;
+  // Grown as bytes arrive, in chunks from 1 MiB doubling to 64 MiB, so a header promising more
+  // than the file holds allocates at most about twice what the file has (a header alone once
+  // cost a zero-filled 64 MiB chunk: fuzz/findings/idx_header_only_64MiB.idx).
+  constexpr size_t kLargestChunk = size_t{64} << 20;
+  size_t chunk = size_t{1} << 20;
   size_t got = 0;
   while (got < elements) {
-    const size_t want = std::min<size_t>(kChunk, static_cast<size_t>(elements) - got);
+    const size_t want = std::min<size_t>(chunk, static_cast<size_t>(elements) - got);
     array.data.resize(got + want);
     const size_t read = source.read(array.data.data() + got, want);
     got += read;
     if (read < want) break;
+    chunk = std::min(chunk * 2, kLargestChunk);
   }
   if (got != elements) {
     FT_FAIL("IDX file ", path, ": truncated payload (dims promise ", elements, " bytes, file has ",
