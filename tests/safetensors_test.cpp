@@ -378,11 +378,19 @@ TEST_F(SafetensorsDiskTest, UnwritableDestinationsThrowAndCleanUp) {
   expect_error([&] { save_safetensors(path("regular/model.st"), sample_file()); },
                {path("regular/model.st")});
 
-  // Renaming a file over a directory fails after the temp file was fully written.
+  // A directory in the way is refused before anything is written (resolve_output_target)...
   fs::create_directory(path("occupied"));
   expect_error([&] { write_file_atomic(path("occupied"), "data"); },
-               {path("occupied"), "renaming"});
-  EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"occupied", "regular"}));
+               {path("occupied"), "it exists and is a directory"});
+  // ...and one that appears while the file is written makes the rename fail after the temp file
+  // was fully written; the temp file is removed.
+  {
+    AtomicFileWriter writer(path("late"));
+    writer.append("data", 4);
+    fs::create_directory(path("late"));
+    expect_error([&] { writer.commit(); }, {path("late"), "renaming"});
+  }
+  EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"late", "occupied", "regular"}));
   expect_error([&] { write_file_atomic(path("trailing/"), "data"); }, {"not a file path"});
 }
 
