@@ -28,15 +28,6 @@ std::string parent_directory(const std::string& path) {
   return parent.empty() ? std::string(".") : parent.string();
 }
 
-const char* kind_of(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISFIFO(mode)) return "a pipe";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
 // The temp files being written now, for remove_temp_files_in_progress: fixed slots a signal
 // handler can read without locks or allocation. A writer claims a slot, copies its path in, and
 // only then marks it ready, which is all the handler looks at.
@@ -66,6 +57,15 @@ void release_temp_slot(int slot) {
 
 }  // namespace
 
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a pipe";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
 void create_parent_directories(const std::string& path) {
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (parent.empty()) return;
@@ -83,7 +83,7 @@ std::string resolve_output_target(const std::string& path, const std::string& wh
   if (::lstat(path.c_str(), &link_info) != 0) return path;  // nothing there yet
   if (S_ISREG(link_info.st_mode)) return path;
   if (!S_ISLNK(link_info.st_mode))
-    FT_FAIL(what, " '", path, "': it exists and is ", kind_of(link_info.st_mode),
+    FT_FAIL(what, " '", path, "': it exists and is ", file_kind(link_info.st_mode),
             ", not a regular file, so it cannot be replaced by the output; choose another path");
   // A symbolic link is followed: the output replaces the file it points to, never the link.
   struct stat target_info {};
@@ -91,7 +91,7 @@ std::string resolve_output_target(const std::string& path, const std::string& wh
     FT_FAIL(what, " '", path, "': it is a symbolic link to a missing file (", errno_text(errno),
             "); choose another path");
   if (!S_ISREG(target_info.st_mode))
-    FT_FAIL(what, " '", path, "': it is a symbolic link to ", kind_of(target_info.st_mode),
+    FT_FAIL(what, " '", path, "': it is a symbolic link to ", file_kind(target_info.st_mode),
             ", not a regular file, so it cannot be replaced by the output; choose another path");
   std::error_code ec;
   const std::filesystem::path target = std::filesystem::canonical(path, ec);

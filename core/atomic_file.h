@@ -5,6 +5,8 @@
 // Thread safety: calls on distinct paths are safe from any thread; two threads of one process must
 // not write the same path at once (they would share the temp name).
 #pragma once
+#include <sys/types.h>
+
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -65,6 +67,9 @@ std::vector<std::string> remove_stale_temp_files(const std::string& directory);
 
 // Returns the whole content of `path`; throws ft::Error naming the path when it cannot be read.
 std::string read_file(const std::string& path);
+
+// What a file that is not a regular one is, for messages: "a directory", "a pipe", ...
+const char* file_kind(mode_t mode);
 
 // Creates the missing folders above `path` (every output's rule); throws ft::Error naming the path.
 void create_parent_directories(const std::string& path);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 
 namespace ft {
@@ -26,15 +27,6 @@ struct FdCloser {
     if (fd >= 0) ::close(fd);
   }
 };
-
-const char* file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISFIFO(mode)) return "a pipe";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
 
 // Whole regular files only, at most kMaxTextDataBytes: a device such as /dev/zero or a pipe has
 // no size to check up front and could be read until memory runs out.
