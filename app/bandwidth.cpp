@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -64,41 +65,62 @@ double measure_peak_gbps(Communicator& comm) {
   return mean_over_ranks(comm, bytes / (best_ms * 1e-3) / 1e9);
 }
 
-// The floats the timed collectives reduce, where the backend reads them: host memory (mpi),
+// The elements the timed collectives reduce, where the backend reads them: host memory (mpi),
 // device memory (nccl), or device memory staged through pinned host memory around each MPI
-// allreduce (mpi with --device cuda), which is what GradSync does for ranks sharing a GPU.
+// allreduce (mpi with --device cuda), which is what GradSync does for ranks sharing a GPU. bf16
+// elements live two to a float of the same tensors: the backends only move and add their bits.
 class SweepBuffer {
  public:
-  SweepBuffer(Communicator& comm, Device device, int64_t floats) : comm_(comm) {
+  SweepBuffer(Communicator& comm, Device device, CommDtype dtype, int64_t floats)
+      : comm_(comm), dtype_(dtype) {
     data_ = Tensor::zeros({floats}, device);
     if (device == Device::kCuda && comm.buffer_device() == Device::kCpu)
       staging_ = Tensor::empty_pinned({floats});
   }
+  // Elements [offset, offset + count), in the buffer's dtype.
   void allreduce(int64_t offset, int64_t count, Summation summation) {
-    Tensor slice = data_.rows(offset, offset + count);
-    if (!staging_.defined() || staging_.numel() == 0) {
-      comm_.allreduce(slice.data(), static_cast<size_t>(count), {ReduceOp::kSum, summation});
-      return;
+    const bool bf16 = dtype_ == CommDtype::kBf16;
+    // The floats that hold those elements (bf16: the halves next to them ride along unchanged).
+    const int64_t lo = bf16 ? offset / 2 : offset,
+                  hi = bf16 ? (offset + count + 1) / 2 : lo + count;
+    Tensor slice = data_.rows(lo, hi);
+    const bool staged = staging_.defined() && staging_.numel() > 0;
+    Tensor target = staged ? staging_.rows(lo, hi) : slice;
+    if (staged) target.copy_from(slice);
+    const AllreduceOptions options{ReduceOp::kSum, summation};
+    if (bf16) {
+      bf16_bits* elements = reinterpret_cast<bf16_bits*>(target.data()) + offset % 2;
+      comm_.allreduce_bf16(elements, static_cast<size_t>(count), options);
+    } else {
+      comm_.allreduce(target.data(), static_cast<size_t>(count), options);
     }
-    Tensor staged = staging_.rows(offset, offset + count);
-    staged.copy_from(slice);
-    comm_.allreduce(staged.data(), static_cast<size_t>(count), {ReduceOp::kSum, summation});
-    slice.copy_from(staged);
+    if (staged) slice.copy_from(target);
   }
-  // Fills with rank + 1, reduces once and checks a few elements: each is n(n+1)/2.
+  // Fills with rank + 1, reduces once and checks a few elements: each is n(n+1)/2 (exact in bf16
+  // too up to 22 ranks, whose partial sums are integers up to 256).
   void check(int rank, int ranks, int64_t count, Summation summation) {
-    data_.rows(0, count).fill(static_cast<float>(rank + 1));
+    const bool bf16 = dtype_ == CommDtype::kBf16;
+    const float value = static_cast<float>(rank + 1);
+    const uint32_t half = float_to_bf16(value);
+    const int64_t floats = bf16 ? (count + 1) / 2 : count;
+    data_.rows(0, floats).fill(bf16 ? float_from_bits(half << 16 | half) : value);
     allreduce(0, count, summation);
-    const std::vector<float> host = data_.rows(0, count).to_host_vector();
+    const std::vector<float> host = data_.rows(0, floats).to_host_vector();
     const float expected = ranks * (ranks + 1) / 2.0f;
     for (int64_t i : {int64_t{0}, count / 2, count - 1}) {
-      FT_CHECK(host[i] == expected, "allreduce of ", count, " floats gave ", host[i], " at index ",
-               i, ", expected ", expected);
+      bf16_bits element = 0;
+      if (bf16) std::memcpy(&element, reinterpret_cast<const char*>(host.data()) + 2 * i, 2);
+      const float got = bf16 ? bf16_to_float(element) : host[i];
+      const float tolerance = bf16 && ranks > 22 ? expected / 64 : 0.0f;
+      FT_CHECK(std::fabs(got - expected) <= tolerance, "allreduce of ", count, " ",
+               comm_dtype_name(dtype_), " elements gave ", got, " at index ", i, ", expected ",
+               expected);
     }
   }
 
  private:
   Communicator& comm_;
+  CommDtype dtype_;
   Tensor data_, staging_;
 };
 
@@ -153,6 +175,9 @@ void check_args(const BandwidthArgs& args) {
   }
   if (args.backend != "mpi" && args.backend != "nccl")
     FT_USAGE_FAIL("--backend must be one of: mpi, nccl; got '", args.backend, "'");
+  if (args.dtype != "fp32" && args.dtype != "bf16")
+    FT_USAGE_FAIL("--dtype must be one of: fp32, bf16 (as comm.grad_dtype); got '", args.dtype,
+                  "'");
   if (args.device != "cpu" && args.device != "cuda")
     FT_USAGE_FAIL("--device must be one of: cpu, cuda; got '", args.device, "'");
 }
@@ -213,21 +238,25 @@ int run_bandwidth(Communicator& host_comm, const BandwidthArgs& args_in) {
 
   const int64_t max_floats =
       std::max(args.max_bytes, kFusedMessages * fused_sizes.back()) / static_cast<int64_t>(4);
-  SweepBuffer buffer(comm, device, max_floats);
+  const CommDtype dtype = comm_dtype_from_name(args.dtype);
+  const int64_t element_bytes = comm_dtype_bytes(dtype);
+  const char* type_name = dtype == CommDtype::kBf16 ? "bf16" : "float32";
+  SweepBuffer buffer(comm, device, dtype, max_floats);
 
   nlohmann::json report = {{"job", "bandwidth"},
                            {"backend", comm.backend_name()},
                            {"device", args.device},
                            {"staged_through_host", device == Device::kCuda && !nccl},
                            {"ranks", ranks},
-                           {"op", "allreduce sum float32"},
+                           {"op", std::string("allreduce sum ") + type_name},
+                           {"dtype", args.dtype},
                            {"deterministic_same_call_as_native", ranks == 2},
                            {"peak_gbps", peak},
                            {"peak_source", peak_source},
                            {"bus_factor", bus_factor(ranks)}};
   if (root) {
-    std::printf("# fusiontrain bandwidth: allreduce (sum, float32), %d ranks, backend %s, %s%s\n",
-                ranks, comm.backend_name(), args.device.c_str(),
+    std::printf("# fusiontrain bandwidth: allreduce (sum, %s), %d ranks, backend %s, %s%s\n",
+                type_name, ranks, comm.backend_name(), args.device.c_str(),
                 device == Device::kCuda && !nccl ? " buffers staged through pinned host memory"
                                                  : " buffers");
     if (ranks == 1)
@@ -249,7 +278,7 @@ int run_bandwidth(Communicator& host_comm, const BandwidthArgs& args_in) {
   }
   nlohmann::json sweep = nlohmann::json::array();
   for (int64_t bytes = args.min_bytes; bytes <= args.max_bytes; bytes *= 2) {
-    const int64_t count = bytes / 4;
+    const int64_t count = bytes / element_bytes;
     const Repeats repeats = repeats_for(args, bytes);
     buffer.check(host_comm.rank(), ranks, count, Summation::kNative);
     if (has_rank_order) buffer.check(host_comm.rank(), ranks, count, Summation::kRankOrder);
@@ -258,11 +287,11 @@ int run_bandwidth(Communicator& host_comm, const BandwidthArgs& args_in) {
         host_comm, repeats, [&] { buffer.allreduce(0, count, Summation::kNative); },
         [&] { buffer.allreduce(0, count, second); });
     const double us = times.first, det_us = times.second;
-    const double algbw = count * 4 / (us * 1e-6) / 1e9;
+    const double algbw = count * element_bytes / (us * 1e-6) / 1e9;
     const double busbw = algbw * bus_factor(ranks);
-    const double det_busbw = count * 4 / (det_us * 1e-6) / 1e9 * bus_factor(ranks);
+    const double det_busbw = count * element_bytes / (det_us * 1e-6) / 1e9 * bus_factor(ranks);
     sweep.push_back(
-        {{"bytes", count * 4},
+        {{"bytes", count * element_bytes},
          {"count", count},
          {"iters", repeats.iters},
          {"time_us", us},
@@ -275,8 +304,8 @@ int run_bandwidth(Communicator& host_comm, const BandwidthArgs& args_in) {
     if (root) {
       std::printf("%14" PRId64 " %12" PRId64
                   " %6d %12.1f %11.3f %11.3f %7.1f %12.1f %11.3f %8.2f\n",
-                  count * 4, count, repeats.iters, us, algbw, busbw, 100.0 * busbw / peak, det_us,
-                  det_busbw, det_us / us);
+                  count * element_bytes, count, repeats.iters, us, algbw, busbw,
+                  100.0 * busbw / peak, det_us, det_busbw, det_us / us);
       std::fflush(stdout);
     }
   }
@@ -291,8 +320,8 @@ int run_bandwidth(Communicator& host_comm, const BandwidthArgs& args_in) {
   }
   nlohmann::json fused_rows = nlohmann::json::array();
   for (int64_t size : fused_sizes) {
-    const int64_t count = size / 4;
-    const int64_t total_bytes = kFusedMessages * count * 4;
+    const int64_t count = size / element_bytes;
+    const int64_t total_bytes = kFusedMessages * count * element_bytes;
     buffer.check(host_comm.rank(), ranks, kFusedMessages * count, Summation::kNative);
     const Repeats repeats = repeats_for(args, total_bytes);
     const PairUs times = time_pair_us(
@@ -307,7 +336,7 @@ int run_bandwidth(Communicator& host_comm, const BandwidthArgs& args_in) {
       return total_bytes / (us * 1e-6) / 1e9 * bus_factor(ranks) / peak;
     };
     const double ratio = separate_us / fused_us;
-    fused_rows.push_back({{"message_bytes", count * 4},
+    fused_rows.push_back({{"message_bytes", count * element_bytes},
                           {"messages", kFusedMessages},
                           {"iters", repeats.iters},
                           {"separate_time_us", separate_us},
@@ -316,8 +345,8 @@ int run_bandwidth(Communicator& host_comm, const BandwidthArgs& args_in) {
                           {"fused_utilization", utilization(fused_us)},
                           {"separate_over_fused", ratio}});
     if (root) {
-      std::printf("%12" PRId64 " %6d %14.1f %10.1f %14.1f %10.1f %8.2f\n", count * 4, repeats.iters,
-                  separate_us, 100.0 * utilization(separate_us), fused_us,
+      std::printf("%12" PRId64 " %6d %14.1f %10.1f %14.1f %10.1f %8.2f\n", count * element_bytes,
+                  repeats.iters, separate_us, 100.0 * utilization(separate_us), fused_us,
                   100.0 * utilization(fused_us), ratio);
       std::fflush(stdout);
     }

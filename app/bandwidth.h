@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "comm/comm_dtype.h"
 #include "comm/communicator.h"
 
 namespace ft {
@@ -35,6 +36,9 @@ struct BandwidthArgs {
   // GradSync does when ranks share a GPU); nccl: device buffers, one GPU per rank, 1 rank allowed.
   std::string backend = "mpi";
   std::string device = "cpu";  // cpu | cuda; nccl implies cuda
+  // fp32 | bf16, as comm.grad_dtype: the element type reduced; sizes stay in bytes, so a bf16
+  // row reduces twice the elements of the fp32 row of the same size.
+  std::string dtype = "fp32";
 };
 
 // Returns 0. Throws ft::Error on bad arguments (naming the flag), on fewer than 2 ranks (mpi), on

@@ -53,6 +53,8 @@ bool named_variant(const std::string& name, BenchVariant* variant) {
     variant->overrides = {"fusion.enabled=false", "comm.bucketing=true", "comm.overlap=true"};
   else if (name == "all")
     variant->overrides = kAll;
+  else if (name == "fp32" || name == "bf16")  // all, in that train.precision
+    variant->overrides = concat(kAll, {"train.precision=" + name});
   else if (name == "cuda_graph")  // all, with the whole step replayed as one CUDA graph
     variant->overrides = concat(kAll, {"fusion.cuda_graph=true"});
   else if (name == "all-bucketing")  // per-tensor allreduces, still overlapped
@@ -160,6 +162,8 @@ std::vector<std::string> bench_variant_names() {
   names.push_back("all-bucketing");
   names.push_back("all-overlap");
   names.push_back("cuda_graph");
+  names.push_back("fp32");
+  names.push_back("bf16");
   return names;
 }
 

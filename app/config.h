@@ -44,9 +44,10 @@ struct TrainConfig {
   int grad_accum = 1;
   std::string device = "cpu";  // cpu | cuda
   bool tf32 = false;           // cuda GEMMs with TF32 inputs; false keeps fp32 (CPU-equal rounding)
-  bool verbose = false;        // progress lines add lr and communication details (ranks > 1)
-  bool profile = false;        // per-op time table (rank 0) and fusion advice at the end of the run
-  std::string trace = "";      // Chrome trace-event JSON of a few steps after warm-up; empty = none
+  std::string precision = "fp32";  // fp32 | bf16: GEMM operands in bf16, fp32 masters
+  bool verbose = false;            // progress lines add lr and communication details (ranks > 1)
+  bool profile = false;    // per-op time table (rank 0) and fusion advice at the end of the run
+  std::string trace = "";  // Chrome trace-event JSON of a few steps after warm-up; empty = none
   std::string nan_policy = "stop";  // stop | skip_step: what a non-finite loss or gradient does
   int max_skipped_steps = 10;       // skip_step: stop after more skips than this
   bool overwrite = false;           // a fresh run may write into a dir holding checkpoints
@@ -94,6 +95,7 @@ struct CommConfig {
   bool deterministic = false;  // true: rank-order sums, bitwise independent of bucketing
   double timeout_s = 600;      // a blocking wait on other ranks longer than this ends the run
   bool single_rank_allreduce = false;  // GradSyncOptions::single_rank_allreduce
+  std::string grad_dtype = "fp32";     // fp32 | bf16: GradSyncOptions::grad_dtype
   EmulateConfig emulate;
 };
 

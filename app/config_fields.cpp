@@ -94,6 +94,10 @@ std::vector<Field> build_fields() {
       {FT_KEY(train.tf32), true_or_false(),
        "cuda only: GEMMs round their inputs to TF32 (faster on tensor cores); false keeps fp32, "
        "so cpu and cuda agree to fp32 rounding"},
+      {FT_KEY(train.precision), one_of({"fp32", "bf16"}),
+       "bf16: GEMM operands (activations, weight copies, output gradients) in bf16 with fp32 "
+       "accumulation; master weights, optimizer state, gradients and every reduction stay fp32. "
+       "cpu and model.arch gpt; slow without bf16 instructions (said at start-up)"},
       {FT_KEY(train.profile), true_or_false(),
        "print per-op time (forward and backward apart) and fusion advice at the end; rank 0"},
       {FT_KEY(train.trace), any_text(),
@@ -186,6 +190,10 @@ std::vector<Field> build_fields() {
       {FT_KEY(comm.single_rank_allreduce), true_or_false(),
        "run the gradient allreduce even on one rank (a check of the backend path on a one-GPU "
        "machine, as scripts/gpu_check.sh does); no effect on the result"},
+      {FT_KEY(comm.grad_dtype), one_of({"fp32", "bf16"}),
+       "element type of the gradient allreduce: bf16 rounds each bucket to bf16 for the wire "
+       "(half the bytes; sums add in fp32 and round once per hop) and widens the result back; "
+       "gradients, optimizer and scaling stay fp32"},
       {FT_KEY(comm.emulate.latency_us), in(0, 1e6),
        "added latency per message in microseconds; needs bandwidth_gbps > 0"},
       {FT_KEY(comm.emulate.bandwidth_gbps), in(0, 1e4),

@@ -85,6 +85,8 @@ int main(int argc, char** argv) {
                         "nccl (GPU buffers; 1 rank allowed)");
   bandwidth->add_option("--device", bandwidth_args.device,
                         "cpu or cuda: where the reduced buffers live (nccl implies cuda)");
+  bandwidth->add_option("--dtype", bandwidth_args.dtype,
+                        "fp32 or bf16 (as comm.grad_dtype): the element type reduced");
 
   ft::BenchArgs bench_args;
   bench_args.config_path = kDefaultConfig;

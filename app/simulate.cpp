@@ -50,7 +50,7 @@ double parse_link_number(const std::string& field, const std::string& all, const
 }  // namespace
 
 std::vector<SimBucket> sim_buckets(const std::vector<Bucket>& buckets, const Graph& graph,
-                                   const ParamStore& params) {
+                                   const ParamStore& params, CommDtype dtype) {
   std::vector<int> first_user(params.size(), -1);
   for (int op = 0; op < static_cast<int>(graph.ops.size()); ++op)
     for (ParamId id : graph.ops[op]->params)
@@ -58,7 +58,7 @@ std::vector<SimBucket> sim_buckets(const std::vector<Bucket>& buckets, const Gra
   std::vector<SimBucket> sim;
   for (const Bucket& bucket : buckets) {
     SimBucket& out = sim.emplace_back();
-    out.bytes = bucket.count * static_cast<int64_t>(sizeof(float));
+    out.bytes = bucket.count * comm_dtype_bytes(dtype);
     out.ready_after_op = static_cast<int>(graph.ops.size()) - 1;
     for (ParamId id : bucket.params)
       out.ready_after_op = std::min(out.ready_after_op, first_user[id]);
@@ -159,10 +159,10 @@ std::string sim_report_markdown(const SimReport& report) {
   char line[256];
   std::snprintf(line, sizeof(line),
                 "simulate: link %s (alpha %.3g us, beta %.3g GB/s), compute scale %.3g, "
-                "single-rank step %.3f ms, %d buckets on / %d off\n",
+                "single-rank step %.3f ms, %d buckets on / %d off, gradients sent as %s\n",
                 report.link.name.c_str(), report.link.alpha_us, report.link.beta_gbytes_per_s,
                 report.compute_scale, report.step.single_rank_ms(), report.buckets_on,
-                report.buckets_off);
+                report.buckets_off, report.grad_dtype.c_str());
   out << line;
   int last_ranks = -1;
   for (const SimPrediction& p : report.predictions) {
@@ -193,6 +193,7 @@ nlohmann::json sim_report_json(const SimReport& report) {
   json["after_backward_ms"] = report.step.after_backward_ms;
   json["buckets_on"] = report.buckets_on;
   json["buckets_off"] = report.buckets_off;
+  json["grad_dtype"] = report.grad_dtype;
   json["predictions"] = nlohmann::json::array();
   for (const SimPrediction& p : report.predictions)
     json["predictions"].push_back({{"ranks", p.ranks},

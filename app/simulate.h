@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/buckets.h"
+#include "comm/comm_dtype.h"
 #include "model/graph.h"
 
 namespace ft {
@@ -43,8 +44,9 @@ struct SimBucket {
 
 // Each bucket's payload and the earliest graph op (the last in backward) that reads one of its
 // params: the Executor announces a param after the backward of its first user in forward order.
+// Payloads count `dtype`'s bytes per gradient (comm.grad_dtype).
 std::vector<SimBucket> sim_buckets(const std::vector<Bucket>& buckets, const Graph& graph,
-                                   const ParamStore& params);
+                                   const ParamStore& params, CommDtype dtype = CommDtype::kFloat32);
 
 // One measured (or hand-made) step, already divided by the compute scale.
 struct SimStep {
@@ -80,6 +82,7 @@ struct SimReport {
   SimStep step;
   int buckets_on = 0, buckets_off = 0;  // bucket counts with comm.bucketing true / false
   std::vector<SimPrediction> predictions;
+  std::string grad_dtype = "fp32";  // comm.grad_dtype the bucket bytes were counted in
 };
 SimReport simulate_cluster(const SimStep& step, const std::vector<SimBucket>& buckets_off,
                            const std::vector<SimBucket>& buckets_on, const LinkModel& link,

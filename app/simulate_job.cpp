@@ -64,7 +64,8 @@ class ProfiledTrainer {
     return sim_buckets(bucketing ? assign_buckets(trainer_.params(), order, config.comm.bucket_mb,
                                                   config.comm.first_bucket_mb)
                                  : single_param_buckets(trainer_.params(), order),
-                       trainer_.executor().graph(), trainer_.params());
+                       trainer_.executor().graph(), trainer_.params(),
+                       comm_dtype_from_name(config.comm.grad_dtype));
   }
 
  private:
@@ -113,6 +114,7 @@ int validate(const SimulateArgs& args, const Config& config, SimReport& report,
   report = simulate_cluster(profiled.sim_step(args.compute_scale), profiled.buckets(false),
                             profiled.buckets(true), report.link, {ranks});
   report.compute_scale = args.compute_scale;
+  report.grad_dtype = config.comm.grad_dtype;
   if (comm.rank() != 0) return 0;
   std::printf("%s", sim_report_markdown(report).c_str());
   std::printf(
@@ -185,6 +187,7 @@ int run_simulate(const SimulateArgs& args, Communicator* comm) {
   report = simulate_cluster(profiled.sim_step(args.compute_scale), profiled.buckets(false),
                             profiled.buckets(true), link, ranks);
   report.compute_scale = args.compute_scale;
+  report.grad_dtype = config.comm.grad_dtype;
   if (is_root) {
     std::printf("%s", sim_report_markdown(report).c_str());
     std::fflush(stdout);

@@ -136,9 +136,16 @@ class GptTask : public Task {
         batcher_(data_, rank, world_size, config.train.batch_size, config.model.seq_len,
                  config.data.shuffle, config.train.seed) {}
 
-  void register_params(ParamStore& params) override { ids_ = register_gpt_params(shape_, params); }
+  void register_params(ParamStore& params) override {
+    ids_ = register_gpt_params(shape_, params);
+    if (gemm_dtype() == DType::kBF16) params.enable_bf16_copies();
+  }
   Graph build_graph(int batch, GraphMode mode) const override {
-    return build_gpt_graph(shape_, batch, ids_, mode);
+    return build_gpt_graph(shape_, batch, ids_, mode, gemm_dtype());
+  }
+
+  DType gemm_dtype() const {
+    return config_.train.precision == "bf16" ? DType::kBF16 : DType::kF32;
   }
 
   void next_train_batch(Workspace& ws, const Graph&) override {

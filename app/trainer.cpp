@@ -36,6 +36,7 @@ GradSyncOptions grad_sync_options(const CommConfig& comm) {
   options.reorder_buckets = comm.reorder_buckets;
   options.deterministic = comm.deterministic;
   options.single_rank_allreduce = comm.single_rank_allreduce;
+  options.grad_dtype = comm_dtype_from_name(comm.grad_dtype);
   options.emulate.latency_us = comm.emulate.latency_us;
   options.emulate.bandwidth_gbps = comm.emulate.bandwidth_gbps;
   return options;

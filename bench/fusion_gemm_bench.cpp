@@ -109,8 +109,8 @@ void mlp_backward(MlpTensors& t, int variant, int tile_rows) {
                         t.x.data(), t.weight.data(), t.rows, t.in, t.out);
   } else {
     ft::linear_gelu_backward(t.dx.data(), true, t.dweight.data(), t.dbias.data(), t.dpre.data(),
-                             t.dy.data(), t.pre.data(), t.x.data(), t.weight.data(), t.rows, t.in,
-                             t.out, tile_rows);
+                             nullptr, t.dy.data(), t.pre.data(), t.x.data(), t.weight.data(),
+                             t.rows, t.in, t.out, tile_rows);
   }
 }
 

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <memory>
 
+#include "core/check.h"
+#include "core/math/bf16_math.h"
 #include "core/tensor.h"
 
 namespace ft {
@@ -60,6 +62,20 @@ class Communicator {
   // REQUIRES: `buffer` is neither read nor written until the handle's wait() returns.
   virtual std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count,
                                                       const AllreduceOptions& options) = 0;
+  // The bf16 twins (comm.grad_dtype: bf16): `count` bf16 bit patterns (core/math/bf16_math.h) at
+  // `buffer`, half the bytes of the float calls, same contracts. Every addition of two values is
+  // done in fp32 and rounded once to bf16 (so one rounding per hop of the backend's algorithm);
+  // kAverage rounds once more after its scale. Backends opt in: the defaults throw ft::Error.
+  virtual void allreduce_bf16(bf16_bits* /*buffer*/, size_t /*count*/,
+                              const AllreduceOptions& /*options*/) {
+    FT_FAIL("the ", backend_name(),
+            " communicator has no bf16 allreduce; use comm.grad_dtype fp32");
+  }
+  virtual std::unique_ptr<CommHandle> allreduce_bf16_async(bf16_bits* /*buffer*/, size_t /*count*/,
+                                                           const AllreduceOptions& /*options*/) {
+    FT_FAIL("the ", backend_name(),
+            " communicator has no bf16 allreduce; use comm.grad_dtype fp32");
+  }
   virtual void broadcast(float* buffer, size_t count, int root) = 0;
   virtual void barrier() = 0;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/grad_cast.h"
 #include "comm/startup.h"
 #include "core/check.h"
 #include "core/timer.h"
@@ -38,8 +39,9 @@ GradSync::GradSync(Communicator& comm, ParamStore& params, std::vector<ParamId> 
   const bool host_staged = device_grads_ && !device_comm_;  // cuda gradients over MPI
   if (reduces() && host_staged)
     staging_ = Tensor::empty_pinned({params.num_trainable_floats()});
-  else if (reduces() && !options.bucket_view)
+  else if (reduces() && !options.bucket_view && !bf16())
     staging_ = Tensor::empty({params.num_trainable_floats()}, grads_device);
+  if (reduces() && bf16()) allocate_wire();
   // NCCL collectives are asynchronous on their own stream already; MPI needs a thread to overlap.
   if (reduces() && options.overlap && !device_comm_) comm_thread_ = std::make_unique<CommThread>();
   handles_.resize(0);
@@ -47,6 +49,21 @@ GradSync::GradSync(Communicator& comm, ParamStore& params, std::vector<ParamId> 
 }
 
 GradSync::~GradSync() = default;
+
+void GradSync::allocate_wire() {
+  const int64_t count = params_.num_trainable_floats();
+  if (device_grads_ && device_comm_) {
+#if defined(FT_HAVE_CUDA)
+    wire_device_ = std::shared_ptr<void>(cuda_malloc(static_cast<size_t>(count) * 2), cuda_free);
+    wire_ = static_cast<bf16_bits*>(wire_device_.get());
+#else
+    FT_FAIL("device gradients in a build without CUDA");
+#endif
+    return;
+  }
+  wire_host_.assign(static_cast<size_t>(count), 0);
+  wire_ = wire_host_.data();
+}
 
 void GradSync::build_buckets(const std::vector<ParamId>& order) {
   buckets_ = options_.bucketing
@@ -140,6 +157,16 @@ void GradSync::launch_on_device(int bucket) {
   if (!reduces()) return;
   const Bucket& range = buckets_[bucket];
   float* data = params_.flat_grads().data() + range.offset;
+  if (bf16()) {
+    bf16_bits* wire = wire_ + range.offset;
+#if defined(FT_HAVE_CUDA)
+    if (device_grads_) cuda_cast_to_bf16(wire, data, range.count, cuda_context().compute_stream());
+#endif
+    if (!device_grads_) cast_to_bf16(wire, data, range.count);  // the tests' fake device backend
+    handles_[bucket] = comm_.allreduce_bf16_async(wire, static_cast<size_t>(range.count),
+                                                  {ReduceOp::kSum, Summation::kNative});
+    return;
+  }
   if (staging_.defined() && staging_.numel() > 0) {
     Tensor staged = staging_.rows(range.offset, range.offset + range.count);
     staged.copy_from(params_.flat_grads().rows(range.offset, range.offset + range.count));
@@ -165,8 +192,17 @@ void GradSync::reduce_bucket(int bucket) {
     data = staged.data();
   }
   const Summation summation = options_.deterministic ? Summation::kRankOrder : Summation::kNative;
-  comm_.allreduce(data, static_cast<size_t>(range.count), {ReduceOp::kSum, summation});
-  emulate_link_delay(options_.emulate, range.count * static_cast<int64_t>(sizeof(float)), now_ms());
+  const size_t count = static_cast<size_t>(range.count);
+  if (bf16()) {
+    bf16_bits* wire = wire_ + range.offset;
+    cast_to_bf16(wire, data, range.count);
+    comm_.allreduce_bf16(wire, count, {ReduceOp::kSum, summation});
+    // Host-staged device gradients widen here, to go back unscaled; host ones in scale_bucket.
+    if (host_staged) cast_from_bf16_scaled(data, wire, range.count, 1.0f);
+  } else {
+    comm_.allreduce(data, count, {ReduceOp::kSum, summation});
+  }
+  emulate_link_delay(options_.emulate, wire_bytes(bucket), now_ms());
   // Back onto the device unscaled; finish() scales there like every other path.
   if (host_staged) grads.copy_from(staging_.rows(range.offset, range.offset + range.count));
   bucket_comm_ms_[bucket] = now_ms() - start_ms;
@@ -178,14 +214,18 @@ void GradSync::scale_bucket(int bucket, float scale) {
 #if defined(FT_HAVE_CUDA)
   if (device_grads_) {
     const cudaStream_t stream = cuda_context().compute_stream();
-    if (device_comm_ && staging_.defined() && staging_.numel() > 0)
+    if (device_comm_ && bf16() && reduces())
+      cuda_cast_from_bf16_scaled(grads, wire_ + range.offset, range.count, scale, stream);
+    else if (device_comm_ && staging_.defined() && staging_.numel() > 0)
       cuda_scaled_copy(grads, staging_.data() + range.offset, range.count, scale, stream);
     else
       cuda_scale(grads, range.count, scale, stream);
     return;
   }
 #endif
-  if (reduces() && !options_.bucket_view) {
+  if (reduces() && bf16()) {
+    cast_from_bf16_scaled(grads, wire_ + range.offset, range.count, scale);
+  } else if (reduces() && !options_.bucket_view) {
     const float* staged = staging_.data() + range.offset;
     for (int64_t i = 0; i < range.count; ++i) grads[i] = staged[i] * scale;
   } else if (scale != 1.0f) {
@@ -213,7 +253,7 @@ void GradSync::finish(float scale) {
     if (handles_[b]) handles_[b]->wait();  // NCCL: the compute stream waits; the host does not
     handles_[b].reset();
     scale_bucket(b, scale);
-    const int64_t bytes = buckets_[b].count * static_cast<int64_t>(sizeof(float));
+    const int64_t bytes = wire_bytes(b);
     stats.bucket_bytes.push_back(bytes);
     stats.comm_ms += bucket_comm_ms_[b];
     // Only what ran after backward returned is exposed; an inline bucket (no overlap) started
@@ -233,7 +273,8 @@ void GradSync::finish(float scale) {
       stats.bytes_reduced += bytes;
     }
   }
-  stats.extra_memory_bytes = static_cast<int64_t>(staging_.bytes());
+  stats.extra_memory_bytes = static_cast<int64_t>(staging_.bytes()) +
+                             (wire_ != nullptr ? params_.num_trainable_floats() * 2 : 0);
   stats.emulated = reduced && options_.emulate.enabled();
   stats_ = std::move(stats);
 

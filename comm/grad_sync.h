@@ -27,6 +27,12 @@
 // synchronise and the host never blocks. With a host backend (MPI, e.g. several ranks sharing one
 // GPU, which NCCL refuses) each bucket is copied to pinned host memory, reduced there (on the comm
 // thread when overlapping) and copied back, then scaled on the device.
+// grad_dtype = kBf16 (comm.grad_dtype: bf16) sends every bucket as bf16: its fp32 gradients are
+// rounded into a bf16 staging buffer laid out like flat_grads (half a gradient buffer, allocated
+// once, on the device only for a device backend), the allreduce runs there on half the bytes, and
+// finish() widens the sum back into flat_grads with the scale applied in fp32. The cast-in counts
+// as communication (like a copy-in), the cast-back as compute (like the fusion buffer's copy-out).
+// The bf16 buffer replaces the fusion buffer, so bucket_view changes nothing then.
 // Thread safety: every public method is called by the training thread.
 #pragma once
 #include <cstdint>
@@ -34,6 +40,7 @@
 #include <vector>
 
 #include "comm/buckets.h"
+#include "comm/comm_dtype.h"
 #include "comm/comm_thread.h"
 #include "comm/communicator.h"
 #include "comm/emulated_link.h"
@@ -56,15 +63,18 @@ struct GradSyncOptions {
   // one-GPU machine exercises the real backend path (NCCL launch, events, staging copies).
   // gpu_check.sh and the tests set it; training gains nothing from it.
   bool single_rank_allreduce = false;
-  EmulatedLink emulate;  // added on top of every real allreduce
+  // The element type buckets travel in: kBf16 halves the bytes (and adds a bf16 rounding of each
+  // rank's gradient plus one per addition). Backends without bf16 allreduce throw at the first one.
+  CommDtype grad_dtype = CommDtype::kFloat32;
+  EmulatedLink emulate;  // added on top of every real allreduce, charged the bytes sent
 };
 
 // One bucket's allreduce in one step, on the clock of core/timer.h now_ms(). With overlap the
 // training thread launches (queues) a bucket and the comm thread starts it once the buckets before
 // it are done; without overlap all three times fall inside finish().
 struct BucketTiming {
-  int bucket = 0;  // index in launch order
-  int64_t bytes = 0;
+  int bucket = 0;        // index in launch order
+  int64_t bytes = 0;     // as sent: 2 per gradient with grad_dtype kBf16
   double launch_ms = 0;  // handed to the comm thread, or run inline
   double start_ms = 0;   // the allreduce began (copy-in for bucket_view = false included)
   double done_ms = 0;    // the allreduce and any emulated link delay finished
@@ -80,9 +90,9 @@ struct CommStepStats {
   // and the fusion buffer's copy-out are compute (the trainer's compute_ms), not communication.
   double exposed_ms = 0;
   int64_t allreduce_calls = 0;
-  int64_t bytes_reduced = 0;          // payload bytes over all allreduces
+  int64_t bytes_reduced = 0;          // payload bytes over all allreduces, in grad_dtype
   std::vector<int64_t> bucket_bytes;  // payload of each bucket, in launch order
-  int64_t extra_memory_bytes = 0;     // staging buffer (bucket_view = false), else 0
+  int64_t extra_memory_bytes = 0;     // staging buffers (bucket_view = false, bf16), else 0
   bool emulated = false;              // numbers include an emulated link: say so in any output
   std::vector<BucketTiming> bucket_timings;  // per bucket, only while set_record_timings(true)
 };
@@ -129,6 +139,12 @@ class GradSync {
   void rebuild_in_observed_order();
   // Whether buckets go through the backend at all: more than one rank, or the one-rank check.
   bool reduces() const { return comm_.size() > 1 || options_.single_rank_allreduce; }
+  bool bf16() const { return options_.grad_dtype == CommDtype::kBf16; }
+  // What bucket `bucket` puts on the wire.
+  int64_t wire_bytes(int bucket) const {
+    return buckets_[bucket].count * comm_dtype_bytes(options_.grad_dtype);
+  }
+  void allocate_wire();
 
   Communicator& comm_;       // the gradient allreduces
   Communicator& host_comm_;  // host-memory control messages
@@ -153,6 +169,11 @@ class GradSync {
   // Laid out like flat_grads: the fusion buffer of bucket_view = false (on the gradients'
   // device), or pinned host memory for cuda gradients over a host backend.
   Tensor staging_;
+  // grad_dtype kBf16: the bf16 image of flat_grads that is reduced. Points into wire_host_, or
+  // into device memory that wire_device_ owns (device gradients over a device backend).
+  bf16_bits* wire_ = nullptr;
+  std::vector<bf16_bits> wire_host_;
+  std::shared_ptr<void> wire_device_;
   std::vector<std::unique_ptr<CommHandle>> handles_;  // by bucket: device backend in flight
   CommStepStats stats_;
   // Last, so it is destroyed first: no job outlives the buckets or fusion buffer it touches.

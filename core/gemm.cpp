@@ -4,7 +4,9 @@
 #include <map>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
+#include "core/bf16_cast.h"
 #include "core/check.h"
 #include "core/dnnl_context.h"
 #include "core/math/gelu.h"
@@ -79,7 +81,7 @@ void check_gemm_args(const GemmArgs& args, const char* who) {
 namespace {
 
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t,
-                       int64_t, int64_t, int64_t, float, bool, bool, int>;
+                       int64_t, int64_t, int64_t, float, bool, bool, int, DType>;
 
 struct CachedGemm {
   dnnl::matmul primitive;
@@ -93,18 +95,22 @@ std::map<Key, CachedGemm>& cache() {
 
 // Row-major X[rows, cols] with row stride `ld`; `transposed` means the storage is [cols, rows].
 dnnl::memory::desc matrix_desc(int64_t batch, int64_t rows, int64_t cols, int64_t ld,
-                               int64_t batch_stride, bool transposed) {
+                               int64_t batch_stride, bool transposed, DType dtype = DType::kF32) {
   using dims = dnnl::memory::dims;
   const dims row_col_strides = transposed ? dims{1, ld} : dims{ld, 1};
-  return dnnl::memory::desc({batch, rows, cols}, dnnl::memory::data_type::f32,
+  const auto type =
+      dtype == DType::kBF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+  return dnnl::memory::desc({batch, rows, cols}, type,
                             {batch_stride, row_col_strides[0], row_col_strides[1]});
 }
 
 // `r` has resolved strides and an epilogue oneDNN runs itself (kNone, kRelu, kGeluTanh).
-CachedGemm make_gemm(const GemmArgs& r) {
+CachedGemm make_gemm(const GemmArgs& r, DType operands) {
   dnnl::engine& engine = cpu_engine();
-  const auto src_md = matrix_desc(r.batch, r.m, r.k, r.lda, r.batch_stride_a, r.transpose_a);
-  const auto weights_md = matrix_desc(r.batch, r.k, r.n, r.ldb, r.batch_stride_b, r.transpose_b);
+  const auto src_md =
+      matrix_desc(r.batch, r.m, r.k, r.lda, r.batch_stride_a, r.transpose_a, operands);
+  const auto weights_md =
+      matrix_desc(r.batch, r.k, r.n, r.ldb, r.batch_stride_b, r.transpose_b, operands);
   const auto dst_md = matrix_desc(r.batch, r.m, r.n, r.ldc, r.batch_stride_c, false);
   dnnl::memory::desc bias_md;
   if (r.bias != nullptr)
@@ -133,7 +139,7 @@ CachedGemm make_gemm(const GemmArgs& r) {
   return gemm;
 }
 
-void run_onednn(float* c, const float* a, const float* b, const GemmArgs& r) {
+void run_onednn(float* c, GemmOperand a, GemmOperand b, const GemmArgs& r) {
   const Key key{r.m,
                 r.n,
                 r.k,
@@ -149,12 +155,13 @@ void run_onednn(float* c, const float* a, const float* b, const GemmArgs& r) {
                 r.alpha,
                 r.accumulate,
                 r.bias != nullptr,
-                static_cast<int>(r.epilogue)};
+                static_cast<int>(r.epilogue),
+                a.dtype};
   auto it = cache().find(key);
-  if (it == cache().end()) it = cache().emplace(key, make_gemm(r)).first;
+  if (it == cache().end()) it = cache().emplace(key, make_gemm(r, a.dtype)).first;
   CachedGemm& cached = it->second;
-  cached.src.set_data_handle(const_cast<float*>(a));
-  cached.weights.set_data_handle(const_cast<float*>(b));
+  cached.src.set_data_handle(const_cast<void*>(a.data));
+  cached.weights.set_data_handle(const_cast<void*>(b.data));
   cached.dst.set_data_handle(c);
   std::unordered_map<int, dnnl::memory> exec_args{
       {DNNL_ARG_SRC, cached.src}, {DNNL_ARG_WEIGHTS, cached.weights}, {DNNL_ARG_DST, cached.dst}};
@@ -168,7 +175,13 @@ void run_onednn(float* c, const float* a, const float* b, const GemmArgs& r) {
 
 // The epilogues oneDNN has no post-op for: a plain oneDNN GEMM, then one host pass over C (the
 // same split as cuBLASLt's unfused fallback). `r` has resolved strides and batch == 1.
-void run_with_host_epilogue(float* c, const float* a, const float* b, const GemmArgs& r) {
+float operand_at(GemmOperand operand, int64_t index) {
+  return operand.dtype == DType::kBF16
+             ? bf16_to_float(static_cast<const bf16_bits*>(operand.data)[index])
+             : static_cast<const float*>(operand.data)[index];
+}
+
+void run_with_host_epilogue(float* c, GemmOperand a, GemmOperand b, const GemmArgs& r) {
   GemmArgs plain = r;
   plain.epilogue = Epilogue::kNone;
   const int64_t M = r.m, N = r.n;
@@ -200,7 +213,7 @@ void run_with_host_epilogue(float* c, const float* a, const float* b, const Gemm
       for (int64_t i = 0; i < M; ++i) r.bias_grad[i] = 0.0f;
       for (int64_t p = 0; p < r.k; ++p)
         for (int64_t i = 0; i < M; ++i)
-          r.bias_grad[i] += r.transpose_a ? a[p * r.lda + i] : a[i * r.lda + p];
+          r.bias_grad[i] += operand_at(a, r.transpose_a ? p * r.lda + i : i * r.lda + p);
       return;
     }
     case Epilogue::kNone:
@@ -230,16 +243,70 @@ bool gemm_tf32() {
   return tf32_enabled;
 }
 
-void gemm(float* c, const float* a, const float* b, const GemmArgs& args) {
-  const double start_ms = timing_enabled ? now_ms() : 0.0;
+namespace {
+
+void gemm_dispatch(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args);
+
+// Elements a strided operand spans: the last element of the last matrix, plus one.
+int64_t operand_span(int64_t batch, int64_t batch_stride, int64_t rows, int64_t cols, int64_t ld,
+                     bool transposed) {
+  const int64_t last = transposed ? (cols - 1) * ld + (rows - 1) : (rows - 1) * ld + (cols - 1);
+  return (batch - 1) * batch_stride + last + 1;
+}
+
+// The widening path of a bf16 GEMM: both operands (with their gaps, so strides still hold) to
+// fp32 scratch, then the fp32 GEMM.
+void gemm_widened(float* c, GemmOperand a, GemmOperand b, const GemmArgs& r) {
+  static thread_local std::vector<float> wide_a, wide_b;
+  const int64_t span_a = operand_span(r.batch, r.batch_stride_a, r.m, r.k, r.lda, r.transpose_a);
+  const int64_t span_b = operand_span(r.batch, r.batch_stride_b, r.k, r.n, r.ldb, r.transpose_b);
+  wide_a.resize(static_cast<size_t>(span_a));
+  wide_b.resize(static_cast<size_t>(span_b));
+  cast_to_float(wide_a.data(), static_cast<const bf16_bits*>(a.data), span_a);
+  cast_to_float(wide_b.data(), static_cast<const bf16_bits*>(b.data), span_b);
+  gemm_dispatch(c, wide_a.data(), wide_b.data(), r);
+}
+
+}  // namespace
+
+bool bf16_gemm_native() {
+  static const bool native = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+    return (isa & bf16) == bf16;
+  }();
+  return native;
+}
+
+const char* bf16_gemm_path() {
+  return bf16_gemm_native()
+             ? "oneDNN bf16 kernels (this CPU has bf16 instructions)"
+             : "no bf16 instructions on this CPU: bf16 operands are widened and multiplied in "
+               "fp32, as slow as fp32";
+}
+
+namespace {
+
+void gemm_dispatch(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args) {
   check_gemm_args(args, "gemm");
+  FT_CHECK(a.dtype == b.dtype, "gemm: a ", dtype_name(a.dtype), " A with a ", dtype_name(b.dtype),
+           " B");
   const GemmArgs resolved = resolve_gemm_strides(args);
+  if (a.dtype == DType::kBF16 && !bf16_gemm_native()) return gemm_widened(c, a, b, resolved);
   if (args.epilogue == Epilogue::kNone || args.epilogue == Epilogue::kRelu ||
       args.epilogue == Epilogue::kGeluTanh)
     run_onednn(c, a, b, resolved);
   else
     run_with_host_epilogue(c, a, b, resolved);
-  if (timing_enabled) timed_ms += now_ms() - start_ms;
+}
+
+}  // namespace
+
+void gemm(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args) {
+  if (!timing_enabled) return gemm_dispatch(c, a, b, args);
+  const double start_ms = now_ms();
+  gemm_dispatch(c, a, b, args);
+  timed_ms += now_ms() - start_ms;
 }
 
 int64_t gemm_primitive_count() {

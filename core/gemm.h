@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/device.h"
+#include "core/tensor.h"
 
 namespace ft {
 
@@ -64,8 +65,33 @@ void check_gemm_args(const GemmArgs& args, const char* who);
 // `args` with every 0 (= packed) leading dimension and batch stride replaced by its value.
 GemmArgs resolve_gemm_strides(const GemmArgs& args);
 
-// CPU: every epilogue (the gradient and aux ones as a oneDNN GEMM plus a host loop).
-void gemm(float* c, const float* a, const float* b, const GemmArgs& args);
+// A GEMM operand's elements: fp32, or bf16 (train.precision: bf16). Both operands of one GEMM
+// share a dtype; C, bias, aux and bias_grad are fp32 always, and products accumulate in fp32.
+struct GemmOperand {
+  GemmOperand(const float* data) : data(data), dtype(DType::kF32) {}       // NOLINT: implicit
+  GemmOperand(const bf16_bits* data) : data(data), dtype(DType::kBF16) {}  // NOLINT: implicit
+  // The operand starting `elements` further on (a row block, a weight's rows).
+  GemmOperand at(int64_t elements) const {
+    GemmOperand moved = *this;
+    moved.data =
+        static_cast<const char*>(data) + elements * static_cast<int64_t>(dtype_size(dtype));
+    return moved;
+  }
+  const void* data;
+  DType dtype;
+};
+
+// CPU: every epilogue (the gradient and aux ones as a oneDNN GEMM plus a host loop). bf16
+// operands run oneDNN's bf16 kernels where the CPU has bf16 instructions (bf16_gemm_native());
+// elsewhere they are widened to fp32 and multiplied there: the same bf16-rounded values, fp32
+// products, so both paths agree to fp32 accumulation order. REQUIRES: a.dtype == b.dtype.
+void gemm(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args);
+
+// True when oneDNN runs bf16 GEMMs with bf16 instructions here (AVX512-BF16 or AMX); decided at
+// run time from oneDNN's effective ISA, so ONEDNN_MAX_CPU_ISA=AVX2 forces the widening path.
+bool bf16_gemm_native();
+// One line for the start line and bench: which bf16 path this CPU takes and why.
+const char* bf16_gemm_path();
 // CUDA (core/cuda/gemm_cuda.cpp, CUDA builds only): the same on device pointers, enqueued on
 // `stream`, through the process's CublasLtGemm (core/cuda/cuda_context.h).
 void gemm_cuda(float* c, const float* a, const float* b, const GemmArgs& args, CudaStream stream);

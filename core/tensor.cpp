@@ -7,6 +7,7 @@
 #include "core/allocator.h"
 #include "core/capture_guard.h"
 #include "core/check.h"
+#include "core/device.h"
 
 #if defined(FT_HAVE_CUDA)
 #include "core/cuda/cuda_context.h"
@@ -27,6 +28,14 @@ CachingAllocator& allocator_for(Device device) {
 
 }  // namespace
 
+const char* dtype_name(DType dtype) {
+  return dtype == DType::kBF16 ? "bf16" : "fp32";
+}
+
+void Tensor::throw_dtype_mismatch(DType asked) const {
+  FT_FAIL("a ", dtype_name(dtype_), " tensor ", shape_str(shape_), " read as ", dtype_name(asked));
+}
+
 int64_t shape_numel(const Shape& shape) {
   int64_t count = 1;
   for (int64_t extent : shape) {
@@ -44,8 +53,10 @@ std::string shape_str(const Shape& shape) {
   return out.str();
 }
 
-Tensor Tensor::allocate(const Shape& shape, Device device, CachingAllocator& allocator) {
+Tensor Tensor::allocate(const Shape& shape, Device device, DType dtype,
+                        CachingAllocator& allocator) {
   Tensor tensor;
+  tensor.dtype_ = dtype;
   tensor.shape_ = shape;
   tensor.numel_ = shape_numel(shape);
   tensor.device_ = device;
@@ -54,24 +65,24 @@ Tensor Tensor::allocate(const Shape& shape, Device device, CachingAllocator& all
   void* block = source->allocate(bytes);
   tensor.storage_ =
       std::shared_ptr<void>(block, [source, bytes](void* ptr) { source->release(ptr, bytes); });
-  tensor.base_ = static_cast<float*>(block);
+  tensor.base_ = block;
   return tensor;
 }
 
-Tensor Tensor::empty(const Shape& shape, Device device) {
-  return allocate(shape, device, allocator_for(device));
+Tensor Tensor::empty(const Shape& shape, Device device, DType dtype) {
+  return allocate(shape, device, dtype, allocator_for(device));
 }
 
 Tensor Tensor::empty_pinned(const Shape& shape) {
 #if defined(FT_HAVE_CUDA)
-  return allocate(shape, Device::kCpu, CachingAllocator::pinned());
+  return allocate(shape, Device::kCpu, DType::kF32, CachingAllocator::pinned());
 #else
   return empty(shape, Device::kCpu);
 #endif
 }
 
-Tensor Tensor::zeros(const Shape& shape, Device device) {
-  Tensor tensor = empty(shape, device);
+Tensor Tensor::zeros(const Shape& shape, Device device, DType dtype) {
+  Tensor tensor = empty(shape, device, dtype);
   tensor.fill(0.0f);
   return tensor;
 }
@@ -79,6 +90,16 @@ Tensor Tensor::zeros(const Shape& shape, Device device) {
 Tensor Tensor::wrap(float* data, const Shape& shape, Device device) {
   Tensor tensor;
   tensor.base_ = data;
+  tensor.shape_ = shape;
+  tensor.numel_ = shape_numel(shape);
+  tensor.device_ = device;
+  return tensor;
+}
+
+Tensor Tensor::wrap(bf16_bits* data, const Shape& shape, Device device) {
+  Tensor tensor;
+  tensor.base_ = data;
+  tensor.dtype_ = DType::kBF16;
   tensor.shape_ = shape;
   tensor.numel_ = shape_numel(shape);
   tensor.device_ = device;
@@ -111,6 +132,12 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 }
 
 void Tensor::fill(float value) {
+  if (dtype_ == DType::kBF16) {
+    FT_CHECK(device_ == Device::kCpu, "fill of a bf16 tensor on ", device_name(device_),
+             ": not built (bf16 runs on the cpu only)");
+    std::fill(bf16_data(), bf16_data() + numel_, float_to_bf16(value));
+    return;
+  }
 #if defined(FT_HAVE_CUDA)
   if (device_ == Device::kCuda)
     return cuda_fill(data(), numel_, value, cuda_context().compute_stream());
@@ -121,16 +148,20 @@ void Tensor::fill(float value) {
 void Tensor::copy_from(const Tensor& source) {
   FT_CHECK(source.numel() == numel_, "copy_from: ", shape_str(source.shape()), " into ",
            shape_str(shape_));
+  FT_CHECK(source.dtype() == dtype_, "copy_from: a ", dtype_name(source.dtype()), " tensor into a ",
+           dtype_name(dtype_), " one");
   if (numel_ == 0) return;
+  void* destination = typed_data(dtype_);
+  const void* origin = source.typed_data(dtype_);
 #if defined(FT_HAVE_CUDA)
   if (device_ == Device::kCuda || source.device() == Device::kCuda)
-    return cuda_copy(data(), source.data(), bytes(), cuda_context().compute_stream());
+    return cuda_copy(destination, origin, bytes(), cuda_context().compute_stream());
 #endif
-  std::memcpy(data(), source.data(), bytes());
+  std::memcpy(destination, origin, bytes());
 }
 
 Tensor Tensor::to(Device device) const {
-  Tensor result = Tensor::empty(shape_, device);
+  Tensor result = Tensor::empty(shape_, device, dtype_);
   result.copy_from(*this);
   return result;
 }
@@ -139,6 +170,12 @@ std::vector<float> Tensor::to_host_vector() const {
   // On every device: the CPU tests run the captured step's sequence under the guard.
   require_not_capturing("Tensor::to_host_vector (reading a tensor on the host)");
   std::vector<float> host(static_cast<size_t>(numel_));
+  if (dtype_ == DType::kBF16) {
+    const Tensor on_host = device_ == Device::kCpu ? *this : to(Device::kCpu);
+    const bf16_bits* bits = on_host.bf16_data();
+    for (int64_t i = 0; i < numel_; ++i) host[i] = bf16_to_float(bits[i]);
+    return host;
+  }
   if (numel_ > 0) Tensor::wrap(host.data(), shape_).copy_from(*this);
   return host;
 }

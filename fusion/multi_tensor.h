@@ -19,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/math/bf16_math.h"
 #include "fusion/multi_tensor_launch.h"
 #include "model/optimizer.h"
 #include "model/params.h"
@@ -43,11 +44,15 @@ struct MultiTensorPlan {
 // REQUIRES: params allocated. Adjacent parameters with equal flags merge into one segment.
 MultiTensorPlan make_multi_tensor_plan(const ParamStore& params);
 
-// Each array is laid out like ParamStore::flat_values() and holds plan.numel floats.
+// Each array is laid out like ParamStore::flat_values() and holds plan.numel floats. A non-null
+// `bf16_values` (train.precision: bf16) receives the updated values rounded to bf16 segment by
+// segment, the horizontal fusion of the weight-copy sweep into the update; its unfused twin is
+// ParamStore::refresh_bf16_copies after a per-tensor step, and the two agree bit for bit.
 void multi_tensor_adamw(const MultiTensorPlan& plan, float* values, float* exp_avg,
-                        float* exp_avg_sq, const float* grads, const AdamWStep& step);
+                        float* exp_avg_sq, const float* grads, const AdamWStep& step,
+                        bf16_bits* bf16_values = nullptr);
 void multi_tensor_sgd(const MultiTensorPlan& plan, float* values, float* momentum_buffer,
-                      const float* grads, const SgdStep& step);
+                      const float* grads, const SgdStep& step, bf16_bits* bf16_values = nullptr);
 
 // Over `numel` flat floats, chunked.
 void multi_tensor_zero(float* data, int64_t numel);
@@ -68,10 +73,13 @@ class MultiTensorSweep : public ParamSweep {
   void scale(ParamStore& params, float scale) override;
   void zero(ParamStore& params) override;
   void square_sum_on_device(ParamStore& params, double* device_total) override;
+  // On the cpu adamw and sgd write the store's bf16 copies as they update the masters.
+  bool writes_bf16_copies() const override { return true; }
 
   const MultiTensorPlan& plan() const { return plan_; }
 
  private:
+  static bf16_bits* bf16_copies(ParamStore& params);
   // Tables packed for a pass over arrays laid out like flat_values() that start at `bases`,
   // repacked when the bases change (the trainer's buffers do not move, so normally once).
   template <int Depth>

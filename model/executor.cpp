@@ -86,14 +86,16 @@ Workspace Executor::make_workspace() const {
     const Value& value = graph_.values[id];
     ws.row_strides[id] = graph_.row_stride(id);
     if (value.is_view()) continue;
-    ws.values[id] = Tensor::zeros(value.shape, device);
+    ws.values[id] = Tensor::zeros(value.shape, device, value.dtype);
     if (needs_grad(id)) ws.grads[id] = Tensor::zeros(value.shape, device);
   }
   for (ValueId id = 0; id < count; ++id) {
     const Value& value = graph_.values[id];
     if (!value.is_view()) continue;
-    ws.values[id] =
-        Tensor::wrap(ws.values[value.view_of].data() + value.column_offset, value.shape, device);
+    Tensor& root = ws.values[value.view_of];
+    ws.values[id] = value.dtype == DType::kBF16
+                        ? Tensor::wrap(root.bf16_data() + value.column_offset, value.shape, device)
+                        : Tensor::wrap(root.data() + value.column_offset, value.shape, device);
     if (needs_grad(value.view_of))
       ws.grads[id] =
           Tensor::wrap(ws.grads[value.view_of].data() + value.column_offset, value.shape, device);
@@ -156,7 +158,9 @@ void Executor::forward(Workspace& ws) {
   if (!ws.inputs_staged) stage_inputs(ws);
   ws.inputs_staged = false;
   // A train forward updates BatchNorm running statistics.
-  if (graph_.mode == GraphMode::kTrain) params_.mark_changed();
+  if (graph_.mode == GraphMode::kTrain) params_.mark_buffers_changed();
+  // The unfused twin of an optimizer that writes the bf16 weight copies: one cast sweep.
+  if (params_.bf16_copies_stale()) params_.refresh_bf16_copies();
   const bool timed = profiling_ || observer_ != nullptr;
   for (int op_index = 0; op_index < static_cast<int>(graph_.ops.size()); ++op_index) {
     const Op& op = *graph_.ops[op_index];

@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "model/ops/attention_mix.h"
 #include "model/ops/attention_scores.h"
+#include "model/ops/cast.h"
 #include "model/ops/causal_softmax.h"
 #include "model/ops/cross_entropy.h"
 #include "model/ops/dropout.h"
@@ -92,8 +93,11 @@ namespace {
 // Appends ops to a graph, keeping the shape arithmetic and dropout salts in one place.
 class GptGraphBuilder {
  public:
-  GptGraphBuilder(const GptShape& shape, int batch, GraphMode mode)
-      : shape_(shape), batch_(batch), rows_(static_cast<int64_t>(batch) * shape.seq_len) {
+  GptGraphBuilder(const GptShape& shape, int batch, GraphMode mode, DType gemm_dtype)
+      : shape_(shape),
+        batch_(batch),
+        rows_(static_cast<int64_t>(batch) * shape.seq_len),
+        gemm_dtype_(gemm_dtype) {
     graph_.mode = mode;
   }
 
@@ -112,11 +116,27 @@ class GptGraphBuilder {
     return y;
   }
 
+  // x as a GEMM reads it: x itself in fp32; in bf16 the output of a cast op, one per value
+  // however many GEMMs read it (q, k and v share ln_1's).
+  ValueId gemm_input(ValueId x) {
+    if (gemm_dtype_ == DType::kF32) return x;
+    for (const auto& [fp32, bf16] : casts_)
+      if (fp32 == x) return bf16;
+    const Value& value = graph_.values[x];
+    const int64_t cols = value.shape.back();
+    const std::string name = value.name + ".bf16";
+    const ValueId y = graph_.add_value(name, value.shape, DType::kBF16);
+    graph_.add_op<CastOp>(name, {x}, {y}, {}, shape_numel(value.shape) / cols, cols);
+    casts_.emplace_back(x, y);
+    return y;
+  }
+
   // Rows [row_offset, row_offset + out) of weight [*, in] and of bias.
   ValueId linear(const std::string& name, ValueId x, int64_t in, int64_t out, ParamId weight,
                  ParamId bias, int64_t row_offset = 0) {
     const ValueId y = activation(name, out);
-    graph_.add_op<LinearOp>(name, {x}, {y}, {weight, bias}, rows_, in, out, true, row_offset);
+    graph_.add_op<LinearOp>(name, {gemm_input(x)}, {y}, {weight, bias}, rows_, in, out, true,
+                            row_offset);
     return y;
   }
 
@@ -155,20 +175,23 @@ class GptGraphBuilder {
   GptShape shape_;
   int64_t batch_;
   int64_t rows_;
+  DType gemm_dtype_;
+  std::vector<std::pair<ValueId, ValueId>> casts_;  // fp32 value -> its bf16 cast
   uint64_t dropout_count_ = 0;
   Graph graph_;
 };
 
 }  // namespace
 
-Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids, GraphMode mode) {
+Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids, GraphMode mode,
+                      DType gemm_dtype) {
   validate_gpt_shape(shape);
   FT_CHECK(batch >= 1, "build_gpt_graph: batch ", batch, " must be >= 1");
   FT_CHECK(static_cast<int>(ids.blocks.size()) == shape.n_layer,
            "build_gpt_graph: ", ids.blocks.size(),
            " registered blocks, shape has n_layer = ", shape.n_layer);
   const int64_t C = shape.d_model, V = shape.vocab_size;
-  GptGraphBuilder builder(shape, batch, mode);
+  GptGraphBuilder builder(shape, batch, mode, gemm_dtype);
   Graph& graph = builder.graph();
 
   const ValueId embedded = builder.activation("embedding", C);
@@ -227,7 +250,8 @@ Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids, 
 
   const ValueId ln_f = builder.layernorm("ln_f", x, ids.ln_f_weight, ids.ln_f_bias);
   const ValueId logits = graph.add_value("logits", {builder.rows(), V});
-  graph.add_op<TiedLmHeadOp>("lm_head", {ln_f}, {logits}, {ids.wte}, builder.rows(), C, V);
+  graph.add_op<TiedLmHeadOp>("lm_head", {builder.gemm_input(ln_f)}, {logits}, {ids.wte},
+                             builder.rows(), C, V);
   const ValueId loss = graph.add_value("loss", {1});
   graph.add_op<SoftmaxCrossEntropyOp>("cross_entropy", {logits}, {loss}, {}, builder.rows(), V);
   graph.output = logits;
@@ -235,9 +259,10 @@ Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids, 
   return builder.take();
 }
 
-Graph build_gpt(const GptShape& shape, int batch, ParamStore& params, GraphMode mode) {
+Graph build_gpt(const GptShape& shape, int batch, ParamStore& params, GraphMode mode,
+                DType gemm_dtype) {
   const GptParamIds ids = register_gpt_params(shape, params);
-  return build_gpt_graph(shape, batch, ids, mode);
+  return build_gpt_graph(shape, batch, ids, mode, gemm_dtype);
 }
 
 }  // namespace ft

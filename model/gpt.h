@@ -67,11 +67,14 @@ GptParamIds register_gpt_params(const GptShape& shape, ParamStore& params);
 //   logits = ln_f(x) wte^T; loss = cross_entropy(logits, targets)
 // Each dropout op gets a distinct salt, so their masks are independent within a step.
 // An eval graph has no dropout ops.
+// gemm_dtype bf16 (train.precision: bf16) reads every Linear's and the LM head's x through a cast
+// op to a bf16 value (one per value), as CPU autocast does; those ops then multiply the bf16
+// weight copies (ParamStore::enable_bf16_copies). Attention's GEMMs stay fp32.
 Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids,
-                      GraphMode mode = GraphMode::kTrain);
+                      GraphMode mode = GraphMode::kTrain, DType gemm_dtype = DType::kF32);
 
 // register_gpt_params + build_gpt_graph, for callers that need a single graph.
 Graph build_gpt(const GptShape& shape, int batch, ParamStore& params,
-                GraphMode mode = GraphMode::kTrain);
+                GraphMode mode = GraphMode::kTrain, DType gemm_dtype = DType::kF32);
 
 }  // namespace ft

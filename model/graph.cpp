@@ -42,6 +42,8 @@ const char* op_kind_name(OpKind kind) {
       return "relu";
     case OpKind::kGlobalAvgPool:
       return "global_avg_pool";
+    case OpKind::kCast:
+      return "cast";
     case OpKind::kLinearGelu:
       return "linear_gelu";
     case OpKind::kResidualLayerNorm:
@@ -74,8 +76,10 @@ const char* op_kind_name(OpKind kind) {
 
 OpCost Op::cost(const Graph& graph) const {
   OpCost cost;
-  for (ValueId id : inputs) cost.bytes_read += 4.0 * static_cast<double>(graph.numel(id));
-  for (ValueId id : outputs) cost.bytes_written += 4.0 * static_cast<double>(graph.numel(id));
+  for (ValueId id : inputs)
+    cost.bytes_read += graph.element_bytes(id) * static_cast<double>(graph.numel(id));
+  for (ValueId id : outputs)
+    cost.bytes_written += graph.element_bytes(id) * static_cast<double>(graph.numel(id));
   return cost;
 }
 
@@ -95,6 +99,7 @@ ValueId Graph::add_view(const std::string& name, ValueId base, int64_t column_of
   Value view{name, {rows, width}};
   view.view_of = base;
   view.column_offset = column_offset;
+  view.dtype = values[base].dtype;
   values.push_back(view);
   return static_cast<ValueId>(values.size() - 1);
 }

@@ -45,6 +45,7 @@ enum class OpKind {
   kBatchNormInference,  // running statistics (eval)
   kRelu,
   kGlobalAvgPool,
+  kCast,  // fp32 -> bf16 copy of a GEMM operand (train.precision: bf16), as autocast launches
   // fused (built by fusion/ passes)
   kLinearGelu,
   kResidualLayerNorm,
@@ -78,6 +79,9 @@ struct Value {
   int64_t column_offset = 0;
   // False for values no gradient flows into (the images); they get no gradient buffer.
   bool needs_grad = true;
+  // bf16 for the GEMM operands of train.precision: bf16 (a view has its root's). Gradients are
+  // fp32 whatever the value's dtype: every gradient reduction and optimizer input stays fp32.
+  DType dtype = DType::kF32;
 
   bool is_view() const { return view_of >= 0; }
 };
@@ -153,6 +157,9 @@ class Op {
   // True if the op reads its inputs and writes its outputs through ws.row_stride(), so they may
   // be column views. validate() rejects a view wired to an op that does not.
   virtual bool supports_views() const { return false; }
+  // True if the op reads or writes bf16 values where a graph wires them (dispatching on the
+  // value's dtype). validate() rejects a bf16 value wired to an op that does not.
+  virtual bool handles_bf16() const { return false; }
   // FLOPs of forward and backward; the default counts none (data movement only).
   virtual OpCost cost(const Graph& graph) const;
 
@@ -172,9 +179,15 @@ class Graph {
   ValueId output = -1;  // logits
   ValueId loss = -1;    // scalar [1]
 
-  ValueId add_value(const std::string& name, const Shape& shape) {
+  ValueId add_value(const std::string& name, const Shape& shape, DType dtype = DType::kF32) {
     values.push_back({name, shape});
+    values.back().dtype = dtype;
     return static_cast<ValueId>(values.size() - 1);
+  }
+  DType dtype(ValueId id) const { return values.at(id).dtype; }
+  // Bytes of one element of `id`.
+  double element_bytes(ValueId id) const {
+    return static_cast<double>(dtype_size(values.at(id).dtype));
   }
   // A [rows, width] column view of `base` (a root or a view, which is resolved to its root)
   // starting at `column_offset`. REQUIRES: base's rows hold at least column_offset + width.

@@ -144,6 +144,8 @@ void validate(const Graph& graph) {
                "' reads '", value.name, "' before any op writes it");
       FT_CHECK(!value.is_view() || op.supports_views(), "op '", op.name, "' (", op.kind(),
                ") reads the view '", value.name, "' but does not support views");
+      FT_CHECK(value.dtype == DType::kF32 || op.handles_bf16(), "op '", op.name, "' (", op.kind(),
+               ") reads the bf16 value '", value.name, "' but handles fp32 only");
     }
     for (ValueId id : op.outputs) {
       FT_CHECK(id >= 0 && id < count, "op '", op.name, "' writes value ", id,
@@ -153,6 +155,8 @@ void validate(const Graph& graph) {
                graph.ops[writer[id]]->name, "' and '", op.name, "'");
       FT_CHECK(!value.is_view() || op.supports_views(), "op '", op.name, "' (", op.kind(),
                ") writes the view '", value.name, "' but does not support views");
+      FT_CHECK(value.dtype == DType::kF32 || op.handles_bf16(), "op '", op.name, "' (", op.kind(),
+               ") writes the bf16 value '", value.name, "' but handles fp32 only");
       writer[id] = op_index;
       written[id] = 1;
       if (value.is_view()) written[value.view_of] = 1;

@@ -254,6 +254,7 @@ class AdamW : public Optimizer {
     ++steps_taken_;
     sweep_->adamw(params, exp_avg_, exp_avg_sq_, adamw_step_constants(options_, steps_taken_, lr));
     params.mark_changed();
+    if (sweep_->writes_bf16_copies()) params.mark_bf16_copies_fresh();
   }
 
   void next_step_constants(float lr, DeviceStepControl* control) const override {
@@ -282,6 +283,7 @@ class Sgd : public Optimizer {
     ++steps_taken_;
     sweep_->sgd(params, momentum_buffer_, constants);
     params.mark_changed();
+    if (sweep_->writes_bf16_copies()) params.mark_bf16_copies_fresh();
   }
 
   void next_step_constants(float lr, DeviceStepControl* control) const override {

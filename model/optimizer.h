@@ -102,6 +102,9 @@ class ParamSweep {
   // cuda only: square_sum written to *device_total (one device double), with no host
   // synchronisation, so a CUDA graph can capture it.
   virtual void square_sum_on_device(ParamStore& params, double* device_total) = 0;
+  // True if adamw and sgd also write the store's bf16 weight copies (train.precision: bf16), so
+  // the optimizer marks them fresh; otherwise the next forward casts them again.
+  virtual bool writes_bf16_copies() const { return false; }
 
   // While set (a CUDA-graph step), the cuda adamw and sgd passes read their constants, the clip
   // scale and the skip decision from `control` (device memory, model/step_control.h) instead of

@@ -2,7 +2,9 @@
 
 #include <cstring>
 
+#include "core/bf16_cast.h"
 #include "core/check.h"
+#include "core/device.h"
 #include "core/rng.h"
 
 namespace ft {
@@ -37,6 +39,17 @@ ParamId ParamStore::add_buffer(const std::string& name, const Shape& shape, Para
   return add_entry(std::move(param));
 }
 
+void ParamStore::enable_bf16_copies() {
+  FT_CHECK(!allocated_, "enable_bf16_copies() after allocate()");
+  bf16_copies_ = true;
+}
+
+void ParamStore::refresh_bf16_copies() {
+  FT_CHECK(bf16_copies_ && allocated_, "refresh_bf16_copies() without allocated bf16 copies");
+  cast_to_bf16(flat_bf16_values_.bf16_data(), flat_values_.data(), flat_values_.numel());
+  bf16_stale_ = false;
+}
+
 void ParamStore::allocate(Device device) {
   FT_CHECK(!allocated_, "allocate() called twice");
   device_ = device;
@@ -49,10 +62,18 @@ void ParamStore::allocate(Device device) {
   flat_values_ = Tensor::zeros({trainable_floats}, device);
   flat_grads_ = Tensor::zeros({trainable_floats}, device);
   flat_buffers_ = Tensor::zeros({buffer_floats}, device);
+  if (bf16_copies_) {
+    FT_CHECK(device == Device::kCpu, "bf16 weight copies on ", device_name(device),
+             ": not built (bf16 runs on the cpu)");
+    flat_bf16_values_ = Tensor::zeros({trainable_floats}, device, DType::kBF16);
+  }
   for (Param& param : params_) {
     if (param.trainable) {
       param.value = Tensor::wrap(flat_values_.data() + param.offset, param.shape, device);
       param.grad = Tensor::wrap(flat_grads_.data() + param.offset, param.shape, device);
+      if (bf16_copies_)
+        param.bf16_value =
+            Tensor::wrap(flat_bf16_values_.bf16_data() + param.offset, param.shape, device);
     } else {
       param.value = Tensor::wrap(flat_buffers_.data() + param.offset, param.shape, device);
     }

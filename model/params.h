@@ -26,6 +26,9 @@ struct Param {
   int64_t offset = 0;        // floats into the flat value (and grad) buffer of its kind
   Tensor value;
   Tensor grad;  // undefined for buffers
+  // The bf16 copy of a trainable value that bf16 GEMMs read (ParamStore::enable_bf16_copies);
+  // undefined otherwise. Never saved: checkpoints hold the fp32 masters only.
+  Tensor bf16_value;
 };
 
 class ParamStore {
@@ -41,6 +44,18 @@ class ParamStore {
 
   // Lays out the flat buffers on `device`; views in Param::value/grad are valid afterwards.
   void allocate(Device device = Device::kCpu);
+  // train.precision: bf16. Adds a flat bf16 copy of every trainable value (Param::bf16_value) for
+  // the bf16 GEMMs to read. REQUIRES: before allocate(); device cpu.
+  void enable_bf16_copies();
+  bool has_bf16_copies() const { return bf16_copies_; }
+  Tensor& flat_bf16_values() { return flat_bf16_values_; }
+  // The copies are stale once a value changed (mark_changed) until refresh_bf16_copies() casts
+  // every trainable value again (the unfused twin: a separate sweep after the optimizer), or a
+  // sweep that wrote them as it updated the masters (fusion.horizontal.multi_tensor) calls
+  // mark_bf16_copies_fresh().
+  bool bf16_copies_stale() const { return bf16_copies_ && bf16_stale_; }
+  void refresh_bf16_copies();
+  void mark_bf16_copies_fresh() { bf16_stale_ = false; }
   Device device() const { return device_; }
   // Deterministic initialisation from `seed`, in registration order. On cuda the values are drawn
   // on the host and copied, so both devices start from the same bits.
@@ -67,7 +82,13 @@ class ParamStore {
   // running statistics), checkpoint loading and the start-up broadcast call mark_changed().
   // REQUIRES: any other code that writes values calls mark_changed() before the next forward.
   uint64_t version() const { return version_; }
-  void mark_changed() { ++version_; }
+  void mark_changed() {
+    ++version_;
+    bf16_stale_ = true;
+  }
+  // Only buffers changed (a train forward's BatchNorm running statistics): the bf16 copies of the
+  // trainable values stay valid.
+  void mark_buffers_changed() { ++version_; }
 
  private:
   ParamId add_entry(Param param);
@@ -75,6 +96,9 @@ class ParamStore {
   std::vector<Param> params_;
   std::unordered_map<std::string, ParamId> index_;
   Tensor flat_values_, flat_grads_, flat_buffers_;
+  Tensor flat_bf16_values_;
+  bool bf16_copies_ = false;
+  bool bf16_stale_ = true;
   bool allocated_ = false;
   Device device_ = Device::kCpu;
   uint64_t version_ = 0;

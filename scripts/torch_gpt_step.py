@@ -5,8 +5,12 @@ to the token embedding, AdamW with gradient clipping at 1.0, one thread, eager m
 median and p10-p90 step time over the timed steps (after warm-up).
 
   /usr/bin/python3 scripts/torch_gpt_step.py --layers 4 --width 128 --heads 4 --seq 64 --batch 4
+
+--autocast bf16 runs forward and loss under torch.autocast('cpu', dtype=torch.bfloat16), as
+fusiontrain's train.precision: bf16 (fp32 masters, AdamW and clipping outside autocast).
 """
 import argparse
+import contextlib
 import math
 import statistics
 import time
@@ -68,6 +72,8 @@ def main():
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--autocast", choices=["off", "bf16"], default="off",
+                        help="off: fp32 throughout; bf16: forward under CPU bf16 autocast")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -82,7 +88,10 @@ def main():
         targets = torch.randint(0, 256, (args.batch, args.seq))
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=False)
-        loss = model(tokens, targets)
+        precision = (torch.autocast("cpu", dtype=torch.bfloat16) if args.autocast == "bf16"
+                     else contextlib.nullcontext())
+        with precision:
+            loss = model(tokens, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -91,7 +100,8 @@ def main():
     deciles = statistics.quantiles(times, n=10)
     params = sum(p.numel() for p in model.parameters())
     print(f"torch {torch.__version__} gpt {args.layers}x{args.width}, {args.heads} heads, "
-          f"B={args.batch} T={args.seq}, {params / 1e6:.2f}M parameters, 1 thread: "
+          f"B={args.batch} T={args.seq}, {params / 1e6:.2f}M parameters, autocast {args.autocast}, "
+          f"1 thread: "
           f"median {statistics.median(times):.2f} ms/step (p10-p90 {deciles[0]:.2f}-"
           f"{deciles[-1]:.2f}) over {args.steps} steps, final loss {loss.item():.4f}")
 

@@ -18,13 +18,33 @@ void fold_in_rank_order(float* out, const float* parts, size_t length, size_t st
   }
 }
 
+// The same order in fp32, rounded to bf16 once per element.
+void fold_in_rank_order(bf16_bits* out, const bf16_bits* parts, size_t length, size_t stride,
+                        int ranks) {
+  for (size_t i = 0; i < length; ++i) {
+    float sum = bf16_to_float(parts[i]);
+    for (int r = 1; r < ranks; ++r)
+      sum += bf16_to_float(parts[static_cast<size_t>(r) * stride + i]);
+    out[i] = float_to_bf16(sum);
+  }
+}
+
+MPI_Datatype mpi_type(const float*) {
+  return MPI_FLOAT;
+}
+// Point-to-point only moves the bits; no MPI reduction is ever applied to them.
+MPI_Datatype mpi_type(const bf16_bits*) {
+  return MPI_UINT16_T;
+}
+
 // Two tags per operation (scatter, gather), cycling below the guaranteed MPI_TAG_UB of 32767.
 constexpr int64_t kTagCycle = 16000;
 
 }  // namespace
 
-FoldAllreduce::FoldAllreduce(MPI_Comm comm, int64_t sequence, float* buffer, size_t count,
-                             std::vector<float>* scratch)
+template <typename T>
+FoldAllreduceOf<T>::FoldAllreduceOf(MPI_Comm comm, int64_t sequence, T* buffer, size_t count,
+                                    std::vector<T>* scratch)
     : comm_(comm),
       tag_base_(static_cast<int>(sequence % kTagCycle) * 2),
       buffer_(buffer),
@@ -37,21 +57,24 @@ FoldAllreduce::FoldAllreduce(MPI_Comm comm, int64_t sequence, float* buffer, siz
   if (count == 0 || ranks_ == 1) phase_ = Phase::kDone;
 }
 
-FoldAllreduce::~FoldAllreduce() = default;
+template <typename T>
+FoldAllreduceOf<T>::~FoldAllreduceOf() = default;
 
-void FoldAllreduce::post(float* data, size_t count, int peer, int tag, bool send) {
+template <typename T>
+void FoldAllreduceOf<T>::post(T* data, size_t count, int peer, int tag, bool send) {
   requests_.emplace_back();
   const int length = static_cast<int>(count);  // <= kSegmentFloats
   if (send) {
-    FT_MPI_CHECK(MPI_Isend(data, length, MPI_FLOAT, peer, tag, comm_, &requests_.back()));
+    FT_MPI_CHECK(MPI_Isend(data, length, mpi_type(data), peer, tag, comm_, &requests_.back()));
   } else {
-    FT_MPI_CHECK(MPI_Irecv(data, length, MPI_FLOAT, peer, tag, comm_, &requests_.back()));
+    FT_MPI_CHECK(MPI_Irecv(data, length, mpi_type(data), peer, tag, comm_, &requests_.back()));
   }
 }
 
-void FoldAllreduce::post_scatter() {
+template <typename T>
+void FoldAllreduceOf<T>::post_scatter() {
   segment_count_ = std::min(kSegmentFloats, count_ - segment_begin_);
-  float* segment = buffer_ + segment_begin_;
+  T* segment = buffer_ + segment_begin_;
   // Chunk r is [chunk_begin_[r], chunk_begin_[r + 1]); rank r folds it. Sending everything is the
   // case of one chunk that every rank folds.
   for (int r = 0; r <= ranks_; ++r) {
@@ -72,8 +95,9 @@ void FoldAllreduce::post_scatter() {
   phase_ = Phase::kScatter;
 }
 
-void FoldAllreduce::fold_and_post_gather() {
-  float* segment = buffer_ + segment_begin_;
+template <typename T>
+void FoldAllreduceOf<T>::fold_and_post_gather() {
+  T* segment = buffer_ + segment_begin_;
   const size_t mine_begin = send_all_ ? 0 : chunk_begin_[rank_];
   const size_t mine = send_all_ ? segment_count_ : chunk_begin_[rank_ + 1] - mine_begin;
   fold_in_rank_order(segment + mine_begin, scratch_->data(), mine, mine, ranks_);
@@ -89,7 +113,8 @@ void FoldAllreduce::fold_and_post_gather() {
   phase_ = Phase::kGather;
 }
 
-bool FoldAllreduce::progress(bool block) {
+template <typename T>
+bool FoldAllreduceOf<T>::progress(bool block) {
   while (phase_ != Phase::kDone) {
     if (phase_ == Phase::kStart) {
       post_scatter();
@@ -112,5 +137,8 @@ bool FoldAllreduce::progress(bool block) {
   }
   return true;
 }
+
+template class FoldAllreduceOf<float>;
+template class FoldAllreduceOf<bf16_bits>;
 
 }  // namespace ft

@@ -10,6 +10,9 @@
 // Messages are tagged with the operation's sequence number, so several operations may be in
 // flight and progress in any order (nonblocking collectives would have to be posted in the same
 // order on every rank, which a test()-driven state machine cannot promise).
+// T is float or bf16_bits (comm.grad_dtype: bf16). A bf16 element is folded in fp32 and rounded
+// once at the end, so it too is independent of bucketing; with two ranks (one addition) that is
+// the same bf16(float(a) + float(b)) as the MPI reduction of comm/mpi/bf16_reduction.h.
 // Thread safety: one thread drives an instance; MPI calls follow the Communicator contract.
 #pragma once
 #include <mpi.h>
@@ -18,21 +21,26 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/math/bf16_math.h"
+
 namespace ft {
 
-class FoldAllreduce {
+template <typename T>
+class FoldAllreduceOf {
  public:
-  static constexpr size_t kSegmentFloats = size_t{1} << 22;  // 16 MiB
+  // Elements of T, named for the float case they were sized for.
+  static constexpr size_t kSegmentFloats = size_t{1} << 22;  // 16 MiB of floats
   static constexpr size_t kSendAllFloats = 1 << 13;          // count * ranks up to this
 
   // `sequence` numbers the operations on `comm` in the order every rank starts them.
-  // REQUIRES: nobody else touches `buffer` (count floats) until done; `comm` and `scratch` outlive
-  // this; `scratch` is not used by another operation in flight (it is reused to save allocations).
-  FoldAllreduce(MPI_Comm comm, int64_t sequence, float* buffer, size_t count,
-                std::vector<float>* scratch);
-  ~FoldAllreduce();  // cancels nothing: REQUIRES progress() returned true, or MPI is aborting
-  FoldAllreduce(const FoldAllreduce&) = delete;
-  FoldAllreduce& operator=(const FoldAllreduce&) = delete;
+  // REQUIRES: nobody else touches `buffer` (count elements) until done; `comm` and `scratch`
+  // outlive this; `scratch` is not used by another operation in flight (it is reused to save
+  // allocations).
+  FoldAllreduceOf(MPI_Comm comm, int64_t sequence, T* buffer, size_t count,
+                  std::vector<T>* scratch);
+  ~FoldAllreduceOf();  // cancels nothing: REQUIRES progress() returned true, or MPI is aborting
+  FoldAllreduceOf(const FoldAllreduceOf&) = delete;
+  FoldAllreduceOf& operator=(const FoldAllreduceOf&) = delete;
 
   // Advances the operation; returns true once `buffer` holds the sum. With block = true it only
   // returns when done. Throws ft::Error naming the MPI call that failed.
@@ -42,13 +50,13 @@ class FoldAllreduce {
   enum class Phase { kStart, kScatter, kGather, kDone };
   void post_scatter();
   void fold_and_post_gather();
-  void post(float* data, size_t count, int peer, int tag, bool send);
+  void post(T* data, size_t count, int peer, int tag, bool send);
 
   MPI_Comm comm_;
   int tag_base_ = 0;
-  float* buffer_;
+  T* buffer_;
   size_t count_;
-  std::vector<float>* scratch_;
+  std::vector<T>* scratch_;
   int rank_ = 0, ranks_ = 1;
   bool send_all_ = false;
   size_t segment_begin_ = 0, segment_count_ = 0;
@@ -56,5 +64,10 @@ class FoldAllreduce {
   std::vector<MPI_Request> requests_;
   Phase phase_ = Phase::kStart;
 };
+
+using FoldAllreduce = FoldAllreduceOf<float>;
+using FoldAllreduceBf16 = FoldAllreduceOf<bf16_bits>;
+extern template class FoldAllreduceOf<float>;
+extern template class FoldAllreduceOf<bf16_bits>;
 
 }  // namespace ft

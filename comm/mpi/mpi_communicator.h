@@ -5,6 +5,8 @@
 // Summation::kRankOrder folds sums in rank order (FoldAllreduce, used from three ranks up; two
 // ranks add exactly one pair, so MPI_Allreduce is already exact there), so results are bitwise
 // independent of how gradients are bucketed. kAverage is a sum followed by one scale pass.
+// bf16 buffers reduce with a user-defined MPI reduction (comm/mpi/bf16_reduction.h), or fold in
+// rank order like floats.
 // Every blocking wait is watched (comm/collective_watchdog.h): one that outlives comm.timeout_s
 // ends the process with a report instead of hanging.
 // Thread safety: MPI calls happen on whichever thread calls in; callers serialise them (the
@@ -18,6 +20,7 @@
 
 #include "comm/collective_watchdog.h"
 #include "comm/communicator.h"
+#include "comm/mpi/bf16_reduction.h"
 
 namespace ft {
 
@@ -39,6 +42,9 @@ class MpiCommunicator final : public Communicator {
   void allreduce(float* buffer, size_t count, const AllreduceOptions& options) override;
   std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count,
                                               const AllreduceOptions& options) override;
+  void allreduce_bf16(bf16_bits* buffer, size_t count, const AllreduceOptions& options) override;
+  std::unique_ptr<CommHandle> allreduce_bf16_async(bf16_bits* buffer, size_t count,
+                                                   const AllreduceOptions& options) override;
   void broadcast(float* buffer, size_t count, int root) override;
   void barrier() override;
   void set_timeout_s(double seconds) override { watchdog_->set_timeout_s(seconds); }
@@ -50,13 +56,27 @@ class MpiCommunicator final : public Communicator {
  private:
   // True when `summation` needs FoldAllreduce rather than the library's call.
   bool folds(Summation summation) const;
+  // The float and bf16 calls share one body; these pick the element's MPI type, sum and scratch.
+  template <typename T>
+  void allreduce_of(T* buffer, size_t count, const AllreduceOptions& options);
+  template <typename T>
+  std::unique_ptr<CommHandle> allreduce_async_of(T* buffer, size_t count,
+                                                 const AllreduceOptions& options);
+  MPI_Datatype mpi_type(const float*) const;
+  MPI_Datatype mpi_type(const bf16_bits*) const;
+  MPI_Op mpi_sum(const float*) const;
+  MPI_Op mpi_sum(const bf16_bits*) const;
+  std::vector<float>& scratch(const float*);
+  std::vector<bf16_bits>& scratch(const bf16_bits*);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
   int local_rank_ = 0;
   std::unique_ptr<CollectiveWatchdog> watchdog_;  // created once rank_ is known
+  std::unique_ptr<Bf16Reduction> bf16_;           // the bf16 datatype and sum
   std::vector<float> scratch_;                    // FoldAllreduce's receive area for blocking calls
+  std::vector<bf16_bits> scratch_bf16_;           // the same for bf16 folds
   int64_t next_sequence_ = 0;  // FoldAllreduce operations started, the same on every rank
 };
 

@@ -88,13 +88,13 @@ ncclRedOp_t nccl_op(ReduceOp op) {
           " (allowed: kSum, kAverage)");
 }
 
-void check_device_buffer(const float* buffer, size_t count, const char* call) {
+void check_device_buffer(const void* buffer, size_t count, const char* call) {
   if (count == 0) return;
   FT_CHECK(buffer != nullptr, call, ": null buffer with count = ", count);
   cudaPointerAttributes attributes{};
   FT_CUDA_CHECK(cudaPointerGetAttributes(&attributes, buffer));
   FT_CHECK(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
-           call, ": buffer ", static_cast<const void*>(buffer),
+           call, ": buffer ", buffer,
            " is not CUDA device memory (the NCCL backend reduces device buffers; "
            "use the MPI backend for host buffers)");
 }
@@ -149,14 +149,31 @@ class NcclCommunicator : public Communicator {
 
   void allreduce(float* buffer, size_t count, const AllreduceOptions& options) override {
     require_not_capturing("NcclCommunicator::allreduce (blocking)");
-    auto handle = start_allreduce(buffer, count, options, "NcclCommunicator::allreduce");
+    auto handle =
+        start_allreduce(buffer, count, ncclFloat32, options, "NcclCommunicator::allreduce");
     handle->wait();
     handle->synchronize();
   }
 
   std::unique_ptr<CommHandle> allreduce_async(float* buffer, size_t count,
                                               const AllreduceOptions& options) override {
-    return start_allreduce(buffer, count, options, "NcclCommunicator::allreduce_async");
+    return start_allreduce(buffer, count, ncclFloat32, options,
+                           "NcclCommunicator::allreduce_async");
+  }
+
+  // NCCL's bf16 reductions add in fp32 and round to bf16 at each step, as the interface asks.
+  void allreduce_bf16(bf16_bits* buffer, size_t count, const AllreduceOptions& options) override {
+    require_not_capturing("NcclCommunicator::allreduce_bf16 (blocking)");
+    auto handle =
+        start_allreduce(buffer, count, ncclBfloat16, options, "NcclCommunicator::allreduce_bf16");
+    handle->wait();
+    handle->synchronize();
+  }
+
+  std::unique_ptr<CommHandle> allreduce_bf16_async(bf16_bits* buffer, size_t count,
+                                                   const AllreduceOptions& options) override {
+    return start_allreduce(buffer, count, ncclBfloat16, options,
+                           "NcclCommunicator::allreduce_bf16_async");
   }
 
   void broadcast(float* buffer, size_t count, int root) override {
@@ -233,7 +250,8 @@ class NcclCommunicator : public Communicator {
     comm_stream_ = nullptr;
   }
 
-  std::unique_ptr<NcclHandle> start_allreduce(float* buffer, size_t count,
+  // `buffer` holds `count` elements of `type` (ncclFloat32 or ncclBfloat16).
+  std::unique_ptr<NcclHandle> start_allreduce(void* buffer, size_t count, ncclDataType_t type,
                                               const AllreduceOptions& options, const char* call) {
     FT_CHECK(options.summation == Summation::kNative, call,
              ": rank-order summation (comm.deterministic: true) needs the mpi backend");
@@ -241,8 +259,7 @@ class NcclCommunicator : public Communicator {
     const ncclRedOp_t reduce_op = nccl_op(options.op);
     return enqueue_after_compute([&] {
       if (count == 0) return;
-      FT_NCCL_CHECK(
-          ncclAllReduce(buffer, buffer, count, ncclFloat32, reduce_op, comm_, comm_stream_));
+      FT_NCCL_CHECK(ncclAllReduce(buffer, buffer, count, type, reduce_op, comm_, comm_stream_));
     });
   }
 

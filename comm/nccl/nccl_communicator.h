@@ -1,5 +1,5 @@
-// NCCL backend of ft::Communicator, for float buffers in CUDA device memory. One process drives
-// one GPU, its CUDA context's; the NCCL unique id travels from rank 0 to the others over
+// NCCL backend of ft::Communicator, for float and bf16 buffers in CUDA device memory. One process
+// drives one GPU, its CUDA context's; the NCCL unique id travels from rank 0 to the others over
 // MPI_COMM_WORLD.
 // Collectives run on the communicator's own non-blocking stream, ordered after the work already
 // enqueued on the compute stream (via an event), so gradient buckets can reduce while the

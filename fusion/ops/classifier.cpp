@@ -11,6 +11,7 @@
 #include "core/gemm.h"
 #include "core/math/fast_exp.h"
 #include "model/ops/cross_entropy.h"
+#include "model/ops/linear.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
@@ -21,7 +22,7 @@ constexpr int64_t kThreadedElements = 16384;
 
 }  // namespace
 
-float classifier_forward(float* logits, float* dlogits, const float* x, const float* wte,
+float classifier_forward(float* logits, float* dlogits, GemmOperand x, GemmOperand wte,
                          const int32_t* targets, int64_t rows, int64_t channels, int64_t vocab,
                          int tile_rows) {
   check_class_targets("classifier", targets, rows, vocab);
@@ -35,7 +36,7 @@ float classifier_forward(float* logits, float* dlogits, const float* x, const fl
     args.n = vocab;
     args.k = channels;
     args.transpose_b = true;  // wte is stored [V, C] = [N, K]
-    gemm(logit_block, x + first * channels, wte, args);
+    gemm(logit_block, x.at(first * channels), wte, args);
     // loss = (1/R) sum_r [logsumexp(z_r) - z_r[t_r]]  =>  dz_r[c] = (p_r[c] - [c == t_r]) / R,
     // since d logsumexp(z)/dz[c] = softmax(z)[c]; p is written straight into dlogits.
 #pragma omp parallel for reduction(+ : loss_sum) if (block * vocab >= kThreadedElements)
@@ -64,8 +65,12 @@ float classifier_forward(float* logits, float* dlogits, const float* x, const fl
 }
 
 void classifier_backward(float* dx, bool overwrite_dx, float* dwte, float dloss,
-                         const float* dlogits, const float* x, const float* wte, int64_t rows,
+                         const float* dlogits_fp32, GemmOperand x, GemmOperand wte, int64_t rows,
                          int64_t channels, int64_t vocab) {
+  // bf16 GEMMs multiply a bf16 copy of dlogits, as the Linear family does (model/ops/linear.h).
+  const GemmOperand dlogits =
+      x.dtype == DType::kBF16 ? GemmOperand(bf16_gradient_copy(dlogits_fp32, rows, vocab, vocab))
+                              : GemmOperand(dlogits_fp32);
   // logits = x wte^T  =>  dx = dlogits wte   ([rows, V] · [V, C])
   if (dx != nullptr) {
     GemmArgs args;
@@ -140,9 +145,9 @@ void ClassifierOp::forward(Workspace& ws, ParamStore& params) {
                                   params[this->params[0]].value.data(), ws.device_targets(), rows_,
                                   channels_, vocab_, ws.stream));
   ws.values[outputs[1]].data()[0] =
-      classifier_forward(ws.values[outputs[0]].data(), dlogits, ws.values[inputs[0]].data(),
-                         params[this->params[0]].value.data(), ws.targets.data(), rows_, channels_,
-                         vocab_, tile_rows_);
+      classifier_forward(ws.values[outputs[0]].data(), dlogits, value_operand(ws.values[inputs[0]]),
+                         weight_operand(params[this->params[0]], 0, ws.values[inputs[0]].dtype()),
+                         ws.targets.data(), rows_, channels_, vocab_, tile_rows_);
 }
 
 void ClassifierOp::backward(Workspace& ws, ParamStore& params) {
@@ -163,8 +168,10 @@ void ClassifierOp::backward(Workspace& ws, ParamStore& params) {
               rows_, channels_, vocab_, ws.stream));
   classifier_backward(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr,
                       ws.grad_is_fresh(inputs[0]), params[this->params[0]].grad.data(),
-                      ws.grads[outputs[1]].data()[0], dlogits_.data(), ws.values[inputs[0]].data(),
-                      params[this->params[0]].value.data(), rows_, channels_, vocab_);
+                      ws.grads[outputs[1]].data()[0], dlogits_.data(),
+                      value_operand(ws.values[inputs[0]]),
+                      weight_operand(params[this->params[0]], 0, ws.values[inputs[0]].dtype()),
+                      rows_, channels_, vocab_);
 }
 
 // The LM head's GEMMs plus cross-entropy's softmax; the dlogits block is written in forward and

@@ -18,6 +18,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/gemm.h"
 #include "core/tensor.h"
 #include "model/graph.h"
 
@@ -32,12 +33,13 @@ enum class ClassifierForward {
 
 // Writes logits [rows, V] and, unless `dlogits` is null, dlogits [rows, V] as above; returns the
 // mean loss (accumulated in double). REQUIRES: every target in [0, vocab) (checked).
-float classifier_forward(float* logits, float* dlogits, const float* x, const float* wte,
+float classifier_forward(float* logits, float* dlogits, GemmOperand x, GemmOperand wte,
                          const int32_t* targets, int64_t rows, int64_t channels, int64_t vocab,
                          int tile_rows);
 // dx (+= or, with overwrite_dx, =) dloss · dlogits wte; dwte += dloss · dlogits^T x.
+// x and wte are fp32, or both bf16 (x a bf16 value, wte its bf16 copy: train.precision bf16).
 void classifier_backward(float* dx, bool overwrite_dx, float* dwte, float dloss,
-                         const float* dlogits, const float* x, const float* wte, int64_t rows,
+                         const float* dlogits, GemmOperand x, GemmOperand wte, int64_t rows,
                          int64_t channels, int64_t vocab);
 
 // The same on device pointers, enqueued on `stream` (classifier.cu; CUDA builds only). Forward
@@ -71,6 +73,7 @@ class ClassifierOp : public Op {
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }
+  bool handles_bf16() const override { return true; }
   OpCost cost(const Graph& graph) const override;
 
   int64_t rows() const { return rows_; }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "core/bf16_cast.h"
 #include "core/check.h"
 #include "core/gemm.h"
 #include "core/math/gelu.h"
@@ -18,9 +19,9 @@ constexpr int64_t kThreadedElements = 16384;
 
 }  // namespace
 
-void linear_gelu_forward(float* y, float* pre, const float* x, const float* weight,
-                         const float* bias, int64_t rows, int64_t in_features, int64_t out_features,
-                         int tile_rows, int64_t y_stride, int64_t x_stride) {
+void linear_gelu_forward(float* y, float* pre, GemmOperand x, GemmOperand weight, const float* bias,
+                         int64_t rows, int64_t in_features, int64_t out_features, int tile_rows,
+                         int64_t y_stride, int64_t x_stride) {
   if (y_stride == 0) y_stride = out_features;
   if (x_stride == 0) x_stride = in_features;
   for (int64_t first = 0; first < rows; first += tile_rows) {
@@ -33,7 +34,7 @@ void linear_gelu_forward(float* y, float* pre, const float* x, const float* weig
     args.lda = x_stride;
     args.transpose_b = true;  // W is stored [out, in] = [N, K]
     args.bias = bias;
-    gemm(pre_tile, x + first * x_stride, weight, args);
+    gemm(pre_tile, x.at(first * x_stride), weight, args);
     float* y_tile = y + first * y_stride;
 #pragma omp parallel for if (tile * out_features >= kThreadedElements)
     for (int64_t row = 0; row < tile; ++row) {
@@ -45,9 +46,12 @@ void linear_gelu_forward(float* y, float* pre, const float* x, const float* weig
 }
 
 void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* dbias, float* dpre,
-                          const float* dy, const float* pre, const float* x, const float* weight,
-                          int64_t rows, int64_t in_features, int64_t out_features, int tile_rows,
-                          int64_t dy_stride, int64_t x_stride) {
+                          bf16_bits* dpre_bf16, const float* dy, const float* pre, GemmOperand x,
+                          GemmOperand weight, int64_t rows, int64_t in_features,
+                          int64_t out_features, int tile_rows, int64_t dy_stride,
+                          int64_t x_stride) {
+  FT_CHECK((x.dtype == DType::kBF16) == (dpre_bf16 != nullptr),
+           "linear_gelu_backward: bf16 GEMMs need the dpre_bf16 buffer, fp32 ones take none");
   if (dy_stride == 0) dy_stride = out_features;
   if (x_stride == 0) x_stride = in_features;
   for (int64_t first = 0; first < rows; first += tile_rows) {
@@ -70,6 +74,12 @@ void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* d
         const float* dpre_row = dpre_tile + row * out_features;
         for (int64_t o = 0; o < out_features; ++o) dbias[o] += dpre_row[o];
       }
+    // The bf16 GEMMs multiply dpre rounded to bf16, as the Linear family does with dy.
+    GemmOperand dpre_operand = dpre_tile;
+    if (dpre_bf16 != nullptr) {
+      cast_to_bf16(dpre_bf16 + first * out_features, dpre_tile, tile * out_features);
+      dpre_operand = dpre_bf16 + first * out_features;
+    }
     // pre = x W^T  =>  dx = dpre W   ([tile, out] · [out, in]), while the dpre tile is hot.
     if (dx != nullptr) {
       GemmArgs args;
@@ -78,7 +88,7 @@ void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* d
       args.k = out_features;
       args.ldc = x_stride;
       args.accumulate = !overwrite_dx;
-      gemm(dx + first * x_stride, dpre_tile, weight, args);
+      gemm(dx + first * x_stride, dpre_operand, weight, args);
     }
   }
   // dW = dpre^T x over all rows at once: K = rows keeps this GEMM efficient, and splitting it by
@@ -90,7 +100,10 @@ void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* d
   args.transpose_a = true;  // dpre stored [rows, out] = [K, M]
   args.ldb = x_stride;
   args.accumulate = true;
-  gemm(dweight, dpre, x, args);
+  if (dpre_bf16 != nullptr)
+    gemm(dweight, dpre_bf16, x, args);
+  else
+    gemm(dweight, dpre, x, args);
 }
 
 LinearGeluOp::LinearGeluOp(int64_t rows, int64_t in_features, int64_t out_features, bool has_bias,
@@ -112,11 +125,15 @@ LinearGeluOp::LinearGeluOp(int64_t rows, int64_t in_features, int64_t out_featur
 void LinearGeluOp::forward(Workspace& ws, ParamStore& params) {
   check_linear_wiring(*this, ws, params, rows_, in_features_, out_features_, has_bias_,
                       weight_row_offset_);
-  const int64_t offset = weight_row_offset_;
-  const float* weight = params[this->params[0]].value.data() + offset * in_features_;
-  const float* bias = has_bias_ ? params[this->params[1]].value.data() + offset : nullptr;
+  const int64_t offset = weight_row_offset_ * in_features_;
+  const float* bias =
+      has_bias_ ? params[this->params[1]].value.data() + weight_row_offset_ : nullptr;
   float* y = ws.values[outputs[0]].data();
-  const float* x = ws.values[inputs[0]].data();
+  const Tensor& x_value = ws.values[inputs[0]];
+  FT_CHECK(x_value.dtype() == DType::kF32 || ws.device == Device::kCpu, kind(), " '", name,
+           "': bf16 on ", device_name(ws.device), " is not built; set train.precision: fp32");
+  const GemmOperand x = value_operand(x_value);
+  const GemmOperand weight = weight_operand(params[this->params[0]], offset, x.dtype);
   if (forward_kind_ == LinearGeluForward::kGeluPostOp) {
     GemmArgs args;
     args.m = rows_;
@@ -127,15 +144,17 @@ void LinearGeluOp::forward(Workspace& ws, ParamStore& params) {
     args.transpose_b = true;
     args.bias = bias;
     args.epilogue = Epilogue::kGeluTanh;
-    FT_RUN_ON_CUDA(ws, gemm_cuda(y, x, weight, args, ws.stream));
+    FT_RUN_ON_CUDA(ws, gemm_cuda(y, x_value.data(), params[this->params[0]].value.data() + offset,
+                                 args, ws.stream));
     gemm(y, x, weight, args);
     return;
   }
   if (preactivation_.numel() != rows_ * out_features_ || preactivation_.device() != ws.device)
     preactivation_ = Tensor::empty({rows_, out_features_}, ws.device);
   FT_RUN_ON_CUDA(
-      ws, linear_gelu_forward_cuda(y, preactivation_.data(), x, weight, bias, rows_, in_features_,
-                                   out_features_, ws.row_stride(outputs[0]),
+      ws, linear_gelu_forward_cuda(y, preactivation_.data(), x_value.data(),
+                                   params[this->params[0]].value.data() + offset, bias, rows_,
+                                   in_features_, out_features_, ws.row_stride(outputs[0]),
                                    ws.row_stride(inputs[0]), ws.stream));
   linear_gelu_forward(y, preactivation_.data(), x, weight, bias, rows_, in_features_, out_features_,
                       tile_rows_, ws.row_stride(outputs[0]), ws.row_stride(inputs[0]));
@@ -150,23 +169,29 @@ void LinearGeluOp::backward(Workspace& ws, ParamStore& params) {
            "': backward before forward");
   if (dpreactivation_.numel() != rows_ * out_features_ || dpreactivation_.device() != ws.device)
     dpreactivation_ = Tensor::empty({rows_, out_features_}, ws.device);
-  const int64_t offset = weight_row_offset_;
-  float* dbias = has_bias_ ? params[this->params[1]].grad.data() + offset : nullptr;
+  const int64_t offset = weight_row_offset_ * in_features_;
+  float* dbias = has_bias_ ? params[this->params[1]].grad.data() + weight_row_offset_ : nullptr;
   Tensor& dx = ws.grads[inputs[0]];
+  float* dx_data = dx.defined() && dx.numel() > 0 ? dx.data() : nullptr;
+  const Tensor& x_value = ws.values[inputs[0]];
   FT_RUN_ON_CUDA(
       ws, linear_gelu_backward_cuda(
-              dx.defined() && dx.numel() > 0 ? dx.data() : nullptr, ws.grad_is_fresh(inputs[0]),
-              params[this->params[0]].grad.data() + offset * in_features_, dbias,
-              dpreactivation_.data(), ws.grads[outputs[0]].data(), preactivation_.data(),
-              ws.values[inputs[0]].data(),
-              params[this->params[0]].value.data() + offset * in_features_, rows_, in_features_,
+              dx_data, ws.grad_is_fresh(inputs[0]), params[this->params[0]].grad.data() + offset,
+              dbias, dpreactivation_.data(), ws.grads[outputs[0]].data(), preactivation_.data(),
+              x_value.data(), params[this->params[0]].value.data() + offset, rows_, in_features_,
               out_features_, ws.row_stride(outputs[0]), ws.row_stride(inputs[0]), ws.stream));
+  const GemmOperand x = value_operand(x_value);
+  bf16_bits* dpre_bf16 = nullptr;
+  if (x.dtype == DType::kBF16) {
+    if (dpreactivation_bf16_.numel() != rows_ * out_features_)
+      dpreactivation_bf16_ = Tensor::empty({rows_, out_features_}, ws.device, DType::kBF16);
+    dpre_bf16 = dpreactivation_bf16_.bf16_data();
+  }
   linear_gelu_backward(
-      dx.defined() && dx.numel() > 0 ? dx.data() : nullptr, ws.grad_is_fresh(inputs[0]),
-      params[this->params[0]].grad.data() + offset * in_features_, dbias, dpreactivation_.data(),
-      ws.grads[outputs[0]].data(), preactivation_.data(), ws.values[inputs[0]].data(),
-      params[this->params[0]].value.data() + offset * in_features_, rows_, in_features_,
-      out_features_, tile_rows_, ws.row_stride(outputs[0]), ws.row_stride(inputs[0]));
+      dx_data, ws.grad_is_fresh(inputs[0]), params[this->params[0]].grad.data() + offset, dbias,
+      dpreactivation_.data(), dpre_bf16, ws.grads[outputs[0]].data(), preactivation_.data(), x,
+      weight_operand(params[this->params[0]], offset, x.dtype), rows_, in_features_, out_features_,
+      tile_rows_, ws.row_stride(outputs[0]), ws.row_stride(inputs[0]));
 }
 
 // The Linear's GEMMs plus GeluOp's elementwise work; the pre-activation is written once (training)

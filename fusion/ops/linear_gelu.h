@@ -16,6 +16,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/gemm.h"
 #include "core/tensor.h"
 #include "model/graph.h"
 
@@ -23,16 +24,18 @@ namespace ft {
 
 // Training forward: y = gelu(pre), pre = x W^T + b, over row tiles of `tile_rows`. `bias` may be
 // null; strides are floats between rows (0 = packed); pre is packed [rows, out].
-void linear_gelu_forward(float* y, float* pre, const float* x, const float* weight,
-                         const float* bias, int64_t rows, int64_t in_features, int64_t out_features,
-                         int tile_rows, int64_t y_stride = 0, int64_t x_stride = 0);
+void linear_gelu_forward(float* y, float* pre, GemmOperand x, GemmOperand weight, const float* bias,
+                         int64_t rows, int64_t in_features, int64_t out_features, int tile_rows,
+                         int64_t y_stride = 0, int64_t x_stride = 0);
 // dx (+= or, with overwrite_dx, =) dpre W; dweight += dpre^T x; dbias += colsum(dpre), where
 // dpre = dy ⊙ gelu'(pre) is written tile by tile into `dpre` [rows, out]. `dx` and `dbias` may be
-// null (skipped). dx shares x's stride, dy y's.
+// null (skipped). dx shares x's stride, dy y's. With bf16 x and weight (train.precision: bf16)
+// the GEMMs multiply dpre rounded into `dpre_bf16` [rows, out]; null for fp32.
 void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* dbias, float* dpre,
-                          const float* dy, const float* pre, const float* x, const float* weight,
-                          int64_t rows, int64_t in_features, int64_t out_features, int tile_rows,
-                          int64_t dy_stride = 0, int64_t x_stride = 0);
+                          bf16_bits* dpre_bf16, const float* dy, const float* pre, GemmOperand x,
+                          GemmOperand weight, int64_t rows, int64_t in_features,
+                          int64_t out_features, int tile_rows, int64_t dy_stride = 0,
+                          int64_t x_stride = 0);
 
 // The same on device pointers, enqueued on `stream` (linear_gelu.cu; CUDA builds only). Forward
 // is one cuBLASLt GEMM with the GELU_AUX_BIAS epilogue (pre written as the aux output, gelu(pre)
@@ -66,6 +69,7 @@ class LinearGeluOp : public Op {
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }
   bool supports_views() const override { return true; }
+  bool handles_bf16() const override { return true; }
   OpCost cost(const Graph& graph) const override;
 
   int64_t rows() const { return rows_; }
@@ -83,8 +87,9 @@ class LinearGeluOp : public Op {
   int64_t weight_row_offset_;
   int tile_rows_;
   LinearGeluForward forward_kind_;
-  Tensor preactivation_;   // saved by a training forward
-  Tensor dpreactivation_;  // backward scratch, kept so a step allocates nothing
+  Tensor preactivation_;        // saved by a training forward
+  Tensor dpreactivation_;       // backward scratch, kept so a step allocates nothing
+  Tensor dpreactivation_bf16_;  // the same rounded to bf16 for bf16 GEMMs
 };
 
 }  // namespace ft

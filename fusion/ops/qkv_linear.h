@@ -27,6 +27,7 @@ class QkvLinearOp : public Op {
   void backward(Workspace& ws, ParamStore& params) override;
   bool supports_views() const override { return true; }
   bool overwrites_fresh_input_grads() const override { return true; }
+  bool handles_bf16() const override { return true; }
   OpCost cost(const Graph& graph) const override;
 
   int64_t rows() const { return rows_; }

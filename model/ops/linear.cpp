@@ -2,11 +2,54 @@
 // oneDNN (core/gemm.h); the transposes are expressed as layout flags, never materialised.
 #include "model/ops/linear.h"
 
+#include <vector>
+
+#include "core/bf16_cast.h"
 #include "core/check.h"
 #include "core/gemm.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
+
+GemmOperand weight_operand(const Param& weight, int64_t offset, DType x_dtype) {
+  if (x_dtype == DType::kF32) return weight.value.data() + offset;
+  FT_CHECK(weight.bf16_value.numel() > 0, "parameter '", weight.name,
+           "' has no bf16 copy, but a bf16 GEMM reads it (train.precision: bf16 needs "
+           "ParamStore::enable_bf16_copies before allocate)");
+  return weight.bf16_value.bf16_data() + offset;
+}
+
+GemmOperand value_operand(const Tensor& value) {
+  if (value.dtype() == DType::kBF16) return value.bf16_data();
+  return value.data();
+}
+
+const bf16_bits* bf16_gradient_copy(const float* dy, int64_t rows, int64_t cols,
+                                    int64_t dy_stride) {
+  static thread_local std::vector<bf16_bits> copy;
+  copy.resize(static_cast<size_t>(rows * cols));
+  cast_rows_to_bf16(copy.data(), cols, dy, dy_stride, rows, cols);
+  return copy.data();
+}
+
+void linear_backward_bf16(float* dx, bool overwrite_dx, float* dweight, float* dbias,
+                          const float* dy, const bf16_bits* x, const bf16_bits* weight,
+                          int64_t rows, int64_t in_features, int64_t out_features,
+                          int64_t dy_stride, int64_t x_stride) {
+  if (dy_stride == 0) dy_stride = out_features;
+  const bf16_bits* dy_bf16 = bf16_gradient_copy(dy, rows, out_features, dy_stride);
+  if (dx != nullptr)
+    gemm(dx, dy_bf16, weight,
+         linear_dx_gemm(rows, in_features, out_features, out_features, x_stride, overwrite_dx));
+  gemm(dweight, dy_bf16, x,
+       linear_dweight_gemm(rows, in_features, out_features, out_features, x_stride));
+  if (dbias != nullptr) {
+    for (int64_t row = 0; row < rows; ++row) {
+      const float* dy_row = dy + row * dy_stride;
+      for (int64_t o = 0; o < out_features; ++o) dbias[o] += dy_row[o];
+    }
+  }
+}
 
 GemmArgs linear_forward_gemm(int64_t rows, int64_t in_features, int64_t out_features,
                              const float* bias, int64_t y_stride, int64_t x_stride) {
@@ -103,6 +146,16 @@ void linear_op_forward(const Op& op, Workspace& ws, ParamStore& params, int64_t 
   check_linear_wiring(op, ws, params, rows, in_features, out_features, has_bias, weight_row_offset);
   const int64_t offset = weight_row_offset;
   const float* bias = has_bias ? params[op.params[1]].value.data() + offset : nullptr;
+  const Tensor& x = ws.values[op.inputs[0]];
+  if (x.dtype() == DType::kBF16) {
+    FT_CHECK(ws.device == Device::kCpu, op.kind(), " '", op.name, "': bf16 on ",
+             device_name(ws.device), " is not built; set train.precision: fp32");
+    gemm(ws.values[op.outputs[0]].data(), x.bf16_data(),
+         weight_operand(params[op.params[0]], offset * in_features, DType::kBF16),
+         linear_forward_gemm(rows, in_features, out_features, bias, ws.row_stride(op.outputs[0]),
+                             ws.row_stride(op.inputs[0])));
+    return;
+  }
   FT_RUN_ON_CUDA(
       ws, linear_forward_cuda(ws.values[op.outputs[0]].data(), ws.values[op.inputs[0]].data(),
                               params[op.params[0]].value.data() + offset * in_features, bias, rows,
@@ -121,6 +174,18 @@ void linear_op_backward(const Op& op, Workspace& ws, ParamStore& params, int64_t
   float* dbias = has_bias ? params[op.params[1]].grad.data() + offset : nullptr;
   Tensor& dx = ws.grads[op.inputs[0]];
   const bool overwrite_dx = ws.grad_is_fresh(op.inputs[0]);
+  const Tensor& x = ws.values[op.inputs[0]];
+  if (x.dtype() == DType::kBF16) {
+    FT_CHECK(ws.device == Device::kCpu, op.kind(), " '", op.name, "': bf16 on ",
+             device_name(ws.device), " is not built; set train.precision: fp32");
+    const Param& weight = params[op.params[0]];
+    linear_backward_bf16(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr, overwrite_dx,
+                         params[op.params[0]].grad.data() + offset * in_features, dbias,
+                         ws.grads[op.outputs[0]].data(), x.bf16_data(),
+                         weight.bf16_value.bf16_data() + offset * in_features, rows, in_features,
+                         out_features, ws.row_stride(op.outputs[0]), ws.row_stride(op.inputs[0]));
+    return;
+  }
   FT_RUN_ON_CUDA(
       ws, linear_backward_cuda(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr, overwrite_dx,
                                params[op.params[0]].grad.data() + offset * in_features, dbias,
@@ -150,7 +215,9 @@ OpCost LinearOp::cost(const Graph& graph) const {
   const double macs = static_cast<double>(rows_) * in_features_ * out_features_;
   cost.forward_flops = 2 * macs;
   cost.backward_flops = 4 * macs;
-  cost.bytes_read += 4.0 * out_features_ * (in_features_ + (has_bias_ ? 1 : 0));
+  // The weight as the GEMM reads it: its bf16 copy when x is bf16; the bias stays fp32.
+  cost.bytes_read += graph.element_bytes(inputs[0]) * out_features_ * in_features_ +
+                     (has_bias_ ? 4.0 * out_features_ : 0.0);
   return cost;
 }
 

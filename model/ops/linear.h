@@ -46,6 +46,21 @@ GemmArgs linear_dx_gemm(int64_t rows, int64_t in_features, int64_t out_features,
 GemmArgs linear_dweight_gemm(int64_t rows, int64_t in_features, int64_t out_features,
                              int64_t dy_stride, int64_t x_stride);
 
+// Mixed precision (train.precision: bf16), for every op whose GEMM reads x: when x is a bf16
+// value, the weight operand is the parameter's bf16 copy (ParamStore::enable_bf16_copies) and
+// backward multiplies a bf16 copy of dy. `offset` is in elements.
+GemmOperand weight_operand(const Param& weight, int64_t offset, DType x_dtype);
+GemmOperand value_operand(const Tensor& value);
+// dy [rows, cols] (row stride dy_stride) rounded into a packed bf16 scratch buffer owned by the
+// calling thread; valid until the next call.
+const bf16_bits* bf16_gradient_copy(const float* dy, int64_t rows, int64_t cols, int64_t dy_stride);
+// The bf16 form of linear_backward: x and weight bf16, dy fp32 (rounded once, above); dx, dweight
+// and dbias fp32 as there (dbias sums the fp32 dy).
+void linear_backward_bf16(float* dx, bool overwrite_dx, float* dweight, float* dbias,
+                          const float* dy, const bf16_bits* x, const bf16_bits* weight,
+                          int64_t rows, int64_t in_features, int64_t out_features,
+                          int64_t dy_stride, int64_t x_stride);
+
 // Entry checks of the Linear op family (LinearOp, LinearGeluOp, QkvLinearOp): x [rows, in] in,
 // y [rows, out] out, and params {weight, bias when has_bias} that hold the rows
 // [weight_row_offset, weight_row_offset + out) the op uses.
@@ -71,6 +86,7 @@ class LinearOp : public Op {
   void backward(Workspace& ws, ParamStore& params) override;
   bool supports_views() const override { return true; }
   bool overwrites_fresh_input_grads() const override { return true; }
+  bool handles_bf16() const override { return true; }
   OpCost cost(const Graph& graph) const override;
 
   int64_t rows() const { return rows_; }

@@ -22,28 +22,17 @@ void TiedLmHeadOp::check_wiring(const Workspace& ws, const ParamStore& params) c
   expect_numel(params[this->params[0]].value, vocab_ * channels_, *this, "wte");
 }
 
+// logits = x wte^T is a bias-free Linear over all of wte: the Linear family's wiring, devices
+// and bf16 path. Backward: dx += dlogits wte (= when fresh), dwte += dlogits^T x (added to the
+// embedding's share).
 void TiedLmHeadOp::forward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
-  FT_RUN_ON_CUDA(ws, linear_forward_cuda(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
-                                         params[this->params[0]].value.data(), nullptr, rows_,
-                                         channels_, vocab_, 0, 0, ws.stream));
-  linear_forward(ws.values[outputs[0]].data(), ws.values[inputs[0]].data(),
-                 params[this->params[0]].value.data(), nullptr, rows_, channels_, vocab_);
+  linear_op_forward(*this, ws, params, rows_, channels_, vocab_, /*has_bias=*/false, 0);
 }
 
-// logits = x wte^T  =>  dx += dlogits wte (= when fresh), dwte += dlogits^T x (added to the
-// embedding's share).
 void TiedLmHeadOp::backward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
-  const bool overwrite_dx = ws.grad_is_fresh(inputs[0]);
-  FT_RUN_ON_CUDA(ws, linear_backward_cuda(ws.grads[inputs[0]].data(), overwrite_dx,
-                                          params[this->params[0]].grad.data(), nullptr,
-                                          ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
-                                          params[this->params[0]].value.data(), rows_, channels_,
-                                          vocab_, 0, 0, ws.stream));
-  linear_backward(ws.grads[inputs[0]].data(), overwrite_dx, params[this->params[0]].grad.data(),
-                  nullptr, ws.grads[outputs[0]].data(), ws.values[inputs[0]].data(),
-                  params[this->params[0]].value.data(), rows_, channels_, vocab_);
+  linear_op_backward(*this, ws, params, rows_, channels_, vocab_, /*has_bias=*/false, 0);
 }
 
 // y = x wte^T: a GEMM over the whole vocabulary; backward is the dx and dwte GEMMs.
@@ -52,7 +41,7 @@ OpCost TiedLmHeadOp::cost(const Graph& graph) const {
   const double macs = static_cast<double>(rows_) * channels_ * vocab_;
   cost.forward_flops = 2 * macs;
   cost.backward_flops = 4 * macs;
-  cost.bytes_read += 4.0 * vocab_ * channels_;
+  cost.bytes_read += graph.element_bytes(inputs[0]) * vocab_ * channels_;
   return cost;
 }
 

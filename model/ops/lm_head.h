@@ -16,6 +16,7 @@ class TiedLmHeadOp : public Op {
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }
+  bool handles_bf16() const override { return true; }
   OpCost cost(const Graph& graph) const override;
 
  private:

@@ -1,0 +1,225 @@
+// train.precision: bf16 on the whole GPT: the eager bf16 graph (with its cast ops) against every
+// fusion pass in bf16, bf16 against fp32, the fused weight-copy sweep against its unfused twin
+// (bit for bit), the graph check that keeps bf16 values away from fp32-only ops, checkpoints
+// moving fp32 -> bf16 -> fp32, and 300 training steps of gpt_tiny tracking fp32.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "app/trainer.h"
+#include "core/rng.h"
+#include "fusion/pipeline.h"
+#include "model/executor.h"
+#include "model/gpt.h"
+#include "model/graph_edit.h"
+#include "model/ops/gelu.h"
+
+namespace ft {
+namespace {
+
+struct StepResult {
+  float loss = 0;
+  std::vector<float> logits, grads;
+  int casts = 0;
+};
+
+StepResult run_step(Graph graph, ParamStore& params, const FusionOptions& options) {
+  FusionPipeline::standard().run(graph, params, options);
+  Executor executor(graph, params);
+  executor.set_poison_fresh_gradients(true);
+  Workspace ws = executor.make_workspace();
+  Rng rng(4);
+  const int rows = static_cast<int>(graph.numel(graph.output) / 256);
+  for (int i = 0; i < rows; ++i) {
+    ws.tokens.push_back(static_cast<int32_t>(rng.next_u64() % 256));
+    ws.targets.push_back(static_cast<int32_t>(rng.next_u64() % 256));
+  }
+  ws.dropout_seed = 77;
+  params.zero_grads();
+  executor.forward(ws);
+  executor.backward(ws);
+  StepResult result;
+  result.loss = executor.loss(ws);
+  result.logits = ws.values[graph.output].to_host_vector();
+  result.grads = params.flat_grads().to_host_vector();
+  for (const auto& op : graph.ops) result.casts += op->op_kind() == OpKind::kCast;
+  return result;
+}
+
+// The largest |expected - actual| as a fraction of the largest |expected|.
+float relative_error(const std::vector<float>& expected, const std::vector<float>& actual) {
+  float largest = 1e-30f, worst = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    largest = std::max(largest, std::fabs(expected[i]));
+    const float error = std::fabs(expected[i] - actual[i]);
+    if (!(error <= worst)) worst = error;  // NaN counts as worst
+  }
+  return worst / largest;
+}
+
+class Bf16Gpt : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ids_ = register_gpt_params(shape_, params_);
+    params_.enable_bf16_copies();
+    params_.allocate();
+    params_.initialize(9);
+  }
+  Graph build(DType dtype) const {
+    return build_gpt_graph(shape_, 3, ids_, GraphMode::kTrain, dtype);
+  }
+
+  const GptShape shape_{2, 2, 32, 16, 256, 0.1f, true};
+  ParamStore params_;
+  GptParamIds ids_;
+};
+
+// bf16 rounding of the cast values makes a 1e-7 fp32 difference between a fused kernel and its
+// eager twin flip the last bf16 bit of a few elements (2^-8 relative), which is what these
+// tolerances allow; a wrong weight copy, transpose or bias is off by orders more.
+TEST_F(Bf16Gpt, FusedMatchesEagerInBf16) {
+  FusionOptions off;
+  off.enabled = false;
+  const StepResult eager = run_step(build(DType::kBF16), params_, off);
+  // Per block: ln_1, the attention output, ln_2 and the GELU output; then ln_f.
+  EXPECT_EQ(eager.casts, 2 * 4 + 1);
+  const StepResult fused = run_step(build(DType::kBF16), params_, FusionOptions());
+  EXPECT_NEAR(fused.loss, eager.loss, 1e-3f * eager.loss);
+  EXPECT_LT(relative_error(eager.logits, fused.logits), 1e-2f);
+  EXPECT_LT(relative_error(eager.grads, fused.grads), 2e-2f);
+}
+
+TEST_F(Bf16Gpt, Bf16TracksFp32) {
+  FusionOptions off;
+  off.enabled = false;
+  const StepResult fp32 = run_step(build(DType::kF32), params_, off);
+  const StepResult bf16 = run_step(build(DType::kBF16), params_, off);
+  EXPECT_EQ(fp32.casts, 0);
+  EXPECT_NEAR(bf16.loss, fp32.loss, 5e-3f * fp32.loss);
+  EXPECT_LT(relative_error(fp32.logits, bf16.logits), 3e-2f);
+  EXPECT_LT(relative_error(fp32.grads, bf16.grads), 5e-2f);
+  // ...but not equal: the bf16 GEMMs really ran on rounded operands.
+  EXPECT_GT(relative_error(fp32.grads, bf16.grads), 1e-5f);
+}
+
+// The copies a forward reads are cast again after any change of the masters.
+TEST_F(Bf16Gpt, StaleWeightCopiesAreRefreshedBeforeForward) {
+  FusionOptions off;
+  off.enabled = false;
+  run_step(build(DType::kBF16), params_, off);
+  Tensor& values = params_.flat_values();
+  for (int64_t i = 0; i < values.numel(); ++i) values.data()[i] *= 0.5f;
+  params_.mark_changed();
+  EXPECT_TRUE(params_.bf16_copies_stale());
+  run_step(build(DType::kBF16), params_, off);
+  EXPECT_FALSE(params_.bf16_copies_stale());
+  for (int64_t i = 0; i < values.numel(); ++i)
+    ASSERT_EQ(params_.flat_bf16_values().bf16_data()[i], float_to_bf16(values.data()[i])) << i;
+}
+
+TEST(Bf16Graph, ValidateRefusesABf16ValueIntoAnFp32OnlyOp) {
+  Graph graph;
+  const ValueId x = graph.add_value("x", {4, 8}, DType::kBF16);
+  const ValueId y = graph.add_value("y", {4, 8});
+  graph.input = x;
+  graph.add_op<GeluOp>("gelu", {x}, {y}, {}, 32);
+  graph.output = graph.loss = y;
+  try {
+    validate(graph);
+    FAIL() << "validate accepted a bf16 input to gelu";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("reads the bf16 value 'x'"), std::string::npos)
+        << error.what();
+  }
+}
+
+std::string source_path(const std::string& relative) {
+  return std::string(FT_SOURCE_DIR) + "/" + relative;
+}
+
+Config gpt_config(const std::string& precision, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> overrides = {"data.path=" + source_path("data/moby_dick.txt"),
+                                        "train.threads=1",
+                                        "model.n_layer=2",
+                                        "model.d_model=32",
+                                        "model.n_head=2",
+                                        "train.batch_size=4",
+                                        "train.precision=" + precision};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return load_config(source_path("configs/gpt_tiny.yaml"), overrides);
+}
+
+// The multi-tensor optimizer writes the bf16 copies in its update sweep; its twin (per-tensor
+// update, then one cast sweep before the next forward) must give the same bits every step.
+TEST(Bf16Optimizer, FusedWeightCopyMatchesTheSeparateCastSweep) {
+  Trainer fused(gpt_config("bf16", {"fusion.horizontal.multi_tensor=true"}), nullptr);
+  Trainer twin(gpt_config("bf16", {"fusion.horizontal.multi_tensor=false"}), nullptr);
+  for (int step = 0; step < 5; ++step) {
+    const float expected = twin.train_step().loss;
+    EXPECT_EQ(fused.train_step().loss, expected) << "step " << step + 1;
+    // Straight after the step: the fused sweep has written the copies, the twin has not yet.
+    EXPECT_FALSE(fused.params().bf16_copies_stale());
+    EXPECT_TRUE(twin.params().bf16_copies_stale());
+    twin.params().refresh_bf16_copies();
+    const Tensor& a = fused.params().flat_bf16_values();
+    const Tensor& b = twin.params().flat_bf16_values();
+    ASSERT_EQ(a.numel(), b.numel());
+    for (int64_t i = 0; i < a.numel(); ++i)
+      ASSERT_EQ(a.bf16_data()[i], b.bf16_data()[i]) << "step " << step + 1 << " element " << i;
+  }
+}
+
+// Checkpoints hold the fp32 masters only: a run moves fp32 -> bf16 -> fp32 with its parameters
+// bit for bit, and each reader evaluates them in its own precision.
+TEST(Bf16Checkpoint, MovesFp32ToBf16ToFp32) {
+  const std::string dir = ::testing::TempDir() + "/ft_precision_ckpt";
+  std::filesystem::create_directories(dir);
+  Trainer fp32(gpt_config("fp32"), nullptr);
+  for (int step = 0; step < 3; ++step) fp32.train_step();
+  fp32.save_checkpoint(dir + "/a.safetensors");
+  const double fp32_loss = fp32.evaluate(2).loss;
+
+  Trainer bf16(gpt_config("bf16"), nullptr);
+  bf16.load_checkpoint(dir + "/a.safetensors");
+  EXPECT_NEAR(bf16.evaluate(2).loss, fp32_loss, 1e-2 * fp32_loss);
+  for (int step = 0; step < 3; ++step) bf16.train_step();
+  EXPECT_EQ(bf16.step(), 6);
+  bf16.save_checkpoint(dir + "/b.safetensors");
+
+  Trainer back(gpt_config("fp32"), nullptr);
+  back.load_checkpoint(dir + "/b.safetensors");
+  EXPECT_EQ(back.step(), 6);
+  const std::vector<float> written = bf16.params().flat_values().to_host_vector();
+  const std::vector<float> read = back.params().flat_values().to_host_vector();
+  ASSERT_EQ(written.size(), read.size());
+  for (size_t i = 0; i < written.size(); ++i) ASSERT_EQ(written[i], read[i]) << i;
+  EXPECT_TRUE(std::isfinite(back.train_step().loss));
+}
+
+// gpt_tiny as configured (300 steps): bf16's final loss within 2% of fp32's.
+TEST(Bf16Training, GptTinyThreeHundredStepsTrackFp32) {
+  const std::vector<std::string> preset = {"data.path=" + source_path("data/moby_dick.txt"),
+                                           "train.threads=1", "train.eval_every=0"};
+  auto final_loss = [&](const std::string& precision) {
+    std::vector<std::string> overrides = preset;
+    overrides.push_back("train.precision=" + precision);
+    Trainer trainer(load_config(source_path("configs/gpt_tiny.yaml"), overrides), nullptr);
+    double tail = 0;  // the mean of the last 20 steps: one batch's loss is noisy
+    const int steps = trainer.config().train.steps;
+    for (int step = 0; step < steps; ++step) {
+      const float loss = trainer.train_step().loss;
+      if (step >= steps - 20) tail += loss / 20.0;
+    }
+    return tail;
+  };
+  const double fp32 = final_loss("fp32");
+  const double bf16 = final_loss("bf16");
+  EXPECT_NEAR(bf16, fp32, 0.02 * fp32);
+}
+
+}  // namespace
+}  // namespace ft
