@@ -25,11 +25,15 @@ std::string shape_list(const Graph& graph, const std::vector<ValueId>& ids) {
   std::string text;
   for (size_t i = 0; i < ids.size();) {
     size_t run = 1;
-    while (i + run < ids.size() && graph.shape(ids[i + run]) == graph.shape(ids[i])) ++run;
+    while (i + run < ids.size() && graph.shape(ids[i + run]) == graph.shape(ids[i]) &&
+           graph.dtype(ids[i + run]) == graph.dtype(ids[i]))
+      ++run;
     if (!text.empty()) text += " ";
     if (run > 1) text += std::to_string(run) + "x";
     for (char c : shape_str(graph.shape(ids[i])))
       if (c != ' ') text += c;
+    if (graph.dtype(ids[i]) != DType::kF32)
+      text += std::string(":") + dtype_name(graph.dtype(ids[i]));
     i += run;
   }
   return text.empty() ? "-" : text;
@@ -47,8 +51,9 @@ std::vector<bool> used_roots(const Graph& graph) {
   return used;
 }
 
+// A bf16 value counts 2 bytes an element; its gradient is fp32 (kFloatBytes) whatever its dtype.
 double value_bytes(const Graph& graph, ValueId id) {
-  return kFloatBytes * static_cast<double>(graph.numel(id));
+  return graph.element_bytes(id) * static_cast<double>(graph.numel(id));
 }
 
 PlanMemory train_memory(const Graph& graph) {
@@ -59,7 +64,8 @@ PlanMemory train_memory(const Graph& graph) {
     if (value.is_view() || !used[id]) continue;
     memory.activation_bytes += value_bytes(graph, id);
     // As Executor::needs_grad: the input (images) and values marked so get no gradient buffer.
-    if (value.needs_grad && id != graph.input) memory.gradient_bytes += value_bytes(graph, id);
+    if (value.needs_grad && id != graph.input)
+      memory.gradient_bytes += kFloatBytes * static_cast<double>(graph.numel(id));
   }
   for (const auto& op : graph.ops) memory.saved_bytes += op->cost(graph).saved_bytes;
   memory.activation_bytes += memory.saved_bytes;

@@ -122,9 +122,9 @@ int run_plan(const PlanArgs& args) {
   const Plan plan =
       build_plan([&] { return task->build_graph(batch, mode); }, params, config.fusion);
 
-  std::printf("plan: %s (%s, %s graph, batch %d, fusion %s)\n\n", args.config_path.c_str(),
-              config.model.arch.c_str(), graph_mode_name(mode), batch,
-              config.fusion.enabled ? "on" : "off");
+  std::printf("plan: %s (%s, %s graph, batch %d, precision %s, fusion %s)\n\n",
+              args.config_path.c_str(), config.model.arch.c_str(), graph_mode_name(mode), batch,
+              config.train.precision.c_str(), config.fusion.enabled ? "on" : "off");
   std::printf(
       "FLOP%s; read, written: forward bytes;\nAI: forward FLOPs per byte; eager: eager "
       "ops the op stands for\n\n",

@@ -22,6 +22,7 @@
 #include "app/trainer.h"
 #include "comm/startup.h"
 #include "core/check.h"
+#include "core/gemm.h"
 #include "core/safetensors.h"
 #include "core/timer.h"
 
@@ -164,6 +165,10 @@ int run_train(const TrainArgs& args, Communicator* comm) {
     say("settings:%s\nrun dir %s (%s, log.txt, metrics.jsonl), checkpoints in %s\n",
         non_default_settings(config).c_str(), config.train.run_dir.c_str(), config_name.c_str(),
         config.train.checkpoint_dir.c_str());
+    // Once per run: whether bf16 pays on this CPU, so a slow bf16 run is never a mystery.
+    if (config.train.precision == "bf16")
+      say("precision bf16: GEMM operands in bf16, fp32 masters and reductions; %s\n",
+          bf16_gemm_path());
   }
   // Every JSON row goes to metrics.jsonl and, with --json, to that file too, flushed at once: a
   // run that is killed keeps every finished step's row, whole.
