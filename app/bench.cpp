@@ -9,8 +9,8 @@
 namespace ft {
 namespace {
 
-const char* const kVerticalPasses[] = {"gemm_epilogue", "residual_layernorm", "classifier",
-                                       "attention", "bn_relu"};
+const char* const kVerticalPasses[] = {
+    "gemm_epilogue", "residual_layernorm", "classifier", "attention", "bn_relu", "cast"};
 const char* const kHorizontalPasses[] = {"qkv", "batched_layernorm", "multi_tensor",
                                          "conv_shortcut"};
 

@@ -146,6 +146,9 @@ std::vector<Field> build_fields() {
        "scores -> causal softmax -> weighted sum as one tiled op with an online softmax (gpt)"},
       {FT_KEY(fusion.vertical.bn_relu), true_or_false(),
        "BatchNorm -> ReLU and [BatchNorm(s) ->] residual add -> ReLU as one op each (resnet)"},
+      {FT_KEY(fusion.vertical.cast), true_or_false(),
+       "train.precision bf16: the op producing a GEMM operand (LayerNorm, residual+LayerNorm, "
+       "GELU, Linear+GELU) writes it in bf16, absorbing the cast op after it (gpt)"},
       {FT_KEY(fusion.horizontal.qkv), true_or_false(),
        "the q, k and v Linears as one GEMM into a [rows, 3C] buffer (gpt)"},
       {FT_KEY(fusion.horizontal.batched_layernorm), true_or_false(),

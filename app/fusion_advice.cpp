@@ -24,6 +24,9 @@ const char* vertical_pass_key(OpKind producer, OpKind consumer) {
   if ((producer == K::kBatchNorm || producer == K::kResidualAdd) && consumer == K::kRelu)
     return "fusion.vertical.bn_relu";
   if (producer == K::kBatchNorm && consumer == K::kResidualAdd) return "fusion.vertical.bn_relu";
+  if (consumer == K::kCast && (producer == K::kLayerNorm || producer == K::kGelu ||
+                               producer == K::kResidualLayerNorm || producer == K::kLinearGelu))
+    return "fusion.vertical.cast";
   return nullptr;
 }
 
@@ -44,6 +47,7 @@ bool key_value(const FusionOptions& options, const std::string& key) {
   if (key == "fusion.vertical.attention") return v.attention;
   if (key == "fusion.vertical.classifier") return v.classifier;
   if (key == "fusion.vertical.bn_relu") return v.bn_relu;
+  if (key == "fusion.vertical.cast") return v.cast;
   if (key == "fusion.horizontal.qkv") return h.qkv;
   if (key == "fusion.horizontal.batched_layernorm") return h.batched_layernorm;
   if (key == "fusion.horizontal.conv_shortcut") return h.conv_shortcut;

@@ -12,6 +12,13 @@ namespace ft {
 
 void cast_to_bf16(bf16_bits* out, const float* in, int64_t count);
 void cast_to_float(float* out, const bf16_bits* in, int64_t count);
+// One row (or any short run) in the calling thread, for kernels that round their output as they
+// write it: no thread team of its own.
+inline void store_row_bf16(bf16_bits* out, const float* in, int64_t count) {
+#pragma omp simd
+  for (int64_t i = 0; i < count; ++i) out[i] = float_to_bf16(in[i]);
+}
+
 // A [rows, cols] block with row strides (elements); 0 means packed.
 void cast_rows_to_bf16(bf16_bits* out, int64_t out_stride, const float* in, int64_t in_stride,
                        int64_t rows, int64_t cols);

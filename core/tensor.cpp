@@ -7,7 +7,6 @@
 #include "core/allocator.h"
 #include "core/capture_guard.h"
 #include "core/check.h"
-#include "core/device.h"
 
 #if defined(FT_HAVE_CUDA)
 #include "core/cuda/cuda_context.h"
@@ -133,8 +132,9 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 
 void Tensor::fill(float value) {
   if (dtype_ == DType::kBF16) {
-    FT_CHECK(device_ == Device::kCpu, "fill of a bf16 tensor on ", device_name(device_),
-             ": not built (bf16 runs on the cpu only)");
+    FT_CHECK(device_ == Device::kCpu,
+             "fill of a bf16 tensor on cuda: not built (bf16 runs on the "
+             "cpu only)");
     std::fill(bf16_data(), bf16_data() + numel_, float_to_bf16(value));
     return;
   }

@@ -20,6 +20,7 @@ struct FusionOptions {
     bool classifier = true;          // LM head -> softmax cross-entropy
     bool attention = true;           // scores -> causal softmax -> weighted sum
     bool bn_relu = true;             // BatchNorm -> ReLU; [BatchNorm(s) ->] add -> ReLU
+    bool cast = true;  // bf16: a GEMM operand's producer writes bf16, absorbing its cast op
   } vertical;
   struct Horizontal {
     bool qkv = true;                     // q, k, v Linears -> one GEMM

@@ -19,5 +19,7 @@ std::unique_ptr<FusionPass> make_gemm_epilogue_pass();       // fusion.vertical.
 std::unique_ptr<FusionPass> make_residual_layernorm_pass();  // fusion.vertical.residual_layernorm
 std::unique_ptr<FusionPass> make_classifier_pass();          // fusion.vertical.classifier
 std::unique_ptr<FusionPass> make_bn_relu_pass();             // fusion.vertical.bn_relu
+// Last: the producers it rewrites to write bf16 are the other vertical passes' fused ops.
+std::unique_ptr<FusionPass> make_cast_pass();  // fusion.vertical.cast
 
 }  // namespace ft

@@ -8,9 +8,10 @@ namespace ft {
 
 FusionPipeline FusionPipeline::standard() {
   FusionPipeline pipeline;
-  for (auto make : {make_fold_bn_pass, make_qkv_pass, make_batched_layernorm_pass,
-                    make_conv_shortcut_pass, make_attention_pass, make_gemm_epilogue_pass,
-                    make_residual_layernorm_pass, make_classifier_pass, make_bn_relu_pass}) {
+  for (auto make :
+       {make_fold_bn_pass, make_qkv_pass, make_batched_layernorm_pass, make_conv_shortcut_pass,
+        make_attention_pass, make_gemm_epilogue_pass, make_residual_layernorm_pass,
+        make_classifier_pass, make_bn_relu_pass, make_cast_pass}) {
     std::unique_ptr<FusionPass> pass = make();
     if (pass) pipeline.add(std::move(pass));
   }

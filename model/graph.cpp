@@ -44,6 +44,10 @@ const char* op_kind_name(OpKind kind) {
       return "global_avg_pool";
     case OpKind::kCast:
       return "cast";
+    case OpKind::kLayerNormCast:
+      return "layernorm_cast";
+    case OpKind::kGeluCast:
+      return "gelu_cast";
     case OpKind::kLinearGelu:
       return "linear_gelu";
     case OpKind::kResidualLayerNorm:

@@ -58,8 +58,10 @@ enum class OpKind {
   kQkvLinear,
   kBatchedLayerNorm,
   kConvShortcut,
-  kConvBias,  // inference: convolution with BatchNorm folded in (+ ReLU)
-  kOther,     // test and gradient-check helpers
+  kConvBias,       // inference: convolution with BatchNorm folded in (+ ReLU)
+  kLayerNormCast,  // LayerNorm writing its output in bf16 (train.precision: bf16)
+  kGeluCast,       // GELU writing its output in bf16
+  kOther,          // test and gradient-check helpers
 };
 const char* op_kind_name(OpKind kind);
 

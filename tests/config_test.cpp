@@ -215,7 +215,7 @@ TEST(Config, YamlRoundTrip) {
 
 TEST(Config, FlattenOrderAndText) {
   const auto flat = flatten_config(Config{});
-  ASSERT_EQ(flat.size(), 80u);
+  ASSERT_EQ(flat.size(), 81u);
   EXPECT_EQ(flat.front(), (std::pair<std::string, std::string>{"model.arch", "gpt"}));
   EXPECT_EQ(flat[1], (std::pair<std::string, std::string>{"model.n_layer", "4"}));
   EXPECT_EQ(flat.back(), (std::pair<std::string, std::string>{"inference.fold_bn", "true"}));

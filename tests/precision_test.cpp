@@ -93,6 +93,51 @@ TEST_F(Bf16Gpt, FusedMatchesEagerInBf16) {
   EXPECT_LT(relative_error(eager.grads, fused.grads), 2e-2f);
 }
 
+// fusion.vertical.cast: every producer that absorbs its cast rounds the same fp32 values once,
+// so the rewritten graph matches its twin (the casts as separate ops) bit for bit.
+TEST_F(Bf16Gpt, CastPassMatchesItsTwinBitForBit) {
+  FusionOptions all_but_cast;
+  all_but_cast.vertical.cast = false;
+  FusionOptions only_cast;
+  only_cast.vertical = {false, false, false, false, false, true};
+  only_cast.horizontal.qkv = only_cast.horizontal.batched_layernorm = false;
+  FusionOptions off;
+  off.enabled = false;
+  const struct {
+    const char* name;
+    FusionOptions twin, fused;
+    int casts_left;  // attention's output keeps its cast (the flash kernel writes fp32)
+  } cases[] = {{"all", all_but_cast, FusionOptions(), 2}, {"eager", off, only_cast, 2}};
+  for (const auto& c : cases) {
+    const StepResult twin = run_step(build(DType::kBF16), params_, c.twin);
+    const StepResult fused = run_step(build(DType::kBF16), params_, c.fused);
+    EXPECT_EQ(twin.casts, 2 * 4 + 1) << c.name;
+    EXPECT_EQ(fused.casts, c.casts_left) << c.name;
+    EXPECT_EQ(fused.loss, twin.loss) << c.name;
+    EXPECT_EQ(fused.logits, twin.logits) << c.name;
+    EXPECT_EQ(fused.grads, twin.grads) << c.name;
+  }
+}
+
+// The pass explains itself: what each absorbed cast saved, and why a cast stayed.
+TEST_F(Bf16Gpt, CastPassRecordsItsDecisions) {
+  Graph graph = build(DType::kBF16);
+  const FusionResult result = FusionPipeline::standard().run(graph, params_, FusionOptions());
+  int fused = 0, kept = 0;
+  for (const FusionDecision& decision : result.decisions) {
+    if (decision.pass != "cast") continue;
+    if (decision.fused) {
+      ++fused;
+      EXPECT_NE(decision.reason.find("writes bf16"), std::string::npos) << decision.reason;
+    } else {
+      ++kept;
+      EXPECT_NE(decision.reason.find("flash_attention"), std::string::npos) << decision.reason;
+    }
+  }
+  EXPECT_EQ(fused, 2 * 3 + 1);
+  EXPECT_EQ(kept, 2);
+}
+
 TEST_F(Bf16Gpt, Bf16TracksFp32) {
   FusionOptions off;
   off.enabled = false;

@@ -19,7 +19,19 @@ constexpr int64_t kThreadedElements = 16384;
 
 }  // namespace
 
-void linear_gelu_forward(float* y, float* pre, GemmOperand x, GemmOperand weight, const float* bias,
+namespace {
+
+void store(float* out, float value) {
+  *out = value;
+}
+void store(bf16_bits* out, float value) {
+  *out = float_to_bf16(value);
+}
+
+}  // namespace
+
+template <typename Out>
+void linear_gelu_forward(Out* y, float* pre, GemmOperand x, GemmOperand weight, const float* bias,
                          int64_t rows, int64_t in_features, int64_t out_features, int tile_rows,
                          int64_t y_stride, int64_t x_stride) {
   if (y_stride == 0) y_stride = out_features;
@@ -35,15 +47,20 @@ void linear_gelu_forward(float* y, float* pre, GemmOperand x, GemmOperand weight
     args.transpose_b = true;  // W is stored [out, in] = [N, K]
     args.bias = bias;
     gemm(pre_tile, x.at(first * x_stride), weight, args);
-    float* y_tile = y + first * y_stride;
+    Out* y_tile = y + first * y_stride;
 #pragma omp parallel for if (tile * out_features >= kThreadedElements)
     for (int64_t row = 0; row < tile; ++row) {
       const float* pre_row = pre_tile + row * out_features;
-      float* y_row = y_tile + row * y_stride;
-      for (int64_t o = 0; o < out_features; ++o) y_row[o] = gelu_tanh(pre_row[o]);
+      Out* y_row = y_tile + row * y_stride;
+      for (int64_t o = 0; o < out_features; ++o) store(y_row + o, gelu_tanh(pre_row[o]));
     }
   }
 }
+
+template void linear_gelu_forward(float*, float*, GemmOperand, GemmOperand, const float*, int64_t,
+                                  int64_t, int64_t, int, int64_t, int64_t);
+template void linear_gelu_forward(bf16_bits*, float*, GemmOperand, GemmOperand, const float*,
+                                  int64_t, int64_t, int64_t, int, int64_t, int64_t);
 
 void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* dbias, float* dpre,
                           bf16_bits* dpre_bf16, const float* dy, const float* pre, GemmOperand x,
@@ -128,10 +145,15 @@ void LinearGeluOp::forward(Workspace& ws, ParamStore& params) {
   const int64_t offset = weight_row_offset_ * in_features_;
   const float* bias =
       has_bias_ ? params[this->params[1]].value.data() + weight_row_offset_ : nullptr;
-  float* y = ws.values[outputs[0]].data();
+  Tensor& y_value = ws.values[outputs[0]];
   const Tensor& x_value = ws.values[inputs[0]];
-  FT_CHECK(x_value.dtype() == DType::kF32 || ws.device == Device::kCpu, kind(), " '", name,
-           "': bf16 on ", device_name(ws.device), " is not built; set train.precision: fp32");
+  FT_CHECK((x_value.dtype() == DType::kF32 && y_value.dtype() == DType::kF32) ||
+               ws.device == Device::kCpu,
+           kind(), " '", name, "': bf16 on ", device_name(ws.device),
+           " is not built; set train.precision: fp32");
+  FT_CHECK(y_value.dtype() == DType::kF32 || forward_kind_ != LinearGeluForward::kGeluPostOp,
+           kind(), " '", name, "': the GELU post-op form writes fp32 only");
+  float* y = y_value.dtype() == DType::kF32 ? y_value.data() : nullptr;
   const GemmOperand x = value_operand(x_value);
   const GemmOperand weight = weight_operand(params[this->params[0]], offset, x.dtype);
   if (forward_kind_ == LinearGeluForward::kGeluPostOp) {
@@ -156,8 +178,15 @@ void LinearGeluOp::forward(Workspace& ws, ParamStore& params) {
                                    params[this->params[0]].value.data() + offset, bias, rows_,
                                    in_features_, out_features_, ws.row_stride(outputs[0]),
                                    ws.row_stride(inputs[0]), ws.stream));
-  linear_gelu_forward(y, preactivation_.data(), x, weight, bias, rows_, in_features_, out_features_,
-                      tile_rows_, ws.row_stride(outputs[0]), ws.row_stride(inputs[0]));
+  // fusion.vertical.cast: y feeds GEMMs only and is written in bf16 straight from the tile.
+  if (y_value.dtype() == DType::kBF16)
+    linear_gelu_forward(y_value.bf16_data(), preactivation_.data(), x, weight, bias, rows_,
+                        in_features_, out_features_, tile_rows_, ws.row_stride(outputs[0]),
+                        ws.row_stride(inputs[0]));
+  else
+    linear_gelu_forward(y, preactivation_.data(), x, weight, bias, rows_, in_features_,
+                        out_features_, tile_rows_, ws.row_stride(outputs[0]),
+                        ws.row_stride(inputs[0]));
 }
 
 void LinearGeluOp::backward(Workspace& ws, ParamStore& params) {

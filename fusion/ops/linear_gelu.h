@@ -24,7 +24,10 @@ namespace ft {
 
 // Training forward: y = gelu(pre), pre = x W^T + b, over row tiles of `tile_rows`. `bias` may be
 // null; strides are floats between rows (0 = packed); pre is packed [rows, out].
-void linear_gelu_forward(float* y, float* pre, GemmOperand x, GemmOperand weight, const float* bias,
+// Out is float, or bf16_bits when y feeds only bf16 GEMMs (fusion/cast_pass.cpp): each element
+// is rounded as it leaves the tile, the twin being an fp32 y and a CastOp.
+template <typename Out>
+void linear_gelu_forward(Out* y, float* pre, GemmOperand x, GemmOperand weight, const float* bias,
                          int64_t rows, int64_t in_features, int64_t out_features, int tile_rows,
                          int64_t y_stride = 0, int64_t x_stride = 0);
 // dx (+= or, with overwrite_dx, =) dpre W; dweight += dpre^T x; dbias += colsum(dpre), where

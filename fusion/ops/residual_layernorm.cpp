@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/bf16_cast.h"
 #include "core/check.h"
 #include "core/math/dropout.h"
 #include "model/ops/layernorm.h"
@@ -127,7 +128,14 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
   const float* residual_in = ws.values[inputs[0]].data();
   const float* branch = ws.values[inputs[1]].data();
   float* out = ws.values[outputs[0]].data();
-  float* normed = ws.values[outputs[1]].data();
+  // train.precision bf16 with fusion.vertical.cast: normed feeds GEMMs only, and is written in
+  // bf16 from an L1 row buffer (the twin: this op in fp32, then a CastOp).
+  Tensor& normed_value = ws.values[outputs[1]];
+  const bool normed_in_bf16 = normed_value.dtype() == DType::kBF16;
+  FT_CHECK(!normed_in_bf16 || ws.device == Device::kCpu, kind(), " '", name, "': bf16 on ",
+           device_name(ws.device), " is not built; set train.precision: fp32");
+  float* normed = normed_in_bf16 ? nullptr : normed_value.data();
+  bf16_bits* normed_bf16 = normed_in_bf16 ? normed_value.bf16_data() : nullptr;
   const int64_t in_stride = ws.row_stride(inputs[0]), branch_stride = ws.row_stride(inputs[1]);
   const int64_t out_stride = ws.row_stride(outputs[0]), normed_stride = ws.row_stride(outputs[1]);
   const float* weight = params[this->params[0]].value.data();
@@ -142,6 +150,7 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
 #pragma omp parallel for if (rows_ * C > 65536)
   for (int64_t tile = 0; tile < num_tiles; ++tile) {
     const int64_t end = std::min(rows_, (tile + 1) * tile_rows_);
+    std::vector<float> row_buffer(normed_in_bf16 ? static_cast<size_t>(C) : 0);
     for (int64_t row = tile * tile_rows_; row < end; ++row) {
       float* out_row = out + row * out_stride;
       if (masked)
@@ -151,8 +160,14 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
         add_row(out_row, residual_in + row * in_stride, branch + row * branch_stride, C);
       // The row just written is still in L1: normalising it now is the read the unfused
       // LayerNorm would make from memory.
-      layernorm_row_forward(normed + row * normed_stride, mean + row, rstd + row, out_row, weight,
-                            bias, C, kLayerNormEps);
+      if (normed_in_bf16) {
+        layernorm_row_forward(row_buffer.data(), mean + row, rstd + row, out_row, weight, bias, C,
+                              kLayerNormEps);
+        store_row_bf16(normed_bf16 + row * normed_stride, row_buffer.data(), C);
+      } else {
+        layernorm_row_forward(normed + row * normed_stride, mean + row, rstd + row, out_row, weight,
+                              bias, C, kLayerNormEps);
+      }
     }
   }
 }

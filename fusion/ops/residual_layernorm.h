@@ -60,6 +60,8 @@ class ResidualLayerNormOp : public Op {
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }
   bool supports_views() const override { return true; }
+  // `normed` may be bf16 (fusion/cast_pass.cpp), written from an fp32 row buffer.
+  bool handles_bf16() const override { return true; }
   OpCost cost(const Graph& graph) const override;
 
   int64_t rows() const { return rows_; }

@@ -1,0 +1,111 @@
+#include "fusion/ops/layernorm_cast.h"
+
+#include <vector>
+
+#include "core/bf16_cast.h"
+#include "core/check.h"
+#include "core/math/gelu.h"
+#include "model/ops/gelu.h"
+#include "model/ops/layernorm.h"
+#include "model/ops/layernorm_math.h"
+#include "model/ops/op_checks.h"
+
+namespace ft {
+namespace {
+
+void require_cpu(const Op& op, const Workspace& ws) {
+  FT_CHECK(ws.device == Device::kCpu, op.kind(), " '", op.name, "': bf16 on ",
+           device_name(ws.device), " is not built; set train.precision: fp32");
+}
+
+}  // namespace
+
+LayerNormCastOp::LayerNormCastOp(int64_t rows, int64_t channels)
+    : rows_(rows), channels_(channels) {
+  FT_CHECK(rows > 0 && channels > 0, "LayerNormCastOp: non-positive shape rows=", rows,
+           " channels=", channels);
+}
+
+void LayerNormCastOp::check_wiring(const Workspace& ws, const ParamStore& params) const {
+  expect_arity(*this, 1, 1, 2);
+  expect_numel(ws.values[inputs[0]], rows_ * channels_, *this, "input x");
+  expect_numel(ws.values[outputs[0]], rows_ * channels_, *this, "output y");
+  expect_numel(params[this->params[0]].value, channels_, *this, "weight");
+  expect_numel(params[this->params[1]].value, channels_, *this, "bias");
+  require_cpu(*this, ws);
+}
+
+void LayerNormCastOp::forward(Workspace& ws, ParamStore& params) {
+  check_wiring(ws, params);
+  reuse_or_allocate(mean_, rows_, ws.device);
+  reuse_or_allocate(rstd_, rows_, ws.device);
+  bf16_bits* y = ws.values[outputs[0]].bf16_data();
+  const float* x = ws.values[inputs[0]].data();
+  const float* weight = params[this->params[0]].value.data();
+  const float* bias = params[this->params[1]].value.data();
+  const int64_t y_stride = ws.row_stride(outputs[0]), x_stride = ws.row_stride(inputs[0]);
+  float* mean = mean_.data();
+  float* rstd = rstd_.data();
+  const int64_t C = channels_;
+#pragma omp parallel if (rows_ * C > 65536)
+  {
+    std::vector<float> row_buffer(static_cast<size_t>(C));
+#pragma omp for
+    for (int64_t row = 0; row < rows_; ++row) {
+      layernorm_row_forward(row_buffer.data(), mean + row, rstd + row, x + row * x_stride, weight,
+                            bias, C, kLayerNormEps);
+      store_row_bf16(y + row * y_stride, row_buffer.data(), C);
+    }
+  }
+}
+
+void LayerNormCastOp::backward(Workspace& ws, ParamStore& params) {
+  check_wiring(ws, params);
+  FT_CHECK(mean_.numel() == rows_, kind(), " '", name, "': backward before forward");
+  layernorm_backward(ws.grads[inputs[0]].data(), params[this->params[0]].grad.data(),
+                     params[this->params[1]].grad.data(), ws.grads[outputs[0]].data(),
+                     ws.values[inputs[0]].data(), params[this->params[0]].value.data(),
+                     mean_.data(), rstd_.data(), rows_, channels_, ws.row_stride(outputs[0]),
+                     ws.row_stride(inputs[0]));
+}
+
+// LayerNorm's FLOPs; the fp32 output's write and the cast's read of it are gone.
+OpCost LayerNormCastOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  const double elements = static_cast<double>(rows_) * channels_;
+  cost.forward_flops = 8 * elements;
+  cost.backward_flops = 14 * elements;
+  cost.bytes_read += 8.0 * channels_;
+  cost.saved_bytes = 8.0 * rows_;
+  return cost;
+}
+
+GeluCastOp::GeluCastOp(int64_t numel) : numel_(numel) {
+  FT_CHECK(numel > 0, "GeluCastOp: non-positive numel ", numel);
+}
+
+void GeluCastOp::forward(Workspace& ws, ParamStore&) {
+  expect_arity(*this, 1, 1, 0);
+  expect_numel(ws.values[inputs[0]], numel_, *this, "input x");
+  expect_numel(ws.values[outputs[0]], numel_, *this, "output y");
+  require_cpu(*this, ws);
+  bf16_bits* y = ws.values[outputs[0]].bf16_data();
+  const float* x = ws.values[inputs[0]].data();
+#pragma omp parallel for simd if (numel_ > 262144)
+  for (int64_t i = 0; i < numel_; ++i) y[i] = float_to_bf16(gelu_tanh(x[i]));
+}
+
+void GeluCastOp::backward(Workspace& ws, ParamStore&) {
+  require_cpu(*this, ws);
+  gelu_backward(ws.grads[inputs[0]].data(), ws.grads[outputs[0]].data(),
+                ws.values[inputs[0]].data(), numel_);
+}
+
+OpCost GeluCastOp::cost(const Graph& graph) const {
+  OpCost cost = Op::cost(graph);
+  cost.forward_flops = 20 * static_cast<double>(numel_);
+  cost.backward_flops = 30 * static_cast<double>(numel_);
+  return cost;
+}
+
+}  // namespace ft

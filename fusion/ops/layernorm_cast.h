@@ -1,0 +1,50 @@
+// Vertical fusion of LayerNorm -> cast under train.precision: bf16: each row is normalised into
+// an L1-resident row buffer and written to y in bf16, so the fp32 output never reaches memory
+// and the cast op's read of it disappears:
+//   y[r] = bf16((x[r] - mean_r) * rstd_r * weight + bias)     (model/ops/layernorm_math.h)
+// The unfused twin is LayerNormOp (model/ops/layernorm.h) -> CastOp (model/ops/cast.h);
+// fusion/cast_pass.cpp builds this op and tests/precision_test.cpp checks the two agree bit for
+// bit (the same row math, rounded once). Backward is LayerNorm's: it reads x, the saved
+// statistics and the fp32 gradient of y.
+// Inputs {x fp32}, outputs {y bf16}, either a column view; params {weight [C], bias [C]}.
+// Thread safety: an op instance belongs to one training thread; rows run on OpenMP.
+#pragma once
+#include <cstdint>
+
+#include "model/graph.h"
+
+namespace ft {
+
+class LayerNormCastOp : public Op {
+ public:
+  LayerNormCastOp(int64_t rows, int64_t channels);
+  OpKind op_kind() const override { return OpKind::kLayerNormCast; }
+  void forward(Workspace& ws, ParamStore& params) override;
+  void backward(Workspace& ws, ParamStore& params) override;
+  bool supports_views() const override { return true; }
+  bool handles_bf16() const override { return true; }
+  OpCost cost(const Graph& graph) const override;
+
+ private:
+  void check_wiring(const Workspace& ws, const ParamStore& params) const;
+  int64_t rows_, channels_;
+  Tensor mean_, rstd_;  // [rows], written by forward
+};
+
+// Vertical fusion of GELU -> cast: y = bf16(gelu_tanh(x)) in one pass (core/math/gelu.h). The
+// twin is GeluOp -> CastOp; backward is GELU's (dx += dy gelu'(x), reading x and the fp32 dy).
+// Inputs {x fp32}, outputs {y bf16}, no params.
+class GeluCastOp : public Op {
+ public:
+  explicit GeluCastOp(int64_t numel);
+  OpKind op_kind() const override { return OpKind::kGeluCast; }
+  void forward(Workspace& ws, ParamStore& params) override;
+  void backward(Workspace& ws, ParamStore& params) override;
+  bool handles_bf16() const override { return true; }
+  OpCost cost(const Graph& graph) const override;
+
+ private:
+  int64_t numel_;
+};
+
+}  // namespace ft
