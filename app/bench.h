@@ -56,6 +56,8 @@ double bench_percentile(std::vector<double> values, double p);
 struct BenchVariantResult {
   BenchVariant variant;
   std::vector<double> step_ms, compute_ms, comm_ms, exposed_ms;
+  // cpu: wall time inside gemm() (core/gemm.h) per step; empty on cuda, where it is not timed.
+  std::vector<double> gemm_ms;
   std::vector<double> allreduce_calls;
   size_t ops_per_step = 0;           // ops of the executed training graph
   double bytes_moved = 0;            // app/plan.h: forward bytes of the executed graph
@@ -84,6 +86,7 @@ struct BenchSummary {
   bool baseline = false;
   bool within_noise = false;  // the interval straddles 1.0
   double compute_ms = 0, comm_ms = 0, exposed_ms = 0, allreduces_per_step = 0;  // medians
+  double gemm_ms = -1;  // median; -1 when not timed (cuda)
   double final_loss = 0;
   double loss_relative_error = 0;  // |loss - baseline loss| / |baseline loss|
   bool loss_ok = true;             // within kBenchLossTolerance

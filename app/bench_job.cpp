@@ -23,6 +23,7 @@
 #include "comm/gather.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/gemm.h"
 #include "core/launch_counter.h"
 #include "core/timer.h"
 
@@ -215,6 +216,8 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
 
   BenchProgress progress(is_root && options.progress, options.rounds, options.label);
   progress.start_rounds();
+  // The share of each step outside the GEMMs (cpu), which is where fusion can act.
+  set_gemm_timing(true);
   for (int round = 0; round < options.rounds; ++round) {
     std::vector<std::string>& order = run.info.order.emplace_back();
     const bool traced = round < static_cast<int>(recorders.empty() ? 0 : traced_rounds);
@@ -228,7 +231,10 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
       BenchVariantResult& result = run.results[v];
       profilers[v]->begin_step();
       const LaunchCounts launches_before = launch_counts();
+      const double gemm_before = gemm_timed_ms();
       const StepStats stats = trainer.train_step();
+      if (trainer.params().device() == Device::kCpu)
+        result.gemm_ms.push_back(gemm_timed_ms() - gemm_before);
       if (result.launches) *result.launches += launch_counts() - launches_before;
       profilers[v]->end_step(stats.step_ms);
       if (traced) {
@@ -246,6 +252,7 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
     }
     progress.round_done(round + 1);
   }
+  set_gemm_timing(false);
   for (auto& trainer : trainers) trainer->executor().set_observer(nullptr);
   run.steps_executed = static_cast<int>(variants.size()) * (options.warmup + options.rounds);
   if (!recorders.empty())

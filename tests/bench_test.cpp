@@ -236,6 +236,21 @@ TEST(BenchThroughput, MedianStepRatesAndMfuAgainstTheGivenPeak) {
   EXPECT_DOUBLE_EQ(all["mfu"].get<double>(), 0.25);
   const nlohmann::json no_peak = nlohmann::json::parse(bench_to_json({}, results, summaries));
   EXPECT_TRUE(no_peak["variants"][1]["throughput"]["mfu"].is_null());
+  EXPECT_TRUE(no_peak["variants"][1]["gemm_ms"].is_null()) << "no GEMM timings, no figure";
+}
+
+// The cpu step's GEMM share: where fusion cannot act, and so what it can gain at most.
+TEST(BenchThroughput, GemmShareOfTheMedianComputeStep) {
+  std::vector<BenchVariantResult> results = {result_with("unfused", {20, 20, 20}, 3.0),
+                                             result_with("bf16", {10, 10, 10}, 3.0)};
+  results[0].gemm_ms = {18, 17, 18};
+  results[1].gemm_ms = {6, 6, 7};
+  const std::vector<BenchSummary> summaries = summarize_bench(results);
+  const std::string text = bench_throughput_text(results, summaries, 0);
+  EXPECT_NE(text.find("GEMMs 18.0 ms (90% of compute, 10% outside)"), std::string::npos) << text;
+  EXPECT_NE(text.find("GEMMs 6.0 ms (60% of compute, 40% outside)"), std::string::npos) << text;
+  const nlohmann::json json = nlohmann::json::parse(bench_to_json({}, results, summaries));
+  EXPECT_DOUBLE_EQ(json["variants"][1]["gemm_ms"].get<double>(), 6.0);
 }
 
 using test::RunResult;
@@ -282,13 +297,15 @@ TEST(BenchBinary, DefaultVariantsRunInterleavedAndAgree) {
     for (const char* column :
          {"median_ms", "p10_ms", "p90_ms", "speedup", "speedup_p10", "speedup_p90", "within_noise",
           "compute_ms", "comm_ms", "exposed_comm_ms", "ops_per_step", "allreduces_per_step",
-          "bytes_moved", "peak_activation_bytes", "final_loss", "loss_ok", "step_ms", "launches"})
+          "bytes_moved", "peak_activation_bytes", "final_loss", "loss_ok", "step_ms", "launches",
+          "gemm_ms"})
       EXPECT_TRUE(variant.contains(column)) << kDefaultNames[v] << " lacks " << column;
     EXPECT_TRUE(variant["launches"].is_null()) << "cpu counts no launches";
     const bool comm_only = kDefaultNames[v] == "bucketing" || kDefaultNames[v] == "overlap";
     EXPECT_EQ(variant["note"], comm_only ? "no communication on 1 rank" : "") << kDefaultNames[v];
     EXPECT_EQ(variant["step_ms"].size(), 3u);
     EXPECT_GT(variant["median_ms"].get<double>(), 0.0);
+    EXPECT_GT(variant["gemm_ms"].get<double>(), 0.0) << "the cpu GEMMs were not timed";
     EXPECT_GT(variant["ops_per_step"].get<int>(), 0);
     EXPECT_GT(variant["peak_activation_bytes"].get<double>(), 0.0);
     EXPECT_TRUE(variant["loss_ok"].get<bool>());
