@@ -313,9 +313,10 @@ TEST_P(DpEquivalence, GptBf16MatchesBigBatch) {
   const bool deterministic = GetParam();
   MpiCommunicator comm;
   for (const char* grad_dtype : {"fp32", "bf16"}) {
-    const Config config = parse_config(kGptYaml, "mpi_dp_equivalence_test",
-                          {"comm.deterministic=" + std::string(deterministic ? "true" : "false"),
-                           "train.precision=bf16", std::string("comm.grad_dtype=") + grad_dtype});
+    const Config config =
+        parse_config(kGptYaml, "mpi_dp_equivalence_test",
+                     {"comm.deterministic=" + std::string(deterministic ? "true" : "false"),
+                      "train.precision=bf16", std::string("comm.grad_dtype=") + grad_dtype});
     const Trained reference = train_big_batch(config, comm.size());
     EXPECT_GT(relative_change(reference, config), 1e-2);
     const Trained trained = train_data_parallel(config, comm);
