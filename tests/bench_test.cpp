@@ -67,6 +67,7 @@ TEST(BenchVariants, AblationAppendsAllMinusEachPass) {
                                                   "all-classifier",
                                                   "all-attention",
                                                   "all-bn_relu",
+                                                  "all-cast",
                                                   "all-qkv",
                                                   "all-batched_layernorm",
                                                   "all-multi_tensor",
@@ -78,9 +79,9 @@ TEST(BenchVariants, AblationAppendsAllMinusEachPass) {
   expected.insert(expected.end(), expected_tail.begin(), expected_tail.end());
   EXPECT_EQ(names_of(variants), expected);
   EXPECT_TRUE(has_override(variants[2], "fusion.vertical.gemm_epilogue=false"));
-  EXPECT_TRUE(has_override(variants[7], "fusion.horizontal.qkv=false"));
-  EXPECT_TRUE(has_override(variants[11], "comm.bucketing=false"));
-  EXPECT_TRUE(has_override(variants[12], "comm.overlap=false"));
+  EXPECT_TRUE(has_override(variants[8], "fusion.horizontal.qkv=false"));
+  EXPECT_TRUE(has_override(variants[12], "comm.bucketing=false"));
+  EXPECT_TRUE(has_override(variants[13], "comm.overlap=false"));
 }
 
 TEST(BenchVariants, AdHocVariantAndErrors) {
