@@ -62,18 +62,12 @@ TEST(BenchVariants, DefaultListAndItsOverrides) {
 }
 
 TEST(BenchVariants, AblationAppendsAllMinusEachPass) {
-  const std::vector<std::string> expected_tail = {"all-gemm_epilogue",
-                                                  "all-residual_layernorm",
-                                                  "all-classifier",
-                                                  "all-attention",
-                                                  "all-bn_relu",
-                                                  "all-cast",
-                                                  "all-qkv",
-                                                  "all-batched_layernorm",
-                                                  "all-multi_tensor",
-                                                  "all-conv_shortcut",
-                                                  "all-bucketing",
-                                                  "all-overlap"};
+  const std::vector<std::string> expected_tail = {"all-gemm_epilogue", "all-residual_layernorm",
+                                                  "all-classifier",    "all-attention",
+                                                  "all-bn_relu",       "all-cast",
+                                                  "all-qkv",           "all-batched_layernorm",
+                                                  "all-multi_tensor",  "all-conv_shortcut",
+                                                  "all-bucketing",     "all-overlap"};
   const std::vector<BenchVariant> variants = expand_bench_variants("unfused,all", true);
   std::vector<std::string> expected = {"unfused", "all"};
   expected.insert(expected.end(), expected_tail.begin(), expected_tail.end());
