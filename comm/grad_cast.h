@@ -1,8 +1,9 @@
 // The casts of comm.grad_dtype: bf16: a gradient bucket rounded from fp32 to bf16 before its
 // allreduce, and widened back with the gradient scale applied in fp32 afterwards (one rounding,
-// not two). CPU loops here; the CUDA twins run on a stream, compiled only with CUDA
-// (comm/grad_cast.cu). Both use core/math/bf16_math.h, so they round the same bits.
-// Thread safety: pure functions of their arguments.
+// not two). The CPU rounding is core/bf16_cast.h's cast_to_bf16; the widening is here; the CUDA
+// twins run on a stream, compiled only with CUDA (comm/grad_cast.cu). Both use
+// core/math/bf16_math.h, so they round the same bits. Thread safety: pure functions of their
+// arguments.
 #pragma once
 #include <cstdint>
 
@@ -10,11 +11,6 @@
 #include "core/math/bf16_math.h"
 
 namespace ft {
-
-// out[i] = bf16(in[i]) for i < count (round to nearest even).
-inline void cast_to_bf16(bf16_bits* out, const float* in, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) out[i] = float_to_bf16(in[i]);
-}
 
 // out[i] = float(in[i]) * scale for i < count.
 inline void cast_from_bf16_scaled(float* out, const bf16_bits* in, int64_t count, float scale) {

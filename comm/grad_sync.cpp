@@ -5,6 +5,7 @@
 
 #include "comm/grad_cast.h"
 #include "comm/startup.h"
+#include "core/bf16_cast.h"  // store_row_bf16: serial, no OpenMP team on the comm thread
 #include "core/check.h"
 #include "core/timer.h"
 
@@ -162,7 +163,7 @@ void GradSync::launch_on_device(int bucket) {
 #if defined(FT_HAVE_CUDA)
     if (device_grads_) cuda_cast_to_bf16(wire, data, range.count, cuda_context().compute_stream());
 #endif
-    if (!device_grads_) cast_to_bf16(wire, data, range.count);  // the tests' fake device backend
+    if (!device_grads_) store_row_bf16(wire, data, range.count);  // the tests' fake device backend
     handles_[bucket] = comm_.allreduce_bf16_async(wire, static_cast<size_t>(range.count),
                                                   {ReduceOp::kSum, Summation::kNative});
     return;
@@ -195,7 +196,7 @@ void GradSync::reduce_bucket(int bucket) {
   const size_t count = static_cast<size_t>(range.count);
   if (bf16()) {
     bf16_bits* wire = wire_ + range.offset;
-    cast_to_bf16(wire, data, range.count);
+    store_row_bf16(wire, data, range.count);
     comm_.allreduce_bf16(wire, count, {ReduceOp::kSum, summation});
     // Host-staged device gradients widen here, to go back unscaled; host ones in scale_bucket.
     if (host_staged) cast_from_bf16_scaled(data, wire, range.count, 1.0f);
