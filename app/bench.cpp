@@ -259,7 +259,10 @@ std::vector<BenchSummary> summarize_bench(const std::vector<BenchVariantResult>&
     summary.final_loss = result.final_loss;
     const double reference = std::max(std::fabs(baseline.final_loss), 1e-12);
     summary.loss_relative_error = std::fabs(result.final_loss - baseline.final_loss) / reference;
-    summary.loss_ok = summary.loss_relative_error <= kBenchLossTolerance;
+    summary.loss_tolerance = result.precision == baseline.precision
+                                 ? kBenchLossTolerance
+                                 : kBenchCrossPrecisionLossTolerance;
+    summary.loss_ok = summary.loss_relative_error <= summary.loss_tolerance;
     summaries.push_back(summary);
   }
   return summaries;

@@ -189,6 +189,7 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
     if (is_root) trainer.executor().set_observer(profilers.back().get());
     BenchVariantResult& result = run.results[v];
     result.variant = variants[v];
+    result.precision = configs[v].train.precision;
     if (is_root && configs[v].train.device == "cuda") result.launches = LaunchCounts{};
     result.ops_per_step = trainer.executor().graph().ops.size();
     const int batch = configs[v].train.batch_size;
@@ -368,7 +369,7 @@ int run_bench(const BenchArgs& args, Communicator* comm) {
     std::fprintf(
         stderr, "LOSS MISMATCH: variant '%s' final loss %.6f vs %s's %.6f (relative %.2e > %.0e)\n",
         summary.name.c_str(), summary.final_loss, summaries.front().name.c_str(),
-        summaries.front().final_loss, summary.loss_relative_error, kBenchLossTolerance);
+        summaries.front().final_loss, summary.loss_relative_error, summary.loss_tolerance);
   }
   return mismatches > 0 ? 1 : 0;
 }

@@ -120,6 +120,14 @@ std::string bench_table_markdown(const std::vector<BenchVariantResult>& results,
                 summaries.front().name.c_str(), kBenchLossTolerance,
                 summaries.front().name.c_str());
   text += line;
+  for (const BenchSummary& s : summaries)
+    if (s.loss_tolerance != kBenchLossTolerance) {
+      std::snprintf(line, sizeof(line),
+                    "(relative %.0e for variants of another train.precision than %s's)\n",
+                    kBenchCrossPrecisionLossTolerance, summaries.front().name.c_str());
+      text += line;
+      break;
+    }
   return text;
 }
 
@@ -151,6 +159,7 @@ std::string bench_to_json(const BenchRunInfo& info, const std::vector<BenchVaria
                         {"peak_activation_bytes", result.peak_activation_bytes},
                         {"final_loss", s.final_loss},
                         {"loss_relative_error", s.loss_relative_error},
+                        {"loss_tolerance", s.loss_tolerance},
                         {"loss_ok", s.loss_ok},
                         {"step_ms", result.step_ms}});
     if (!result.profile.is_null()) variants.back()["profile"] = result.profile;

@@ -208,6 +208,16 @@ CLI::Validator uint64_check() {
       "UINT64");
 }
 
+CLI::Validator choice_check(const std::vector<std::string>& allowed) {
+  const std::string list = config_schema::join(allowed, ", ");
+  return CLI::Validator(
+      [allowed, list](std::string& text) -> std::string {
+        if (std::find(allowed.begin(), allowed.end(), text) != allowed.end()) return "";
+        return "expected one of " + list + ", got '" + text + "'";
+      },
+      "{" + config_schema::join(allowed, ",") + "}");
+}
+
 void refuse_non_decimal_integers(CLI::App& app) {
   for (CLI::App* job : app.get_subcommands({}))
     for (CLI::Option* option : job->get_options()) {

@@ -46,6 +46,8 @@ CLI::Validator count_check(int64_t lowest, int64_t highest);
 CLI::Validator peak_check(double highest);
 // A decimal integer in [0, 2^64 - 1]: CLI11 would saturate a larger one in silence.
 CLI::Validator uint64_check();
+// One of `allowed`, exactly: "--dtype: expected one of fp32, bf16, got 'fp16'".
+CLI::Validator choice_check(const std::vector<std::string>& allowed);
 
 // Refuses an empty value for every text flag of every job except `free_text` ("--prompt"): a
 // path, list or choice given as '' would otherwise fall back to its default, or to nothing.

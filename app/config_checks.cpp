@@ -99,12 +99,13 @@ class Checker {
     require(!c.train.tf32 || c.train.device == "cuda",
             show("train.tf32") + " requires train.device = cuda, got " + show("train.device") +
                 "; the CPU GEMMs are fp32 only");
-    require(c.train.precision != "bf16" || c.train.device == "cpu",
-            show("train.precision") + " is built for train.device = cpu only so far, got " +
-                show("train.device") + "; set train.precision: fp32 on cuda");
-    require(c.train.precision != "bf16" || c.model.arch == "gpt",
-            show("train.precision") + " is built for model.arch = gpt only so far, got " +
-                show("model.arch") + "; set train.precision: fp32 for the ResNet");
+    // cuda runs every bf16 op of the GPT (compiled, not yet run on a GPU: scripts/gpu_check.sh
+    // trains it); the ResNet's bf16 convolutions run on the cpu only so far.
+    require(c.train.precision != "bf16" || c.train.device == "cpu" || c.model.arch == "gpt",
+            show("train.precision") + " with " + show("train.device") + " and " +
+                show("model.arch") +
+                ": the ResNet's bf16 convolutions run on the cpu only so far; set "
+                "train.precision: fp32 on cuda, or train.device: cpu");
   }
 
  private:

@@ -97,7 +97,7 @@ std::vector<Field> build_fields() {
       {FT_KEY(train.precision), one_of({"fp32", "bf16"}),
        "bf16: GEMM operands (activations, weight copies, output gradients) in bf16 with fp32 "
        "accumulation; master weights, optimizer state, gradients and every reduction stay fp32. "
-       "cpu and model.arch gpt; slow without bf16 instructions (said at start-up)"},
+       "cpu; slow without bf16 instructions (said at start-up)"},
       {FT_KEY(train.profile), true_or_false(),
        "print per-op time (forward and backward apart) and fusion advice at the end; rank 0"},
       {FT_KEY(train.trace), any_text(),
@@ -147,8 +147,9 @@ std::vector<Field> build_fields() {
       {FT_KEY(fusion.vertical.bn_relu), true_or_false(),
        "BatchNorm -> ReLU and [BatchNorm(s) ->] residual add -> ReLU as one op each (resnet)"},
       {FT_KEY(fusion.vertical.cast), true_or_false(),
-       "train.precision bf16: the op producing a GEMM operand (LayerNorm, residual+LayerNorm, "
-       "GELU, Linear+GELU) writes it in bf16, absorbing the cast op after it (gpt)"},
+       "train.precision bf16: the op producing a GEMM or convolution operand (LayerNorm, "
+       "residual+LayerNorm, GELU, Linear+GELU; ReLU, BatchNorm+ReLU, BatchNorm+add+ReLU) writes "
+       "it in bf16, absorbing the cast op after it"},
       {FT_KEY(fusion.horizontal.qkv), true_or_false(),
        "the q, k and v Linears as one GEMM into a [rows, 3C] buffer (gpt)"},
       {FT_KEY(fusion.horizontal.batched_layernorm), true_or_false(),

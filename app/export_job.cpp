@@ -1,5 +1,6 @@
 // `fusiontrain export`: a checkpoint's inference weights (BatchNorm folded into the convolutions
-// of a ResNet) as one self-contained safetensors file; see app/inference_model.h.
+// of a ResNet) as one self-contained safetensors file, stored as fp32 or (--dtype bf16) rounded to
+// bf16; see app/inference_model.h.
 #include <cstdio>
 
 #include "app/flag_checks.h"
@@ -25,6 +26,7 @@ std::string fold_bn_source(const ExportArgs& args) {
 int run_export(const ExportArgs& args) {
   FT_REQUIRE(!args.checkpoint_path.empty(), "export needs --checkpoint FILE");
   FT_REQUIRE(!args.out_path.empty(), "export needs --out FILE.safetensors");
+  const DType dtype = dtype_flag("--dtype", args.dtype);
   // The atomic write would succeed and leave inference weights where the training state was.
   FT_USAGE_REQUIRE(
       !same_file(args.checkpoint_path, args.out_path), "--out '", args.out_path,
@@ -41,7 +43,7 @@ int run_export(const ExportArgs& args) {
       "inference.fold_bn=true (or drop the false) to export, and run the unfolded model with "
       "eval --set inference.fold_bn=false or infer --compare-unfolded");
   std::string summary;
-  export_model(args.checkpoint_path, config, args.out_path, &summary);
+  export_model(args.checkpoint_path, config, args.out_path, &summary, dtype);
   std::printf("export: wrote %s from %s (%s, %s)\n", args.out_path.c_str(),
               args.checkpoint_path.c_str(), config.model.arch.c_str(), summary.c_str());
   return 0;

@@ -62,6 +62,12 @@ void require_directory_takes_files(const std::string& what, const std::string& p
 
 }  // namespace
 
+DType dtype_flag(const std::string& flag, const std::string& value) {
+  FT_USAGE_REQUIRE(value == "fp32" || value == "bf16", flag, ": expected one of fp32, bf16, got '",
+                   value, "'");
+  return value == "bf16" ? DType::kBF16 : DType::kF32;
+}
+
 void require_key_range(const std::string& flag, const std::string& key, const std::string& text) {
   const config_schema::Field* field = config_schema::find_field(key);
   FT_CHECK(field != nullptr, "no config key '", key, "' for ", flag);

@@ -8,7 +8,13 @@
 #pragma once
 #include <string>
 
+#include "core/tensor.h"
+
 namespace ft {
+
+// The dtype a flag names: "fp32" or "bf16" (--dtype, --precision). Throws a usage error naming
+// `flag`, the value and both allowed values otherwise.
+DType dtype_flag(const std::string& flag, const std::string& value);
 
 // Throws unless config key `key` accepts `text`: "--threads: expected an integer in [0, 256], got
 // 100000 (the range of train.threads)". REQUIRES: `key` is a config key (app/config_fields.cpp).

@@ -24,8 +24,10 @@ const char* vertical_pass_key(OpKind producer, OpKind consumer) {
   if ((producer == K::kBatchNorm || producer == K::kResidualAdd) && consumer == K::kRelu)
     return "fusion.vertical.bn_relu";
   if (producer == K::kBatchNorm && consumer == K::kResidualAdd) return "fusion.vertical.bn_relu";
-  if (consumer == K::kCast && (producer == K::kLayerNorm || producer == K::kGelu ||
-                               producer == K::kResidualLayerNorm || producer == K::kLinearGelu))
+  if (consumer == K::kCast &&
+      (producer == K::kLayerNorm || producer == K::kGelu || producer == K::kResidualLayerNorm ||
+       producer == K::kLinearGelu || producer == K::kRelu || producer == K::kBatchNormRelu ||
+       producer == K::kBatchNormAddRelu))
     return "fusion.vertical.cast";
   return nullptr;
 }

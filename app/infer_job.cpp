@@ -3,7 +3,8 @@
 // --compare-unfolded CKPT the unfolded eval model of the checkpoint (every fusion off: conv, BN
 // with running statistics, ReLU and residual add as separate ops) runs on the same batches,
 // interleaved with the export, and the report adds the largest logit differences, prediction
-// agreement and the speedup as the median of per-batch time ratios.
+// agreement and the speedup as the median of per-batch time ratios. An fp32 or bf16 export loads
+// as fp32 values (bf16 widens exactly); --precision bf16 runs both models' GEMMs on bf16 operands.
 #include <omp.h>
 #include <unistd.h>
 
@@ -25,6 +26,7 @@
 #include "app/trainer.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/gemm.h"
 #include "core/idx.h"
 #include "core/sha256.h"
 #include "core/timer.h"
@@ -83,6 +85,8 @@ struct UnfoldedModel {
 std::unique_ptr<UnfoldedModel> load_unfolded(const std::string& checkpoint,
                                              const std::string& exported_path,
                                              const ExportedResnet& exported, Device device) {
+  // The unfolded model runs in the export's precision, so the comparison measures folding alone.
+  const DType precision = exported.precision();
   auto model = std::make_unique<UnfoldedModel>();
   // Another checkpoint would compare two different models, and its logit differences and
   // agreement would read as folding error: only the export's own source is compared.
@@ -112,14 +116,15 @@ std::unique_ptr<UnfoldedModel> load_unfolded(const std::string& checkpoint,
              shape.blocks_per_stage, " blocks per stage and width ", shape.width,
              "; the export has ", exported_shape.blocks_per_stage, " and ", exported_shape.width);
   model->ids = register_resnet_params(shape, model->params);
+  if (precision == DType::kBF16) model->params.enable_bf16_copies();
   model->params.allocate(device);
   load_checkpoint_params(checkpoint, model->params);
   FusionOptions unfused;
   unfused.enabled = false;
   const UnfoldedModel* built = model.get();
   model->graphs = std::make_unique<GraphCache>(
-      [built](int batch, GraphMode mode) {
-        return build_resnet_graph(built->shape, batch, built->ids, mode);
+      [built, precision](int batch, GraphMode mode) {
+        return build_resnet_graph(built->shape, batch, built->ids, mode, precision);
       },
       model->params, unfused);
   return model;
@@ -181,6 +186,11 @@ constexpr int kBlockImages = 16;
 
 int run_infer(const InferArgs& args) {
   FT_REQUIRE(!args.model_path.empty(), "infer needs --model FILE.safetensors");
+  const DType precision = dtype_flag("--precision", args.precision);
+  // As train.precision: bf16 is (app/config_checks.cpp): the CUDA kernels are fp32 only so far.
+  FT_USAGE_REQUIRE(precision == DType::kF32 || args.device == "cpu", "--precision bf16 runs on ",
+                   "--device cpu only so far (the CUDA kernels are fp32); got --device ",
+                   args.device, ": use --precision fp32 there");
   // Before OpenMP sees the count: libgomp crashes or prints its own error on a huge one.
   require_key_range("--threads", "train.threads", args.threads);
   // --batch has its own range (count_check in app/main.cpp), not train.batch_size's.
@@ -190,7 +200,7 @@ int run_infer(const InferArgs& args) {
   const int threads = args.threads > 0 ? args.threads : resolve_threads(0);
   omp_set_num_threads(threads);
   const Device device = setup_device(args.device, "infer --device", "--device cpu", 0);
-  ExportedResnet model(args.model_path, device);
+  ExportedResnet model(args.model_path, device, precision);
   bool has_labels = false;
   std::string source;
   const ImageDataset data = load_images(args, &has_labels, &source);
@@ -289,16 +299,28 @@ int run_infer(const InferArgs& args) {
   for (double ms : folded_ms) folded_total += ms;
   const double median = bench_percentile(folded_ms, 0.5), p90 = bench_percentile(folded_ms, 0.9);
   const double images_per_s = 1000.0 * total / folded_total;
-  std::printf("infer %s on %s: %d images, batch %d, %s\n", args.model_path.c_str(), source.c_str(),
-              total, args.batch,
+  const bool bf16_weights = model.stored_dtype() == DType::kBF16;
+  std::printf("infer %s on %s: %d images, batch %d, %s%s\n", args.model_path.c_str(),
+              source.c_str(), total, args.batch,
               device == Device::kCuda
                   ? "cuda"
-                  : (std::to_string(threads) + (threads == 1 ? " thread" : " threads")).c_str());
-  nlohmann::json row = {{"type", "infer"},       {"model", args.model_path},
-                        {"data", source},        {"images", total},
-                        {"batch", args.batch},   {"threads", threads},
-                        {"device", args.device}, {"latency_median_ms", median},
-                        {"latency_p90_ms", p90}, {"images_per_s", images_per_s}};
+                  : (std::to_string(threads) + (threads == 1 ? " thread" : " threads")).c_str(),
+              bf16_weights ? ", bf16 weights widened to fp32" : "");
+  if (precision == DType::kBF16)
+    std::printf("precision bf16: GEMM and convolution operands in bf16, fp32 sums; %s\n",
+                bf16_gemm_path());
+  nlohmann::json row = {{"type", "infer"},
+                        {"model", args.model_path},
+                        {"data", source},
+                        {"images", total},
+                        {"batch", args.batch},
+                        {"threads", threads},
+                        {"device", args.device},
+                        {"latency_median_ms", median},
+                        {"latency_p90_ms", p90},
+                        {"images_per_s", images_per_s},
+                        {"precision", dtype_name(model.precision())},
+                        {"weights_dtype", dtype_name(model.stored_dtype())}};
   if (has_labels) {
     row["accuracy"] = static_cast<double>(correct) / total;
     row["loss"] = loss_sum / total;

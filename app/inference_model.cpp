@@ -197,8 +197,8 @@ FusionOptions inference_fusion_options() {
 }
 
 Graph build_folded_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamIds& ids,
-                                const ParamStore& params, FusionResult* fusion) {
-  Graph graph = build_resnet_graph(shape, batch, ids, GraphMode::kEval);
+                                const ParamStore& params, FusionResult* fusion, DType gemm_dtype) {
+  Graph graph = build_resnet_graph(shape, batch, ids, GraphMode::kEval, gemm_dtype);
   FusionResult result = FusionPipeline::standard().run(graph, params, inference_fusion_options());
   for (const auto& op : graph.ops) {
     const OpKind kind = op->op_kind();
@@ -214,13 +214,17 @@ Graph build_folded_resnet_graph(const ResnetShape& shape, int batch, const Resne
 }
 
 void export_model(const std::string& checkpoint_path, const Config& config,
-                  const std::string& out_path, std::string* summary) {
+                  const std::string& out_path, std::string* summary, DType dtype) {
   const SafetensorsFile checkpoint = load_safetensors(checkpoint_path);  // bounded, validated
   SafetensorsFile out;
   if (config.model.arch == "resnet")
     export_resnet(checkpoint_path, checkpoint, config, &out, summary);
   else
     export_gpt(checkpoint_path, config, &out, summary);
+  // Rounded once, from the fp32 values (folded ones for a ResNet), as the file is written.
+  for (auto& [name, tensor] : out.tensors) tensor.dtype = dtype;
+  out.metadata["dtype"] = dtype_name(dtype);
+  if (dtype == DType::kBF16) *summary += ", stored as bf16";
   out.metadata["format"] = kExportFormat;
   out.metadata["arch"] = config.model.arch;
   out.metadata["config"] = config_to_yaml(config);
@@ -229,7 +233,23 @@ void export_model(const std::string& checkpoint_path, const Config& config,
   save_safetensors(out_path, out);
 }
 
-ExportedResnet::ExportedResnet(const std::string& path, Device device) : path_(path) {
+DType export_dtype(const SafetensorsFile& file, const std::string& path) {
+  auto entry = file.metadata.find("dtype");
+  const std::string name = entry == file.metadata.end() ? "fp32" : entry->second;
+  FT_REQUIRE(name == "fp32" || name == "bf16", path, ": export metadata dtype is '", name,
+             "', not fp32 or bf16; export the model again");
+  const DType dtype = name == "bf16" ? DType::kBF16 : DType::kF32;
+  for (const auto& [tensor_name, tensor] : file.tensors)
+    FT_REQUIRE(tensor.dtype == dtype, path, ": tensor '", tensor_name, "' is stored as ",
+               dtype_name(tensor.dtype), ", but the export's metadata says dtype ", name,
+               "; the export contradicts itself: export it again");
+  return dtype;
+}
+
+ExportedResnet::ExportedResnet(const std::string& path, Device device, DType precision)
+    : path_(path), precision_(precision) {
+  FT_CHECK(precision == DType::kF32 || device == Device::kCpu,
+           "ExportedResnet: bf16 runs on the CPU only");
   SafetensorsFile file = load_safetensors(path);
   metadata_ = file.metadata;
   auto format = metadata_.find("format");
@@ -240,6 +260,7 @@ ExportedResnet::ExportedResnet(const std::string& path, Device device) : path_(p
   FT_REQUIRE(arch == "resnet", path, ": is a ", arch,
              " export; infer runs ResNet exports (`fusiontrain sample --model FILE` generates "
              "text from a GPT export)");
+  stored_dtype_ = export_dtype(file, path);
   shape_ = shape_from_json(metadata_json(metadata_, "model", path), path);
   const nlohmann::json mean = metadata_json(metadata_, "image_mean", path);
   const nlohmann::json stddev = metadata_json(metadata_, "image_std", path);
@@ -300,6 +321,9 @@ ExportedResnet::ExportedResnet(const std::string& path, Device device) : path_(p
   }
   FT_REQUIRE(file.tensors.size() == layout.size(), path, ": export holds ", file.tensors.size(),
              " tensors; a ResNet of this shape has ", layout.size());
+  // bf16 GEMMs read the copies, which the executor casts before the first forward (the values
+  // are marked changed below).
+  if (precision == DType::kBF16) tensors_.enable_bf16_copies();
   tensors_.allocate(device);
   for (const auto& [name, shape] : layout) {
     std::vector<float>& data = file.tensors[name].data;
@@ -317,7 +341,7 @@ ExportedResnet::Run& ExportedResnet::run(int batch) {
   auto it = runs_.find(batch);
   if (it != runs_.end()) return *it->second;
   auto run = std::make_unique<Run>();
-  run->graph = build_folded_resnet_graph(shape_, batch, layout_ids_, layout_);
+  run->graph = build_folded_resnet_graph(shape_, batch, layout_ids_, layout_, nullptr, precision_);
   // Rewire every op from the layout's parameters onto the exported tensors.
   for (auto& op : run->graph.ops) {
     if (op->op_kind() == OpKind::kConvBias) {

@@ -82,6 +82,7 @@ struct ExportArgs {
   std::string config_path;  // optional: defaults to the checkpoint's embedded config
   std::vector<std::string> overrides;
   std::string out_path;
+  std::string dtype = "fp32";  // fp32 | bf16: how the tensors are stored (bf16: rounded RNE)
 };
 // Writes the inference weights (BN folded for a ResNet) as safetensors (app/inference_model.h).
 int run_export(const ExportArgs& args);
@@ -95,8 +96,9 @@ struct InferArgs {
   int limit = 0;                   // images; 0 = all
   std::string compare_checkpoint;  // also run the unfolded eval model of this checkpoint
   std::string json_path;
-  std::string device = "cpu";  // cpu | cuda: where the model and every batch run
-  bool profile = false;        // per-kind op times of each model (app/inference_profile.h)
+  std::string device = "cpu";      // cpu | cuda: where the model and every batch run
+  bool profile = false;            // per-kind op times of each model (app/inference_profile.h)
+  std::string precision = "fp32";  // fp32 | bf16: the GEMMs' and convolutions' operands (cpu)
 };
 // Runs an export over a dataset: accuracy, loss, latency per batch, images/s.
 int run_infer(const InferArgs& args);
@@ -116,6 +118,9 @@ struct SampleArgs {
   bool no_kv_cache = false;       // recompute the whole window for every new byte
   bool compare_no_cache = false;  // time both ways, check they write the same text
   std::string json_path;
+  // fp32 | bf16: bf16 multiplies bf16 operands (the activations and bf16 copies of the weights)
+  // in the GEMMs train.precision: bf16 runs in bf16 (model/gpt_decode.h lists them).
+  std::string precision = "fp32";
 };
 // GPT only: generates bytes after the prompt with the KV-cache decoder and prints the text and
 // tokens/s (model/gpt_sample.h describes the context window and its re-primes).

@@ -30,6 +30,7 @@ void add_config_flags(CLI::App* job, std::string* config_path,
 int main(int argc, char** argv) {
   // The CPU guard (core/cpu_guard.h) has run by now; this call keeps its object in the link.
   (void)ft::cpu_guard_linked();
+  using ft::choice_check;
   using ft::count_check;
   using ft::number_check;
   using ft::peak_check;
@@ -128,6 +129,12 @@ int main(int argc, char** argv) {
       ->required();
   export_job->add_option("--out", export_args.out_path, "export to write (.safetensors)")
       ->required();
+  export_job
+      ->add_option(
+          "--dtype", export_args.dtype,
+          "fp32 or bf16: how the tensors are stored; bf16 rounds every fp32 value (the "
+          "masters, or a ResNet's folded weights) to nearest, ties to even: half the bytes")
+      ->check(choice_check({"fp32", "bf16"}));
 
   ft::InferArgs infer_args;
   CLI::App* infer =
@@ -150,6 +157,14 @@ int main(int argc, char** argv) {
   infer->add_flag("--profile", infer_args.profile,
                   "time every op: per-kind ms per batch of the export (and of the unfolded model "
                   "with --compare-unfolded); the timing adds a little to every batch");
+  infer
+      ->add_option(
+          "--precision", infer_args.precision,
+          "fp32 or bf16: bf16 rounds every convolution's and the fc's operands to bf16 and "
+          "sums in fp32, as train.precision: bf16 does (cpu only; the unfolded model of "
+          "--compare-unfolded too). fp32 and bf16 exports both load either way (bf16 "
+          "weights widen exactly)")
+      ->check(choice_check({"fp32", "bf16"}));
 
   ft::SimulateArgs simulate_args;
   simulate_args.config_path = kDefaultConfig;
@@ -208,6 +223,14 @@ int main(int argc, char** argv) {
   sample->add_flag("--compare-no-cache", sample_args.compare_no_cache,
                    "time with and without the KV cache and check both write the same text");
   sample->add_option("--json", sample_args.json_path, "write the text, settings and timings");
+  sample
+      ->add_option("--precision", sample_args.precision,
+                   "fp32 or bf16: bf16 rounds every GEMM's operands to bf16 (the activations and "
+                   "bf16 copies of the weights) and sums in fp32, as train.precision: bf16 does; "
+                   "LayerNorm, softmax and the residual stream stay fp32. Without bf16 "
+                   "instructions the operands are widened and multiplied in fp32 (same values, "
+                   "fp32 speed). fp32 and bf16 exports both load either way")
+      ->check(choice_check({"fp32", "bf16"}));
 
   app.set_version_flag("--version", ft::version_text());
   ft::refuse_empty_values(app, {"--prompt"});  // '' is a prompt: a newline

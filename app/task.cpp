@@ -210,9 +210,14 @@ class ResnetTask : public Task {
 
   void register_params(ParamStore& params) override {
     ids_ = register_resnet_params(shape_, params);
+    if (gemm_dtype() == DType::kBF16) params.enable_bf16_copies();
   }
   Graph build_graph(int batch, GraphMode mode) const override {
-    return build_resnet_graph(shape_, batch, ids_, mode);
+    return build_resnet_graph(shape_, batch, ids_, mode, gemm_dtype());
+  }
+
+  DType gemm_dtype() const {
+    return config_.train.precision == "bf16" ? DType::kBF16 : DType::kF32;
   }
 
   void next_train_batch(Workspace& ws, const Graph& graph) override {

@@ -93,12 +93,17 @@ bool bf16_gemm_native();
 // One line for the start line and bench: which bf16 path this CPU takes and why.
 const char* bf16_gemm_path();
 // CUDA (core/cuda/gemm_cuda.cpp, CUDA builds only): the same on device pointers, enqueued on
-// `stream`, through the process's CublasLtGemm (core/cuda/cuda_context.h).
+// `stream`, through the process's CublasLtGemm (core/cuda/cuda_context.h). bf16 operands are
+// cuBLASLt CUDA_R_16BF matrices multiplied with CUBLAS_COMPUTE_32F into the fp32 C, every
+// epilogue as in fp32. REQUIRES: a.dtype == b.dtype.
+void gemm_cuda(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args, CudaStream stream);
+// The fp32 form, so fp32 callers keep passing plain pointers.
 void gemm_cuda(float* c, const float* a, const float* b, const GemmArgs& args, CudaStream stream);
 
-// train.tf32: when true, gemm_cuda computes with CUBLAS_COMPUTE_32F_FAST_TF32 (10-bit mantissa
-// products, FP32 accumulation) instead of CUBLAS_COMPUTE_32F. Part of the plan key, so toggling
-// it never reuses a plan of the other mode. The CPU gemm() is FP32 either way. Default false.
+// train.tf32: when true, gemm_cuda computes fp32 operands with CUBLAS_COMPUTE_32F_FAST_TF32
+// (10-bit mantissa products, FP32 accumulation) instead of CUBLAS_COMPUTE_32F; bf16 operands are
+// exact in fp32 products either way. Part of the plan key, so toggling it never reuses a plan of
+// the other mode. The CPU gemm() is FP32 either way. Default false.
 void set_gemm_tf32(bool on);
 bool gemm_tf32();
 

@@ -1,36 +1,65 @@
 // Encoding and decoding of safetensors bytes in memory, and saving; reading a file from disk with
-// bounds (load_safetensors) lives in core/safetensors_file.cpp.
+// bounds (load_safetensors) lives in core/safetensors_file.cpp, and parsing the header both use in
+// core/safetensors_header.cpp.
 #include "core/safetensors.h"
 
 #include <algorithm>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <string_view>
 
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/math/bf16_math.h"
 #include "core/safetensors_internal.h"
 #include "core/tensor.h"
 
 namespace ft {
 namespace {
 
-// The data section is copied byte for byte into floats, which is only right on little-endian hosts.
+// The data section is copied byte for byte into floats and bf16 bit patterns, which is only right
+// on little-endian hosts.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");
 
 using safetensors_internal::Json;
+using safetensors_internal::json_error_text;
 using safetensors_internal::kMetadataKey;
 using OrderedJson = nlohmann::ordered_json;
 
-constexpr uint64_t kFloatBytes = sizeof(float);
-// A header nests at most 3 deep ({ { [ ); the slack admits unknown extra fields from other
-// writers, while stopping "[[[[..." from making the parser allocate per level.
-constexpr size_t kMaxHeaderNesting = 32;
-// Longer arrays are dropped while parsing, so a corrupt shape cannot balloon into a huge DOM.
-constexpr size_t kMaxArrayItems = 64;
+// Bytes per element in the file.
+uint64_t element_bytes(DType dtype) {
+  return dtype_size(dtype);
+}
 
+// The format's name of a dtype, as the reference implementation writes it.
+const char* format_dtype(DType dtype) {
+  return dtype == DType::kBF16 ? "BF16" : "F32";
+}
+
+// A bf16-exact value (one read from a BF16 tensor) keeps its bits, NaN payloads included, so a file
+// read and saved again is the same file; any other value rounds to nearest, ties to even.
+bf16_bits bf16_for_file(float value) {
+  const uint32_t bits = float_bits(value);
+  return (bits & 0xFFFFu) == 0 ? static_cast<bf16_bits>(bits >> 16) : float_to_bf16(value);
+}
+
+// Appends a view's `numel` elements in its file dtype to `sink` (std::string or AtomicFileWriter);
+// BF16 goes through a small buffer so a large tensor is never narrowed whole in memory.
+template <typename Sink>
+void append_data(Sink& sink, const SafetensorsView& view, uint64_t numel) {
+  if (view.dtype == DType::kF32) {
+    sink.append(reinterpret_cast<const char*>(view.data), numel * sizeof(float));
+    return;
+  }
+  constexpr uint64_t kChunk = 16384;
+  bf16_bits chunk[kChunk];
+  for (uint64_t first = 0; first < numel; first += kChunk) {
+    const uint64_t count = std::min(kChunk, numel - first);
+    for (uint64_t i = 0; i < count; ++i) chunk[i] = bf16_for_file(view.data[first + i]);
+    sink.append(reinterpret_cast<const char*>(chunk), count * sizeof(bf16_bits));
+  }
+}
 // Element count of `shape`, or false when a dim is negative or the count overflows `limit`.
 bool checked_numel(const std::vector<int64_t>& shape, uint64_t limit, uint64_t* numel) {
   uint64_t count = 1;
@@ -50,20 +79,14 @@ bool checked_numel(const std::vector<int64_t>& shape, uint64_t limit, uint64_t* 
   return true;
 }
 
-// The exception's own message without its "[json.exception.type_error.316] " prefix.
-std::string json_error_text(const nlohmann::json::exception& e) {
-  const std::string text = e.what();
-  const size_t prefix_end = text.rfind("[json.exception.", 0) == 0 ? text.find("] ") : text.npos;
-  return prefix_end == text.npos ? text : text.substr(prefix_end + 2);
-}
-
 struct Layout {
   std::string header;                          // 8-byte length, then the space-padded JSON
   std::vector<const SafetensorsView*> sorted;  // data order == header order (by name)
-  std::vector<uint64_t> byte_sizes;            // parallel to `sorted`
+  std::vector<uint64_t> numels;                // parallel to `sorted`
 };
 
-// Checks `views` and builds the header exactly as the reference writer does for F32 tensors.
+// Checks `views` and builds the header exactly as the reference writer does for F32 and BF16
+// tensors.
 Layout plan_layout(const std::map<std::string, std::string>& metadata,
                    const std::vector<SafetensorsView>& views, const std::string& origin) {
   Layout layout;
@@ -80,20 +103,24 @@ Layout plan_layout(const std::map<std::string, std::string>& metadata,
       FT_FAIL(origin, ": tensor name \"", kMetadataKey, "\" is reserved by the safetensors format");
     if (i > 0 && layout.sorted[i - 1]->name == view.name)
       FT_FAIL(origin, ": tensor name '", view.name, "' appears twice");
+    if (view.dtype != DType::kF32 && view.dtype != DType::kBF16)
+      FT_FAIL(origin, ": tensor '", view.name, "' has dtype ", static_cast<int>(view.dtype),
+              "; only F32 and BF16 are written");
+    // The limit keeps numel * element bytes within uint64 for either dtype.
     uint64_t numel = 0;
-    if (!checked_numel(view.shape, std::numeric_limits<uint64_t>::max() / kFloatBytes, &numel))
+    if (!checked_numel(view.shape, std::numeric_limits<uint64_t>::max() / sizeof(float), &numel))
       FT_FAIL(origin, ": tensor '", view.name, "' has invalid shape ", shape_str(view.shape),
               " (negative dim or too many elements)");
     if (numel > 0 && view.data == nullptr)
       FT_FAIL(origin, ": tensor '", view.name, "' has shape ", shape_str(view.shape),
               " but no data");
-    uint64_t bytes = numel * kFloatBytes;
+    const uint64_t bytes = numel * element_bytes(view.dtype);
     OrderedJson entry = OrderedJson::object();
-    entry["dtype"] = "F32";
+    entry["dtype"] = format_dtype(view.dtype);
     entry["shape"] = view.shape;
     entry["data_offsets"] = {offset, offset + bytes};
     header[view.name] = std::move(entry);
-    layout.byte_sizes.push_back(bytes);
+    layout.numels.push_back(numel);
     offset += bytes;
   }
 
@@ -120,136 +147,16 @@ std::vector<SafetensorsView> views_of(const SafetensorsFile& file, const std::st
   std::vector<SafetensorsView> views;
   for (const auto& [name, entry] : file.tensors) {
     uint64_t numel = 0;
-    if (!checked_numel(entry.shape, std::numeric_limits<uint64_t>::max() / kFloatBytes, &numel))
+    if (!checked_numel(entry.shape, std::numeric_limits<uint64_t>::max() / sizeof(float), &numel))
       FT_FAIL(origin, ": tensor '", name, "' has invalid shape ", shape_str(entry.shape),
               " (negative dim or too many elements)");
     if (numel != entry.data.size())
       FT_FAIL(origin, ": tensor '", name, "' has ", entry.data.size(), " floats but shape ",
               shape_str(entry.shape), " needs ", numel);
-    views.push_back({name, entry.shape, entry.data.data()});
+    views.push_back({name, entry.shape, entry.data.data(), entry.dtype});
   }
   return views;
 }
-
-// Deepest nesting of [ and { outside JSON strings.
-size_t max_nesting(std::string_view text) {
-  size_t depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
-}  // namespace
-
-namespace safetensors_internal {
-
-// Parses the header JSON, reporting duplicate keys (which nlohmann would silently collapse) and
-// arrays longer than kMaxArrayItems.
-Json parse_header(std::string_view text, const std::string& origin) {
-  if (max_nesting(text) > kMaxHeaderNesting)
-    FT_FAIL(origin, ": safetensors header nests deeper than ", kMaxHeaderNesting, " levels");
-  std::vector<std::set<std::string>> keys_by_depth(kMaxHeaderNesting + 1);
-  std::vector<size_t> items_by_depth(kMaxHeaderNesting + 1, 0);
-  std::vector<bool> array_at_depth(kMaxHeaderNesting + 1, false);
-  std::string duplicate_key;
-  bool array_too_long = false;
-  auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) -> bool {
-    // Object/array start events carry the container's depth; keys and values carry depth + 1.
-    size_t level = static_cast<size_t>(depth);
-    if (level >= keys_by_depth.size()) return true;  // unreachable: max_nesting bounds the depth
-    if (event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start) {
-      keys_by_depth[level].clear();
-      items_by_depth[level] = 0;
-      array_at_depth[level] = event == Json::parse_event_t::array_start;
-    } else if (event == Json::parse_event_t::key && level > 0) {
-      const std::string& key = parsed.get_ref<const std::string&>();
-      if (!keys_by_depth[level - 1].insert(key).second && duplicate_key.empty())
-        duplicate_key = key;
-    }
-    bool starts_item = event == Json::parse_event_t::value ||
-                       event == Json::parse_event_t::object_start ||
-                       event == Json::parse_event_t::array_start;
-    bool array_item = starts_item && level > 0 && array_at_depth[level - 1];
-    if (array_item && ++items_by_depth[level - 1] > kMaxArrayItems) {
-      array_too_long = true;
-      return false;
-    }
-    return true;
-  };
-  Json header;
-  try {
-    header = Json::parse(text.begin(), text.end(), on_event);
-  } catch (const nlohmann::json::parse_error& e) {
-    // Only the position: nlohmann's text quotes the bytes it read, which may be binary garbage.
-    // e.byte is the 1-based position of the offending byte, one past the end at end of input.
-    if (e.byte > text.size())
-      FT_FAIL(origin, ": safetensors header is not valid JSON: its ", text.size(),
-              " bytes end before a complete JSON value (truncated or corrupt file)");
-    FT_FAIL(origin, ": safetensors header is not valid JSON: unexpected byte at file offset ",
-            8 + e.byte - 1, " (corrupt file or not safetensors)");
-  } catch (const nlohmann::json::exception& e) {
-    FT_FAIL(origin, ": safetensors header is not valid JSON: ", json_error_text(e));
-  }
-  if (!duplicate_key.empty())
-    FT_FAIL(origin, ": safetensors header has key '", duplicate_key, "' twice");
-  if (array_too_long)
-    FT_FAIL(origin, ": safetensors header has an array longer than ", kMaxArrayItems,
-            " elements (shapes may have at most ", kMaxArrayItems, " dims)");
-  if (!header.is_object())
-    FT_FAIL(origin, ": safetensors header is not a JSON object but ", header.type_name());
-  return header;
-}
-
-// A JSON integer >= 0 that fits int64, or false.
-bool to_count(const Json& value, int64_t* out) {
-  if (value.is_number_unsigned()) {
-    uint64_t v = value.get<uint64_t>();
-    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
-    *out = static_cast<int64_t>(v);
-    return true;
-  }
-  if (!value.is_number_integer()) return false;
-  *out = value.get<int64_t>();
-  return *out >= 0;
-}
-
-// The little-endian header length in the first 8 bytes of `prefix`, checked against the limit
-// and against the `following` bytes the file holds after it.
-uint64_t header_length(const char* prefix, uint64_t following, const std::string& origin) {
-  uint64_t header_bytes = 0;
-  for (int byte = 0; byte < 8; ++byte)
-    header_bytes |= static_cast<uint64_t>(static_cast<unsigned char>(prefix[byte])) << (8 * byte);
-  if (header_bytes == 0)
-    FT_FAIL(origin,
-            ": safetensors header length is 0; even a file with no tensors has a JSON "
-            "header (\"{}\") (corrupt file or not safetensors)");
-  if (header_bytes > kSafetensorsMaxHeaderBytes)
-    FT_FAIL(origin, ": safetensors header length ", header_bytes, " exceeds the ",
-            kSafetensorsMaxHeaderBytes, "-byte limit (corrupt file or not safetensors)");
-  if (header_bytes > following)
-    FT_FAIL(origin, ": safetensors header length ", header_bytes, " exceeds the ", following,
-            " bytes that follow it (truncated or corrupt file)");
-  return header_bytes;
-}
-
-}  // namespace safetensors_internal
-
-namespace {
 
 using safetensors_internal::header_length;
 using safetensors_internal::parse_header;
@@ -258,6 +165,7 @@ using safetensors_internal::to_count;
 struct Span {
   uint64_t begin, end;
   const std::string* name;
+  SafetensorsEntry* entry;  // its data is read once every span is known to tile the section
 };
 
 }  // namespace
@@ -267,7 +175,7 @@ std::string encode_safetensors(const SafetensorsFile& file) {
   Layout layout = plan_layout(file.metadata, views, "encode_safetensors");
   std::string bytes = std::move(layout.header);
   for (size_t i = 0; i < layout.sorted.size(); ++i)
-    bytes.append(reinterpret_cast<const char*>(layout.sorted[i]->data), layout.byte_sizes[i]);
+    append_data(bytes, *layout.sorted[i], layout.numels[i]);
   return bytes;
 }
 
@@ -277,7 +185,7 @@ void save_safetensors(const std::string& path, const std::map<std::string, std::
   AtomicFileWriter writer(path);
   writer.append(layout.header.data(), layout.header.size());
   for (size_t i = 0; i < layout.sorted.size(); ++i)
-    writer.append(layout.sorted[i]->data, layout.byte_sizes[i]);
+    append_data(writer, *layout.sorted[i], layout.numels[i]);
   writer.commit();
 }
 
@@ -316,14 +224,19 @@ SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& 
     for (const char* field : {"dtype", "shape", "data_offsets"})
       if (!value.contains(field)) FT_FAIL(where, " has no \"", field, "\"");
 
-    const Json& dtype = value.at("dtype");
-    if (!dtype.is_string() || dtype.get_ref<const std::string&>() != "F32")
-      FT_FAIL(where, " has dtype ", dtype.dump(), "; only F32 is supported");
+    const Json& dtype_json = value.at("dtype");
+    const std::string* dtype_text =
+        dtype_json.is_string() ? &dtype_json.get_ref<const std::string&>() : nullptr;
+    if (dtype_text == nullptr || (*dtype_text != "F32" && *dtype_text != "BF16"))
+      FT_FAIL(where, " has dtype ", dtype_json.dump(), "; only F32 and BF16 are supported");
+    const DType dtype = *dtype_text == "BF16" ? DType::kBF16 : DType::kF32;
+    const uint64_t element = element_bytes(dtype);
 
     const Json& shape_json = value.at("shape");
     if (!shape_json.is_array())
       FT_FAIL(where, " has \"shape\" ", shape_json.dump(), ", not an array");
     SafetensorsEntry entry;
+    entry.dtype = dtype;
     for (const Json& dim_json : shape_json) {
       int64_t dim = 0;
       if (!to_count(dim_json, &dim))
@@ -331,7 +244,7 @@ SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& 
       entry.shape.push_back(dim);
     }
     uint64_t numel = 0;
-    if (!checked_numel(entry.shape, data_bytes / kFloatBytes, &numel))
+    if (!checked_numel(entry.shape, data_bytes / element, &numel))
       FT_FAIL(where, " has shape ", shape_str(entry.shape), ", more elements than the ", data_bytes,
               "-byte data section holds (truncated or corrupt file)");
 
@@ -344,14 +257,12 @@ SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& 
     if (static_cast<uint64_t>(end) > data_bytes)
       FT_FAIL(where, " has data_offsets ", offsets.dump(), " past the end of the ", data_bytes,
               "-byte data section (truncated or corrupt file)");
-    if (static_cast<uint64_t>(end - begin) != numel * kFloatBytes)
-      FT_FAIL(where, " has shape ", shape_str(entry.shape), " (", numel * kFloatBytes,
-              " bytes as F32) but data_offsets ", offsets.dump(), " span ", end - begin, " bytes");
-    entry.data.resize(numel);
-    if (numel > 0) std::memcpy(entry.data.data(), bytes.data() + data_begin + begin, end - begin);
+    if (static_cast<uint64_t>(end - begin) != numel * element)
+      FT_FAIL(where, " has shape ", shape_str(entry.shape), " (", numel * element, " bytes as ",
+              *dtype_text, ") but data_offsets ", offsets.dump(), " span ", end - begin, " bytes");
     auto inserted = file.tensors.emplace(name, std::move(entry));
-    spans.push_back(
-        {static_cast<uint64_t>(begin), static_cast<uint64_t>(end), &inserted.first->first});
+    spans.push_back({static_cast<uint64_t>(begin), static_cast<uint64_t>(end),
+                     &inserted.first->first, &inserted.first->second});
   }
 
   // The format requires the tensors to tile the data section exactly: no overlaps, no holes.
@@ -373,6 +284,23 @@ SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& 
   if (covered != data_bytes)
     FT_FAIL(origin, ": data section has ", data_bytes, " bytes but tensors cover only the first ",
             covered, " (trailing garbage or corrupt offsets)");
+
+  // Only now, with no two tensors sharing a byte, is the data read: many entries naming the same
+  // bytes would otherwise each allocate a copy before the overlap is found.
+  for (const Span& span : spans) {
+    SafetensorsEntry& entry = *span.entry;
+    const uint64_t numel = (span.end - span.begin) / element_bytes(entry.dtype);
+    entry.data.resize(numel);
+    const char* source = bytes.data() + data_begin + span.begin;
+    if (entry.dtype == DType::kF32 && numel > 0)
+      std::memcpy(entry.data.data(), source, span.end - span.begin);
+    // bf16 is the top half of an fp32, so widening is exact.
+    for (uint64_t i = 0; entry.dtype == DType::kBF16 && i < numel; ++i) {
+      bf16_bits bits;
+      std::memcpy(&bits, source + i * sizeof(bits), sizeof(bits));
+      entry.data[i] = bf16_to_float(bits);
+    }
+  }
   return file;
 }
 

@@ -1,10 +1,15 @@
-// Reader and writer for the safetensors format (https://github.com/huggingface/safetensors), F32
-// only: an 8-byte little-endian header length N, an N-byte JSON header padded with spaces to a
-// multiple of 8, then the raw little-endian tensor bytes. Output is byte-identical to the
-// reference implementation for F32 tensors (tensors sorted by name, compact JSON, "__metadata__"
-// first and omitted when empty), so PyTorch's `safetensors.torch.load_file` reads our checkpoints.
+// Reader and writer for the safetensors format (https://github.com/huggingface/safetensors), dtypes
+// F32 and BF16: an 8-byte little-endian header length N, an N-byte JSON header padded with spaces
+// to a multiple of 8, then the raw little-endian tensor bytes. Output is byte-identical to the
+// reference implementation for F32 and BF16 tensors (tensors sorted by name, compact JSON,
+// "__metadata__" first and omitted when empty), so PyTorch's `safetensors.torch.load_file` reads
+// our checkpoints and exports.
+// In memory every tensor is fp32, whatever the file stores: BF16 widens to fp32 exactly on read,
+// and an entry or view marked BF16 is rounded to nearest, ties to even (core/math/bf16_math.h) on
+// write, so callers that want fp32 never see another type.
 // Reading validates everything and throws ft::Error naming the origin and the defect; corrupt
-// input never causes a crash, an out-of-bounds read or an allocation beyond the input's size.
+// input never causes a crash, an out-of-bounds read or an allocation beyond twice the input's size
+// (BF16 data widens to fp32).
 // Thread safety: all functions are reentrant; concurrent saves to one path are not allowed.
 #pragma once
 #include <cstdint>
@@ -14,12 +19,16 @@
 
 // Re-exported: callers that save checkpoints usually also write small files atomically.
 #include "core/atomic_file.h"
+#include "core/tensor.h"
 
 namespace ft {
 
 struct SafetensorsEntry {
   std::vector<int64_t> shape;  // {} is a scalar (1 element); a 0 dim makes an empty tensor
-  std::vector<float> data;     // row-major; size == product(shape)
+  std::vector<float> data;     // row-major; size == product(shape); fp32 whatever `dtype` is
+  // What the file holds ("F32" or "BF16"). Saving kBF16 rounds `data` to bf16; a value read from
+  // a BF16 tensor is bf16-exact, so it is saved with the same bits (NaN payloads included).
+  DType dtype = DType::kF32;
 };
 
 struct SafetensorsFile {
@@ -33,6 +42,7 @@ struct SafetensorsView {
   std::string name;
   std::vector<int64_t> shape;
   const float* data = nullptr;
+  DType dtype = DType::kF32;  // how the file stores it; kBF16 rounds as SafetensorsEntry says
 };
 
 // Headers larger than this are rejected on read (same limit as the reference implementation).

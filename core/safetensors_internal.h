@@ -1,5 +1,6 @@
-// Internal to core/safetensors.cpp and core/safetensors_file.cpp: header parsing shared by the
-// in-memory decoder and the bounded file reader. Not a public API; include core/safetensors.h.
+// Internal to core/safetensors.cpp, core/safetensors_file.cpp and core/safetensors_header.cpp
+// (which defines these): header parsing shared by the in-memory decoder and the bounded file
+// reader. Not a public API; include core/safetensors.h.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,9 @@ inline constexpr char kMetadataKey[] = "__metadata__";
 // Parses the header JSON, reporting duplicate keys (which nlohmann would silently collapse) and
 // arrays longer than a small limit; throws ft::Error naming `origin`.
 Json parse_header(std::string_view text, const std::string& origin);
+
+// The exception's own message without its "[json.exception.type_error.316] " prefix.
+std::string json_error_text(const nlohmann::json::exception& e);
 
 // A JSON integer >= 0 that fits int64, or false.
 bool to_count(const Json& value, int64_t* out);

@@ -9,6 +9,7 @@
 #include "core/check.h"
 
 #if defined(FT_HAVE_CUDA)
+#include "core/cuda/bf16_kernels.h"
 #include "core/cuda/cuda_context.h"
 #include "core/cuda/device_memory.h"
 #endif
@@ -132,9 +133,11 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 
 void Tensor::fill(float value) {
   if (dtype_ == DType::kBF16) {
-    FT_CHECK(device_ == Device::kCpu,
-             "fill of a bf16 tensor on cuda: not built (bf16 runs on the "
-             "cpu only)");
+#if defined(FT_HAVE_CUDA)
+    if (device_ == Device::kCuda)
+      return cuda_fill_bf16(bf16_data(), numel_, float_to_bf16(value),
+                            cuda_context().compute_stream());
+#endif
     std::fill(bf16_data(), bf16_data() + numel_, float_to_bf16(value));
     return;
   }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "fusion/ops/flash_attention.h"
 #include "fusion/pass_util.h"
@@ -19,13 +20,18 @@ namespace ft {
 namespace {
 
 constexpr const char* kPass = "attention";
-constexpr int kChainOps = 3;
 constexpr int kMinTile = 8;
 
-// The chain starting at a scores op, or the reason it cannot be fused.
+// The chain starting at a scores op, or the reason it cannot be fused. Under train.precision:
+// bf16 a cast op sits between softmax and mix (autocast casts the probabilities for the mix GEMM).
 struct AttentionChain {
-  int scores = -1, softmax = -1, mix = -1;  // op indices
-  std::string refusal;                      // empty when fusable
+  int scores = -1, softmax = -1, cast = -1, mix = -1;  // op indices; cast -1 in fp32
+  std::string refusal;                                 // empty when fusable
+
+  std::vector<int> ops() const {
+    if (cast < 0) return {scores, softmax, mix};
+    return {scores, softmax, cast, mix};
+  }
 };
 
 // The op reading `id`, when it is the only one and `id` is no graph result; else -1 and `why`.
@@ -45,10 +51,17 @@ AttentionChain match_chain(const Graph& graph, const GraphIndex& index, int scor
     chain.refusal = "scores feed a " + std::string(softmax.kind()) + ", not a causal softmax";
     return chain;
   }
-  chain.mix = sole_consumer(graph, index, softmax.outputs[0], &chain.refusal);
+  ValueId probs = softmax.outputs[0];
+  chain.mix = sole_consumer(graph, index, probs, &chain.refusal);
   if (chain.mix < 0) return chain;
+  if (graph.ops[chain.mix]->op_kind() == OpKind::kCast) {
+    chain.cast = chain.mix;
+    probs = graph.ops[chain.cast]->outputs[0];
+    chain.mix = sole_consumer(graph, index, probs, &chain.refusal);
+    if (chain.mix < 0) return chain;
+  }
   const Op& mix = *graph.ops[chain.mix];
-  if (mix.op_kind() != OpKind::kAttentionMix || mix.inputs[0] != softmax.outputs[0]) {
+  if (mix.op_kind() != OpKind::kAttentionMix || mix.inputs[0] != probs) {
     chain.refusal = "probabilities feed a " + std::string(mix.kind()) + ", not an attention mix";
     return chain;
   }
@@ -89,7 +102,8 @@ class AttentionPass : public FusionPass {
         context.skipped(kPass, site, chain.refusal);
         continue;
       }
-      if (!within_max_ops(context, kPass, site, kChainOps)) continue;
+      const int chain_ops = static_cast<int>(chain.ops().size());
+      if (!within_max_ops(context, kPass, site, chain_ops)) continue;
       const auto& scores = static_cast<const AttentionScoresOp&>(*graph.ops[chain.scores]);
       const Op& mix = *graph.ops[chain.mix];
       const int tile = tile_rows(context.options.tile_kb, scores.seq_len());
@@ -98,13 +112,14 @@ class AttentionPass : public FusionPass {
       flash->name = fused_name(site);
       flash->inputs = {scores.inputs[0], scores.inputs[1], mix.inputs[1]};
       flash->outputs = {mix.outputs[0]};
-      flash->eager_ops = kChainOps;
+      flash->eager_ops = chain_ops;
       // Placed where the mix was: v may be produced after the scores op.
-      replace_op_set(graph, {chain.scores, chain.softmax, chain.mix}, std::move(flash));
-      context.fused(
-          kPass, site,
-          "scores+causal_softmax+mix -> flash_attention (tile " + std::to_string(tile) + ")",
-          kChainOps);
+      replace_op_set(graph, chain.ops(), std::move(flash));
+      context.fused(kPass, site,
+                    std::string(chain.cast < 0 ? "scores+causal_softmax+mix"
+                                               : "scores+causal_softmax+cast+mix") +
+                        " -> flash_attention (tile " + std::to_string(tile) + ")",
+                    chain_ops);
       ++fused;
       --op_index;  // the op now at op_index followed the removed scores op
     }

@@ -6,19 +6,25 @@
 //   GELU -> cast                    => GeluCastOp (same file)
 //   ResidualLayerNorm's normed -> cast, LinearGelu -> cast
 //                                   => the fused op writes that output in bf16
+//   ReLU -> cast                    => ReluCastOp (fusion/ops/relu_cast.h)
+//   BatchNormRelu -> cast, BatchNormAddRelu -> cast (a ResNet's ReLU feeding convolutions)
+//                                   => the fused op writes its output in bf16
 // Order: runs after every other vertical pass, so it sees their fused producers (it needs
 // residual_layernorm and gemm_epilogue done first); nothing runs after it that matches casts.
-// Producers not listed (attention, the embedding) keep their cast, with the reason in `plan`.
+// Producers not listed (attention, the embedding, the ResNet's pooling) keep their cast, with the
+// reason in `plan`; so does a ResNet block output that an identity shortcut also reads.
 // Thread safety: stateless.
 #include <memory>
 #include <string>
 
 #include "fusion/ops/layernorm_cast.h"
 #include "fusion/ops/linear_gelu.h"
+#include "fusion/ops/relu_cast.h"
 #include "fusion/pass_util.h"
 #include "fusion/passes.h"
 #include "model/graph_edit.h"
 #include "model/ops/layernorm.h"
+#include "model/ops/relu.h"
 
 namespace ft {
 namespace {
@@ -51,6 +57,11 @@ std::unique_ptr<Op> bf16_writer(Graph& graph, int producer_index, ValueId fp32_v
     }
     case OpKind::kGelu:
       return rewired(std::make_unique<GeluCastOp>(graph.numel(fp32_value)));
+    case OpKind::kRelu:
+      return rewired(std::make_unique<ReluCastOp>(static_cast<const ReluOp&>(producer).numel()));
+    case OpKind::kBatchNormRelu:
+    case OpKind::kBatchNormAddRelu:
+      break;
     case OpKind::kResidualLayerNorm:
       if (producer.outputs[1] != fp32_value) {
         *refusal = "the residual stream of '" + producer.name + "' is not a GEMM operand";
@@ -75,6 +86,13 @@ std::unique_ptr<Op> bf16_writer(Graph& graph, int producer_index, ValueId fp32_v
   return nullptr;
 }
 
+bool written_through_views(const Graph& graph, ValueId root) {
+  for (const auto& op : graph.ops)
+    for (ValueId id : op->outputs)
+      if (graph.values[id].view_of == root) return true;
+  return false;
+}
+
 class CastPass : public FusionPass {
  public:
   const char* name() const override { return kPass; }
@@ -91,12 +109,16 @@ class CastPass : public FusionPass {
       const int producer = index.producer(fp32_value);
       const int readers = index.reader_count_with_views(fp32_value);
       std::string refusal;
-      if (producer < 0)
-        refusal = "'" + graph.values[fp32_value].name + "' has no producing op";
+      // Views first: a view's producer writes its root (a batched or QKV output), not the view.
+      if (graph.values[fp32_value].is_view() || graph.values[bf16_value].is_view())
+        refusal = "a column view on either side";
+      else if (producer < 0)
+        refusal = "'" + graph.values[fp32_value].name + "' has no producing op" +
+                  (written_through_views(graph, fp32_value)
+                       ? " of its own: ops write it through column views (per-head LayerNorms)"
+                       : "");
       else if (index.is_graph_result(fp32_value))
         refusal = "'" + graph.values[fp32_value].name + "' is a graph result";
-      else if (graph.values[fp32_value].is_view() || graph.values[bf16_value].is_view())
-        refusal = "a column view on either side";
       else if (readers != 1)
         refusal = "'" + graph.values[fp32_value].name + "' has " + std::to_string(readers) +
                   " readers: its fp32 form is needed";

@@ -166,6 +166,14 @@ bf16_bits* MultiTensorSweep::bf16_copies(ParamStore& params) {
   return params.has_bf16_copies() ? params.flat_bf16_values().bf16_data() : nullptr;
 }
 
+Bf16CopyTarget MultiTensorSweep::bf16_copy_target(ParamStore& params) {
+  Bf16CopyTarget target;
+  if (!params.has_bf16_copies()) return target;
+  target.values_base = params.flat_values().data();
+  target.copies = bf16_copies(params);
+  return target;
+}
+
 void MultiTensorSweep::adamw(ParamStore& params, Tensor& exp_avg, Tensor& exp_avg_sq,
                              const AdamWStep& step) {
   check_store(params);
@@ -176,7 +184,8 @@ void MultiTensorSweep::adamw(ParamStore& params, Tensor& exp_avg, Tensor& exp_av
     return multi_tensor_adamw_cuda(packed(adamw_pass_, params,
                                           {params.flat_values().data(), params.flat_grads().data(),
                                            exp_avg.data(), exp_avg_sq.data()}),
-                                   step, device_control(), compute_stream());
+                                   step, device_control(), bf16_copy_target(params),
+                                   compute_stream());
 #endif
   multi_tensor_adamw(plan_, params.flat_values().data(), exp_avg.data(), exp_avg_sq.data(),
                      params.flat_grads().data(), step, bf16_copies(params));
@@ -190,7 +199,7 @@ void MultiTensorSweep::sgd(ParamStore& params, Tensor& momentum_buffer, const Sg
     return multi_tensor_sgd_cuda(
         packed(sgd_pass_, params,
                {params.flat_values().data(), params.flat_grads().data(), momentum_buffer.data()}),
-        step, device_control(), compute_stream());
+        step, device_control(), bf16_copy_target(params), compute_stream());
 #endif
   multi_tensor_sgd(plan_, params.flat_values().data(), momentum_buffer.data(),
                    params.flat_grads().data(), step, bf16_copies(params));

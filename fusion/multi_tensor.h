@@ -9,8 +9,10 @@
 // On cuda (params.device()) the sweep runs the Apex-style kernels of fusion/multi_tensor.cu over
 // per-parameter tensor lists packed into kernel-argument tables (fusion/multi_tensor_launch.h):
 // a few launches per pass instead of one per tensor; square_sum is the only pass that waits for
-// the GPU (it copies one double to the host). The cuda norm's order is not the CPU lane order, so
-// cuda and cpu agree to rounding; the cuda per-tensor and multi-tensor norms agree bitwise.
+// the GPU (it copies one double to the host). With bf16 weight copies (train.precision: bf16) the
+// AdamW and SGD passes write them on both devices as they update the masters. The cuda norm's
+// order is not the CPU lane order, so cuda and cpu agree to rounding; the cuda per-tensor and
+// multi-tensor norms agree bitwise.
 // Thread safety: the free functions are pure functions of the buffers given; a sweep is not
 // synchronised, and the training thread owns it.
 #pragma once
@@ -54,6 +56,23 @@ void multi_tensor_adamw(const MultiTensorPlan& plan, float* values, float* exp_a
 void multi_tensor_sgd(const MultiTensorPlan& plan, float* values, float* momentum_buffer,
                       const float* grads, const SgdStep& step, bf16_bits* bf16_values = nullptr);
 
+// The bf16 weight copies a CUDA AdamW or SGD pass writes as it updates the masters: for every
+// element it updates at values_base + i it stores copies[i] = bf16(updated value), the CPU
+// passes' fusion of the weight-copy sweep. Both null: no copies.
+struct Bf16CopyTarget {
+  const float* values_base = nullptr;  // ParamStore::flat_values() on the device
+  bf16_bits* copies = nullptr;         // ParamStore::flat_bf16_values(), same layout
+};
+// multi_tensor_adamw_cuda / multi_tensor_sgd_cuda (fusion/multi_tensor_launch.h) that also write
+// `copies` (multi_tensor.cu; CUDA builds only). The tables' value arrays must lie in
+// [values_base, values_base + numel of the copies).
+void multi_tensor_adamw_cuda(const std::vector<MultiTensorLaunch<4>>& launches,
+                             const AdamWStep& step, const DeviceStepControl* control,
+                             const Bf16CopyTarget& copies, CudaStream stream);
+void multi_tensor_sgd_cuda(const std::vector<MultiTensorLaunch<3>>& launches, const SgdStep& step,
+                           const DeviceStepControl* control, const Bf16CopyTarget& copies,
+                           CudaStream stream);
+
 // Over `numel` flat floats, chunked.
 void multi_tensor_zero(float* data, int64_t numel);
 void multi_tensor_scale(float* data, int64_t numel, float scale);
@@ -73,13 +92,14 @@ class MultiTensorSweep : public ParamSweep {
   void scale(ParamStore& params, float scale) override;
   void zero(ParamStore& params) override;
   void square_sum_on_device(ParamStore& params, double* device_total) override;
-  // On the cpu adamw and sgd write the store's bf16 copies as they update the masters.
+  // adamw and sgd write the store's bf16 copies as they update the masters, on either device.
   bool writes_bf16_copies() const override { return true; }
 
   const MultiTensorPlan& plan() const { return plan_; }
 
  private:
   static bf16_bits* bf16_copies(ParamStore& params);
+  static Bf16CopyTarget bf16_copy_target(ParamStore& params);
   // Tables packed for a pass over arrays laid out like flat_values() that start at `bases`,
   // repacked when the bases change (the trainer's buffers do not move, so normally once).
   template <int Depth>

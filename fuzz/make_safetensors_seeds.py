@@ -17,15 +17,32 @@ import sys
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "safetensors")
 
 
+def bf16_bits(value):
+    """The bf16 bit pattern of a float, rounded to nearest, ties to even (core/math/bf16_math.h)."""
+    (bits,) = struct.unpack("<I", struct.pack("<f", value))
+    if bits & 0x7F800000 == 0x7F800000 and bits & 0x007FFFFF:
+        return (bits >> 16) | 0x0040
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
 def encode(metadata, tensors, pad=True):
-    """tensors: [(name, shape, [floats])] -> bytes, as core/safetensors.cpp writes them."""
+    """tensors: [(name, shape, [floats])] or [(name, shape, values, dtype)] -> bytes, as
+    core/safetensors.cpp writes them. dtype "BF16" rounds float values; "BF16_BITS" stores int
+    values as bf16 bit patterns (a signalling NaN, which a Python float would quiet)."""
     header = {}
     if metadata:
         header["__metadata__"] = metadata
     data = b""
-    for name, shape, values in sorted(tensors):
-        raw = struct.pack("<%df" % len(values), *values)
-        header[name] = {"dtype": "F32", "shape": shape,
+    for name, shape, values, *dtype in sorted(tensors):
+        dtype = dtype[0] if dtype else "F32"
+        if dtype == "BF16_BITS":
+            raw = struct.pack("<%dH" % len(values), *values)
+            dtype = "BF16"
+        elif dtype == "BF16":
+            raw = struct.pack("<%dH" % len(values), *[bf16_bits(v) for v in values])
+        else:
+            raw = struct.pack("<%df" % len(values), *values)
+        header[name] = {"dtype": dtype, "shape": shape,
                         "data_offsets": [len(data), len(data) + len(raw)]}
         data += raw
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -61,6 +78,19 @@ def main():
     write("special_floats", encode({}, [("x", [4], [math.nan, math.inf, -0.0, 1e-45])]))
     write("unpadded_header", encode({}, [("a", [1], [2.0])], pad=False))
     write("utf8_names", encode({"k\u00e9y": "v\u2713"}, [("t\u00e9", [1], [1.0])]))
+    # export --dtype bf16: BF16 tensors (specials, a tie that rounds to even, signalling NaNs
+    # whose payload must survive a re-encode, an empty one) beside an F32 one, and a GPT export's
+    # metadata with its dtype.
+    write("bf16_tensors", encode({"dtype": "bf16"}, [
+        ("b", [2, 3], [math.nan, math.inf, -0.0, 1.00390625, 3e-41, -65504.0], "BF16"),
+        ("e", [0], [], "BF16"), ("f", [1], [0.1]), ("n", [2], [0x7F81, 0xFFA5], "BF16_BITS")]))
+    write("bf16_gpt_export", encode({
+        "format": "fusiontrain-export-1", "arch": "gpt", "dtype": "bf16", "plan": "[]",
+        "model": '{"d_model":8,"n_head":2,"n_layer":1,"qk_norm":false,"seq_len":8,'
+                 '"tied_lm_head":"wte.weight","vocab_size":256}',
+        "config": "model:\n  arch: gpt\n  n_layer: 1\n  d_model: 8\n",
+        "source_checkpoint": "ckpt.safetensors", "source_sha256": "00" * 32},
+        [("ln_f.bias", [2], [0.0, 0.5], "BF16"), ("wte.weight", [2, 2], [0.1, 0.2, 0.3, 0.4], "BF16")]))
     write("resnet_export_model", encode({
         "format": "fusiontrain-export-1", "arch": "resnet", "bn_eps": "0.000010",
         "image_mean": "0.28604060411453247", "image_std": "0.3530242443084717",

@@ -3,10 +3,10 @@
 // Input: the bytes of a file. Each input is read twice, from memory (decode_safetensors) and as a
 // file (load_safetensors on a memfd, which checks sizes before reading the data section); the two
 // must agree. A file that reads must encode again (encode_safetensors) to bytes that decode to
-// the same tensors and metadata. Its metadata then goes where checkpoints' and exports' goes
-// today without the model code: the embedded "config" through parse_config, as
-// checkpoint_config (app/checkpoint.cpp) and `sample --model` read it.
-// Refusals (ft::Error) are fine.
+// the same tensors (dtype, F32 or BF16, included) and metadata. Its metadata then goes where
+// checkpoints' and exports' goes today without the model code: the embedded "config" through
+// parse_config, as checkpoint_config (app/checkpoint.cpp) and `sample --model` read it. Refusals
+// (ft::Error) are fine.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -23,9 +23,9 @@ bool same_tensors(const ft::SafetensorsFile& a, const ft::SafetensorsFile& b) {
   if (a.metadata != b.metadata || a.tensors.size() != b.tensors.size()) return false;
   for (auto ia = a.tensors.begin(), ib = b.tensors.begin(); ia != a.tensors.end(); ++ia, ++ib) {
     if (ia->first != ib->first || ia->second.shape != ib->second.shape ||
-        ia->second.data.size() != ib->second.data.size())
+        ia->second.dtype != ib->second.dtype || ia->second.data.size() != ib->second.data.size())
       return false;
-    // Bitwise: NaN payloads must survive too.
+    // Bitwise: NaN payloads must survive too (BF16 ones through the widening and back).
     if (!ia->second.data.empty() && std::memcmp(ia->second.data.data(), ib->second.data.data(),
                                                 ia->second.data.size() * sizeof(float)) != 0)
       return false;

@@ -223,15 +223,17 @@ Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids, 
     // Attention as eager PyTorch runs it: scores GEMM, causal softmax, weighted-sum GEMM.
     const ValueId scores = graph.add_value(prefix + "attn.scores",
                                            {batch, shape.n_head, shape.seq_len, shape.seq_len});
-    graph.add_op<AttentionScoresOp>(prefix + "attn.scores", {q, k}, {scores}, {}, batch,
-                                    shape.seq_len, shape.d_model, shape.n_head);
+    graph.add_op<AttentionScoresOp>(prefix + "attn.scores",
+                                    {builder.gemm_input(q), builder.gemm_input(k)}, {scores}, {},
+                                    batch, shape.seq_len, shape.d_model, shape.n_head);
     const ValueId probs = graph.add_value(prefix + "attn.softmax",
                                           {batch, shape.n_head, shape.seq_len, shape.seq_len});
     graph.add_op<CausalSoftmaxOp>(prefix + "attn.softmax", {scores}, {probs}, {}, batch,
                                   shape.n_head, shape.seq_len);
     const ValueId attended = builder.activation(prefix + "attn.mix", C);
-    graph.add_op<AttentionMixOp>(prefix + "attn.mix", {probs, v}, {attended}, {}, batch,
-                                 shape.seq_len, shape.d_model, shape.n_head);
+    graph.add_op<AttentionMixOp>(prefix + "attn.mix",
+                                 {builder.gemm_input(probs), builder.gemm_input(v)}, {attended}, {},
+                                 batch, shape.seq_len, shape.d_model, shape.n_head);
     const ValueId attn_out = builder.linear(prefix + "attn.c_proj", attended, C, C,
                                             block.attn_proj_weight, block.attn_proj_bias);
     x = builder.residual(prefix + "residual_1", x,

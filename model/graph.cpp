@@ -48,6 +48,8 @@ const char* op_kind_name(OpKind kind) {
       return "layernorm_cast";
     case OpKind::kGeluCast:
       return "gelu_cast";
+    case OpKind::kReluCast:
+      return "relu_cast";
     case OpKind::kLinearGelu:
       return "linear_gelu";
     case OpKind::kResidualLayerNorm:

@@ -61,6 +61,7 @@ enum class OpKind {
   kConvBias,       // inference: convolution with BatchNorm folded in (+ ReLU)
   kLayerNormCast,  // LayerNorm writing its output in bf16 (train.precision: bf16)
   kGeluCast,       // GELU writing its output in bf16
+  kReluCast,       // ReLU writing its output in bf16
   kOther,          // test and gradient-check helpers
 };
 const char* op_kind_name(OpKind kind);

@@ -6,6 +6,11 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "core/rng.h"
+#include "model/ops/cast.h"
+
+#if defined(FT_HAVE_CUDA)
+#include "core/cuda/cuda_context.h"
+#endif
 
 namespace ft {
 
@@ -46,8 +51,18 @@ void ParamStore::enable_bf16_copies() {
 
 void ParamStore::refresh_bf16_copies() {
   FT_CHECK(bf16_copies_ && allocated_, "refresh_bf16_copies() without allocated bf16 copies");
-  cast_to_bf16(flat_bf16_values_.bf16_data(), flat_values_.data(), flat_values_.numel());
   bf16_stale_ = false;
+  const int64_t count = flat_values_.numel();
+  if (count == 0) return;
+#if defined(FT_HAVE_CUDA)
+  // The cast op's kernel over the flat buffer as one row, on the compute stream every forward
+  // kernel uses, so the GEMMs that read the copies are ordered after it (and a captured step
+  // holds it).
+  if (device_ == Device::kCuda)
+    return cast_forward_cuda(flat_bf16_values_.bf16_data(), flat_values_.data(), 1, count, 0, 0,
+                             cuda_context().compute_stream());
+#endif
+  cast_to_bf16(flat_bf16_values_.bf16_data(), flat_values_.data(), count);
 }
 
 void ParamStore::allocate(Device device) {
@@ -62,11 +77,7 @@ void ParamStore::allocate(Device device) {
   flat_values_ = Tensor::zeros({trainable_floats}, device);
   flat_grads_ = Tensor::zeros({trainable_floats}, device);
   flat_buffers_ = Tensor::zeros({buffer_floats}, device);
-  if (bf16_copies_) {
-    FT_CHECK(device == Device::kCpu, "bf16 weight copies on ", device_name(device),
-             ": not built (bf16 runs on the cpu)");
-    flat_bf16_values_ = Tensor::zeros({trainable_floats}, device, DType::kBF16);
-  }
+  if (bf16_copies_) flat_bf16_values_ = Tensor::zeros({trainable_floats}, device, DType::kBF16);
   for (Param& param : params_) {
     if (param.trainable) {
       param.value = Tensor::wrap(flat_values_.data() + param.offset, param.shape, device);

@@ -45,14 +45,14 @@ class ParamStore {
   // Lays out the flat buffers on `device`; views in Param::value/grad are valid afterwards.
   void allocate(Device device = Device::kCpu);
   // train.precision: bf16. Adds a flat bf16 copy of every trainable value (Param::bf16_value) for
-  // the bf16 GEMMs to read. REQUIRES: before allocate(); device cpu.
+  // the bf16 GEMMs to read, on the store's device. REQUIRES: before allocate().
   void enable_bf16_copies();
   bool has_bf16_copies() const { return bf16_copies_; }
   Tensor& flat_bf16_values() { return flat_bf16_values_; }
   // The copies are stale once a value changed (mark_changed) until refresh_bf16_copies() casts
-  // every trainable value again (the unfused twin: a separate sweep after the optimizer), or a
-  // sweep that wrote them as it updated the masters (fusion.horizontal.multi_tensor) calls
-  // mark_bf16_copies_fresh().
+  // every trainable value again (the unfused twin: a separate sweep after the optimizer; on cuda
+  // a cast kernel enqueued on the compute stream), or a sweep that wrote them as it updated the
+  // masters (fusion.horizontal.multi_tensor) calls mark_bf16_copies_fresh().
   bool bf16_copies_stale() const { return bf16_copies_ && bf16_stale_; }
   void refresh_bf16_copies();
   void mark_bf16_copies_fresh() { bf16_stale_ = false; }

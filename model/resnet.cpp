@@ -2,10 +2,13 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/check.h"
 #include "model/ops/batchnorm.h"
 #include "model/ops/batchnorm_inference.h"
+#include "model/ops/cast.h"
 #include "model/ops/conv2d.h"
 #include "model/ops/cross_entropy.h"
 #include "model/ops/global_avg_pool.h"
@@ -52,17 +55,34 @@ void check_shape(const ResnetShape& shape) {
 // Appends ops to a graph while tracking the current activation's channels and spatial size.
 class ResnetGraphBuilder {
  public:
-  ResnetGraphBuilder(int batch, ConvAlgorithm conv_algorithm, float bn_eps)
-      : batch_(batch), conv_algorithm_(conv_algorithm), bn_eps_(bn_eps) {}
+  ResnetGraphBuilder(int batch, ConvAlgorithm conv_algorithm, float bn_eps, DType gemm_dtype)
+      : batch_(batch), conv_algorithm_(conv_algorithm), bn_eps_(bn_eps), gemm_dtype_(gemm_dtype) {}
 
   Graph& graph() { return graph_; }
+
+  // x as a convolution or the fc reads it: x itself in fp32; in bf16 the output of a cast op,
+  // one per value. The images' cast needs no gradient, as the images themselves.
+  ValueId gemm_input(ValueId x) {
+    if (gemm_dtype_ == DType::kF32) return x;
+    for (const auto& [fp32, bf16] : casts_)
+      if (fp32 == x) return bf16;
+    const Value& value = graph_.values[x];
+    const int64_t cols = value.shape.back();
+    const std::string name = value.name + ".bf16";
+    const ValueId y = graph_.add_value(name, value.shape, DType::kBF16);
+    graph_.values[y].needs_grad = x != graph_.input;
+    graph_.add_op<CastOp>(name, {x}, {y}, {}, shape_numel(value.shape) / cols, cols);
+    casts_.emplace_back(x, y);
+    return y;
+  }
 
   ValueId conv(const std::string& name, ValueId x, ParamId weight, int in_channels,
                int out_channels, int size, int kernel, int stride, int padding) {
     const int out_size = (size + 2 * padding - kernel) / stride + 1;
     const ValueId y = graph_.add_value(name, {batch_, out_size, out_size, out_channels});
-    Conv2dOp& op = graph_.add_op<Conv2dOp>(name, {x}, {y}, {weight}, batch_, in_channels,
-                                           out_channels, size, size, kernel, stride, padding);
+    Conv2dOp& op =
+        graph_.add_op<Conv2dOp>(name, {gemm_input(x)}, {y}, {weight}, batch_, in_channels,
+                                out_channels, size, size, kernel, stride, padding);
     op.algorithm = conv_algorithm_;
     if (x == graph_.input) {  // the images: NCHW as loaded, and no gradient needed
       op.input_layout = ActivationLayout::kNchw;
@@ -128,6 +148,8 @@ class ResnetGraphBuilder {
   int batch_;
   ConvAlgorithm conv_algorithm_;
   float bn_eps_;
+  DType gemm_dtype_;
+  std::vector<std::pair<ValueId, ValueId>> casts_;  // fp32 value -> its bf16 cast
 };
 
 }  // namespace
@@ -168,12 +190,12 @@ ResnetParamIds register_resnet_params(const ResnetShape& shape, ParamStore& para
 }
 
 Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamIds& ids,
-                         GraphMode mode) {
+                         GraphMode mode, DType gemm_dtype) {
   check_shape(shape);
   FT_CHECK(batch >= 1, "resnet: batch must be positive, got ", batch);
   FT_CHECK(static_cast<int>(ids.layers.size()) == kStages, "resnet: parameter ids hold ",
            ids.layers.size(), " stages, expected ", kStages);
-  ResnetGraphBuilder builder(batch, shape.conv_algorithm, shape.bn_eps);
+  ResnetGraphBuilder builder(batch, shape.conv_algorithm, shape.bn_eps, gemm_dtype);
   Graph& graph = builder.graph();
   graph.mode = mode;
   graph.input =
@@ -201,17 +223,18 @@ Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamI
   const ValueId pooled = graph.add_value("avgpool", {batch, in_channels});
   graph.add_op<GlobalAvgPoolOp>("avgpool", {h}, {pooled}, {}, batch, in_channels, size, size);
   graph.output = graph.add_value("fc", {batch, shape.classes});
-  graph.add_op<LinearOp>("fc", {pooled}, {graph.output}, {ids.fc_weight, ids.fc_bias}, batch,
-                         in_channels, shape.classes, true);
+  graph.add_op<LinearOp>("fc", {builder.gemm_input(pooled)}, {graph.output},
+                         {ids.fc_weight, ids.fc_bias}, batch, in_channels, shape.classes, true);
   graph.loss = graph.add_value("loss", {1});
   graph.add_op<SoftmaxCrossEntropyOp>("loss", {graph.output}, {graph.loss}, {}, batch,
                                       shape.classes);
   return std::move(builder.graph());
 }
 
-Graph build_resnet(const ResnetShape& shape, int batch, ParamStore& params, GraphMode mode) {
+Graph build_resnet(const ResnetShape& shape, int batch, ParamStore& params, GraphMode mode,
+                   DType gemm_dtype) {
   const ResnetParamIds ids = register_resnet_params(shape, params);
-  return build_resnet_graph(shape, batch, ids, mode);
+  return build_resnet_graph(shape, batch, ids, mode, gemm_dtype);
 }
 
 }  // namespace ft

@@ -60,11 +60,15 @@ ResnetParamIds register_resnet_params(const ResnetShape& shape, ParamStore& para
 // writes them; the caller fills it), graph.output = logits [batch, classes],
 // graph.loss = mean cross-entropy [1]. Activations in between are [batch, h, w, channels].
 // An eval graph normalises with the running statistics (BatchNormInferenceOp).
+// gemm_dtype bf16 (train.precision: bf16) reads every convolution's and the fc's x through a cast
+// op, one per value however many convolutions read it (a downsampling block's conv1 and
+// downsample.0 share one), as CPU autocast launches them; BatchNorm, ReLU, the residual adds,
+// the pooling and the loss stay fp32. REQUIRES for bf16: params.enable_bf16_copies().
 Graph build_resnet_graph(const ResnetShape& shape, int batch, const ResnetParamIds& ids,
-                         GraphMode mode = GraphMode::kTrain);
+                         GraphMode mode = GraphMode::kTrain, DType gemm_dtype = DType::kF32);
 
 // register_resnet_params + build_resnet_graph.
 Graph build_resnet(const ResnetShape& shape, int batch, ParamStore& params,
-                   GraphMode mode = GraphMode::kTrain);
+                   GraphMode mode = GraphMode::kTrain, DType gemm_dtype = DType::kF32);
 
 }  // namespace ft

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Loads a fusiontrain ResNet export into plain PyTorch modules (nn.Conv2d with bias, no
-BatchNorm) and runs it, to show that the file is all a reader needs.
+BatchNorm) and runs it, to show that the file is all a reader needs. Reads fp32 and bf16 exports
+(`export --dtype`); bf16 tensors are widened to float32 exactly, as fusiontrain infer does.
 
   python3 scripts/load_export.py --export runs/resnet8.safetensors [--count 256]
       [--expect logits.f32]
@@ -23,7 +24,7 @@ MNIST = "/usr/share/datasets/fashion-mnist"
 
 
 def read_safetensors(path):
-    """The tensors (float32 numpy arrays) and metadata of a safetensors file."""
+    """The tensors (float32 numpy arrays) and metadata of a safetensors file, F32 or BF16."""
     with open(path, "rb") as f:
         (header_len,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(header_len))
@@ -31,9 +32,16 @@ def read_safetensors(path):
     metadata = header.pop("__metadata__", {})
     tensors = {}
     for name, entry in header.items():
-        assert entry["dtype"] == "F32", name
         begin, end = entry["data_offsets"]
-        tensors[name] = np.frombuffer(data[begin:end], dtype="<f4").reshape(entry["shape"])
+        raw = data[begin:end]
+        if entry["dtype"] == "F32":
+            values = np.frombuffer(raw, dtype="<f4")
+        elif entry["dtype"] == "BF16":
+            # numpy has no bfloat16: a bf16 is the top half of a float32's bits.
+            values = (np.frombuffer(raw, dtype="<u2").astype("<u4") << 16).view("<f4")
+        else:
+            raise ValueError(f"{path}: tensor {name} has dtype {entry['dtype']}, not F32 or BF16")
+        tensors[name] = values.reshape(entry["shape"])
     return tensors, metadata
 
 

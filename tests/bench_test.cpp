@@ -137,6 +137,24 @@ TEST(BenchStats, SpeedupIsTheMedianOfPerRoundRatios) {
   EXPECT_NE(table.find("tolerance: relative 1e-03"), std::string::npos) << table;
 }
 
+// fp32 against bf16: a few percent apart is the precision, not a bug; beyond 5e-2 it is one.
+TEST(BenchStats, AnotherPrecisionGetsTheLooserLossTolerance) {
+  std::vector<BenchVariantResult> results = {result_with("fp32", {10, 10, 10, 10, 10}, 3.0),
+                                             result_with("bf16", {7, 7, 7, 7, 7}, 3.0 * 1.03),
+                                             result_with("far", {7, 7, 7, 7, 7}, 3.0 * 1.08),
+                                             result_with("same", {9, 9, 9, 9, 9}, 3.0 * 1.03)};
+  results[1].precision = results[2].precision = "bf16";
+  const std::vector<BenchSummary> summaries = summarize_bench(results);
+  EXPECT_DOUBLE_EQ(summaries[1].loss_tolerance, kBenchCrossPrecisionLossTolerance);
+  EXPECT_TRUE(summaries[1].loss_ok);
+  EXPECT_FALSE(summaries[2].loss_ok);
+  EXPECT_FALSE(summaries[3].loss_ok) << "same precision keeps the 1e-3 tolerance";
+  const std::string table = bench_table_markdown(results, summaries);
+  EXPECT_NE(table.find("(relative 5e-02 for variants of another train.precision"),
+            std::string::npos)
+      << table;
+}
+
 // Too few rounds warn; on 1 rank the comm-only variants say they run their counterpart's step.
 TEST(BenchStats, FewRoundsWarnAndCommOnlyVariantsAreMarkedOnOneRank) {
   EXPECT_EQ(bench_rounds_warning(kBenchMinRounds), "");
@@ -289,11 +307,16 @@ TEST(BenchBinary, DefaultVariantsRunInterleavedAndAgree) {
   for (size_t v = 0; v < kDefaultNames.size(); ++v) {
     const nlohmann::json& variant = json["variants"][v];
     EXPECT_EQ(variant["variant"], kDefaultNames[v]);
-    for (const char* column :
-         {"median_ms", "p10_ms", "p90_ms", "speedup", "speedup_p10", "speedup_p90", "within_noise",
-          "compute_ms", "comm_ms", "exposed_comm_ms", "ops_per_step", "allreduces_per_step",
-          "bytes_moved", "peak_activation_bytes", "final_loss", "loss_ok", "step_ms", "launches",
-          "gemm_ms"})
+    for (const char* column : {"median_ms",    "p10_ms",
+                               "p90_ms",       "speedup",
+                               "speedup_p10",  "speedup_p90",
+                               "within_noise", "compute_ms",
+                               "comm_ms",      "exposed_comm_ms",
+                               "ops_per_step", "allreduces_per_step",
+                               "bytes_moved",  "peak_activation_bytes",
+                               "final_loss",   "loss_tolerance",
+                               "loss_ok",      "step_ms",
+                               "launches",     "gemm_ms"})
       EXPECT_TRUE(variant.contains(column)) << kDefaultNames[v] << " lacks " << column;
     EXPECT_TRUE(variant["launches"].is_null()) << "cpu counts no launches";
     const bool comm_only = kDefaultNames[v] == "bucketing" || kDefaultNames[v] == "overlap";

@@ -5,6 +5,7 @@
 // paths are checked on a bf16-capable machine.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -15,6 +16,8 @@
 #include "core/gemm.h"
 #include "core/math/bf16_math.h"
 #include "gemm_test_util.h"
+#include "model/ops/attention_mix.h"
+#include "model/ops/attention_scores.h"
 #include "model/ops/cast.h"
 
 namespace ft {
@@ -180,6 +183,87 @@ TEST(CastOp, ForwardRoundsAndBackwardPassesTheGradientThrough) {
       const bool inside = c >= 2 && c < 7;
       EXPECT_EQ(ws.grads[x].data()[r * 8 + c], inside ? 0.5f + dy[r * 5 + c - 2] : 0.5f);
     }
+}
+
+// The eager attention GEMMs in bf16 (q, k, the probabilities and v are cast ops' outputs) against
+// the fp32 ops on the same rounded values, with backward's output gradient rounded once as the
+// bf16 path does: only fp32 summation order may differ.
+struct AttentionData {
+  static constexpr int kBatch = 2, kSeq = 24, kChannels = 32, kHeads = 4;
+  static constexpr int64_t kActivation = int64_t{kBatch} * kSeq * kChannels;
+  static constexpr int64_t kSquare = int64_t{kBatch} * kHeads * kSeq * kSeq;
+  // fp32 rounded to bf16 (the reference reads these) and the same bits as bf16.
+  struct Operand {
+    std::vector<float> rounded;
+    std::vector<bf16_bits> bits;
+  };
+  static Operand operand(int64_t count, uint32_t seed) {
+    Operand result{gemm_test::uniform(static_cast<size_t>(count), -1, 1, seed), {}};
+    result.bits.resize(result.rounded.size());
+    cast_to_bf16(result.bits.data(), result.rounded.data(), count);
+    cast_to_float(result.rounded.data(), result.bits.data(), count);
+    return result;
+  }
+};
+
+void expect_close(const std::vector<float>& expected, const std::vector<float>& actual,
+                  const char* what) {
+  float largest = 0, worst = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    largest = std::max(largest, std::fabs(expected[i]));
+    worst = std::max(worst, std::fabs(expected[i] - actual[i]));
+  }
+  EXPECT_GT(largest, 0.0f) << what;
+  EXPECT_LE(worst, 1e-5f * largest) << what;
+}
+
+TEST(Bf16Attention, ScoresMatchFp32OnRoundedOperands) {
+  using D = AttentionData;
+  const auto q = D::operand(D::kActivation, 11), k = D::operand(D::kActivation, 12);
+  const auto dscores = D::operand(D::kSquare, 13);  // rounded: bf16 backward rounds it once
+  std::vector<float> want(D::kSquare), got(D::kSquare);
+  attention_scores_forward(want.data(), q.rounded.data(), k.rounded.data(), D::kChannels,
+                           D::kChannels, D::kBatch, D::kSeq, D::kChannels, D::kHeads);
+  attention_scores_forward(got.data(), q.bits.data(), k.bits.data(), D::kChannels, D::kChannels,
+                           D::kBatch, D::kSeq, D::kChannels, D::kHeads);
+  expect_close(want, got, "scores");
+  std::vector<float> dq_want(D::kActivation), dk_want(D::kActivation);
+  std::vector<float> dq_got(D::kActivation), dk_got(D::kActivation);
+  attention_scores_backward(dq_want.data(), dk_want.data(), dscores.rounded.data(),
+                            q.rounded.data(), k.rounded.data(), D::kChannels, D::kChannels, true,
+                            true, D::kBatch, D::kSeq, D::kChannels, D::kHeads);
+  attention_scores_backward(dq_got.data(), dk_got.data(), dscores.rounded.data(), q.bits.data(),
+                            k.bits.data(), D::kChannels, D::kChannels, true, true, D::kBatch,
+                            D::kSeq, D::kChannels, D::kHeads);
+  expect_close(dq_want, dq_got, "dq");
+  expect_close(dk_want, dk_got, "dk");
+}
+
+TEST(Bf16Attention, MixMatchesFp32OnRoundedOperands) {
+  using D = AttentionData;
+  const auto probs = D::operand(D::kSquare, 21), v = D::operand(D::kActivation, 22);
+  // dY as a column view (rows 2C apart, as of a wider buffer), unrounded: the bf16 path must
+  // round it into a packed copy; the reference reads the rounded values at the same stride.
+  const int64_t dy_stride = 2 * D::kChannels;
+  std::vector<float> dy_wide = gemm_test::uniform(D::kActivation * 2, -1, 1, 23);
+  std::vector<float> dy_rounded(dy_wide.size());
+  for (size_t i = 0; i < dy_wide.size(); ++i) dy_rounded[i] = round_to_bf16(dy_wide[i]);
+  std::vector<float> want(D::kActivation), got(D::kActivation);
+  attention_mix_forward(want.data(), probs.rounded.data(), v.rounded.data(), D::kChannels,
+                        D::kChannels, D::kBatch, D::kSeq, D::kChannels, D::kHeads);
+  attention_mix_forward(got.data(), probs.bits.data(), v.bits.data(), D::kChannels, D::kChannels,
+                        D::kBatch, D::kSeq, D::kChannels, D::kHeads);
+  expect_close(want, got, "y");
+  std::vector<float> dp_want(D::kSquare), dv_want(D::kActivation);
+  std::vector<float> dp_got(D::kSquare), dv_got(D::kActivation);
+  attention_mix_backward(dp_want.data(), dv_want.data(), dy_rounded.data(), probs.rounded.data(),
+                         v.rounded.data(), dy_stride, D::kChannels, true, true, D::kBatch, D::kSeq,
+                         D::kChannels, D::kHeads);
+  attention_mix_backward(dp_got.data(), dv_got.data(), dy_wide.data(), probs.bits.data(),
+                         v.bits.data(), dy_stride, D::kChannels, true, true, D::kBatch, D::kSeq,
+                         D::kChannels, D::kHeads);
+  expect_close(dp_want, dp_got, "dprobs");
+  expect_close(dv_want, dv_got, "dv");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // comm.grad_dtype: its default, both values, a bad value's message (file, line, key, allowed
-// values), and the trainer's translation into GradSyncOptions.
+// values), and the trainer's translation into GradSyncOptions; and where train.precision: bf16
+// may run.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -35,6 +36,18 @@ TEST(ConfigGradDtype, BadValueNamesFileLineKeyAndAllowedValues) {
 TEST(ConfigGradDtype, RoundTripsThroughYaml) {
   const Config config = parse_config("comm:\n  grad_dtype: bf16\n", "test.yaml");
   EXPECT_EQ(parse_config(config_to_yaml(config), "again.yaml").comm.grad_dtype, "bf16");
+}
+
+TEST(ConfigPrecision, Bf16RunsTheGptOnEitherDeviceAndTheResnetOnTheCpu) {
+  const char* gpt_cuda = "model:\n  arch: gpt\ntrain:\n  device: cuda\n  precision: bf16\n";
+  EXPECT_EQ(parse_config(gpt_cuda, "test.yaml").train.precision, "bf16");
+  const char* resnet_cpu = "model:\n  arch: resnet\ntrain:\n  precision: bf16\n";
+  EXPECT_EQ(parse_config(resnet_cpu, "test.yaml").train.precision, "bf16");
+  const std::string message =
+      parse_error("model:\n  arch: resnet\ntrain:\n  device: cuda\n  precision: bf16\n");
+  EXPECT_NE(message.find("train.precision"), std::string::npos) << message;
+  EXPECT_NE(message.find("model.arch"), std::string::npos) << message;
+  EXPECT_NE(message.find("set train.precision: fp32 on cuda"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -231,7 +231,7 @@ TEST(SafetensorsCodec, RejectsMalformedHeaders) {
       {one_tensor_header("{\"dtype\":\"F32\",\"data_offsets\":[0,4]}"), 4, "has no \"shape\""},
       {one_tensor_header("{\"dtype\":\"F32\",\"shape\":[]}"), 4, "has no \"data_offsets\""},
       {one_tensor_header("{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}"), 4,
-       "dtype \"F16\"; only F32 is supported"},
+       "dtype \"F16\"; only F32 and BF16 are supported"},
       {one_tensor_header("{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}"), 4,
        "dims must be integers >= 0"},
       {one_tensor_header("{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,4]}"), 4,

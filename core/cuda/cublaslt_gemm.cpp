@@ -15,6 +15,7 @@
 #include <map>
 #include <tuple>
 
+#include "core/cuda/bf16_kernels.h"
 #include "core/cuda/bias_activation_kernel.h"
 #include "core/cuda/cuda_check.h"
 #include "core/determinism.h"
@@ -23,15 +24,21 @@
 namespace ft {
 namespace {
 
-// Largest power of two (capped at 16, what cuBLASLt asks about) dividing the address and, for a
-// batch, the byte offset between matrices (every matrix of the batch must be that aligned).
-uint32_t alignment_bytes(const void* pointer, int64_t batch = 1, int64_t batch_stride = 0) {
+// Largest power of two (capped at 16, what cuBLASLt asks about, and at least the element size)
+// dividing the address and, for a batch, the byte offset between matrices (every matrix of the
+// batch must be that aligned). bf16 views (a head's columns) may be only 2-byte aligned.
+uint32_t alignment_bytes(const void* pointer, uint32_t element_bytes = sizeof(float),
+                         int64_t batch = 1, int64_t batch_stride = 0) {
   const auto address = reinterpret_cast<uintptr_t>(pointer) |
-                       (batch > 1 ? static_cast<uintptr_t>(batch_stride) * sizeof(float) : 0);
-  for (uint32_t bytes = 16; bytes > 4; bytes /= 2) {
+                       (batch > 1 ? static_cast<uintptr_t>(batch_stride) * element_bytes : 0);
+  for (uint32_t bytes = 16; bytes > element_bytes; bytes /= 2) {
     if (address % bytes == 0) return bytes;
   }
-  return 4;
+  return element_bytes;
+}
+
+cudaDataType_t cuda_data_type(DType dtype) {
+  return dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
 // Statuses cuBLASLt returns from its checks, before it launches anything.
@@ -45,15 +52,16 @@ struct PlanKey {
   int64_t lda, ldb, ldc, ld_aux, batch_stride_a, batch_stride_b, batch_stride_c;
   bool accumulate, has_bias;
   Epilogue epilogue;
-  bool fuse;  // whether to try the fused epilogue at all
-  bool tf32;
+  bool fuse;           // whether to try the fused epilogue at all
+  bool tf32;           // fp32 operands only: bf16 ones always compute in CUBLAS_COMPUTE_32F
   bool deterministic;  // core/determinism.h: no split-K reduction offered
   uint32_t align_a, align_b, align_c;
+  DType operands;  // A's and B's elements; C is fp32 either way
 
   auto tie() const {
     return std::tie(m, n, k, batch, transpose_a, transpose_b, lda, ldb, ldc, ld_aux, batch_stride_a,
                     batch_stride_b, batch_stride_c, accumulate, has_bias, epilogue, fuse, tf32,
-                    deterministic, align_a, align_b, align_c);
+                    deterministic, align_a, align_b, align_c, operands);
   }
   bool operator<(const PlanKey& other) const { return tie() < other.tie(); }
 };
@@ -124,10 +132,11 @@ void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const GemmArgs& args) {
   }
 }
 
-cublasLtMatrixLayout_t make_layout(uint64_t rows, uint64_t cols, int64_t ld, int64_t batch,
-                                   int64_t batch_stride) {
+// `ld` and `batch_stride` are in elements of `type`.
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld,
+                                   int64_t batch, int64_t batch_stride) {
   cublasLtMatrixLayout_t layout = nullptr;
-  FT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, rows, cols, ld));
+  FT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld));
   if (batch > 1) {
     const auto count = static_cast<int32_t>(batch);
     FT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
@@ -144,6 +153,8 @@ bool try_build_plan(Plan& plan, cublasLtHandle_t handle, const PlanKey& key,
                     cublasLtEpilogue_t epilogue, const GemmArgs& args, size_t workspace_bytes) {
   plan.release();
   const cublasComputeType_t compute = key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  // Scale type fp32 (alpha, beta) for both operand types: the bf16 x bf16 -> fp32 combination
+  // cuBLASLt lists with CUBLAS_COMPUTE_32F.
   FT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.matmul, compute, CUDA_R_32F));
   const cublasOperation_t op_a = key.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = key.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -159,11 +170,14 @@ bool try_build_plan(Plan& plan, cublasLtHandle_t handle, const PlanKey& key,
   // Stored shapes (before op) in cuBLASLt's column-major terms; see the comment at the file top.
   const auto N = static_cast<uint64_t>(key.n), M = static_cast<uint64_t>(key.m),
              K = static_cast<uint64_t>(key.k);
-  plan.layout_a = key.transpose_b ? make_layout(K, N, key.ldb, key.batch, key.batch_stride_b)
-                                  : make_layout(N, K, key.ldb, key.batch, key.batch_stride_b);
-  plan.layout_b = key.transpose_a ? make_layout(M, K, key.lda, key.batch, key.batch_stride_a)
-                                  : make_layout(K, M, key.lda, key.batch, key.batch_stride_a);
-  plan.layout_c = make_layout(N, M, key.ldc, key.batch, key.batch_stride_c);
+  const cudaDataType_t operand_type = cuda_data_type(key.operands);
+  plan.layout_a = key.transpose_b
+                      ? make_layout(operand_type, K, N, key.ldb, key.batch, key.batch_stride_b)
+                      : make_layout(operand_type, N, K, key.ldb, key.batch, key.batch_stride_b);
+  plan.layout_b = key.transpose_a
+                      ? make_layout(operand_type, M, K, key.lda, key.batch, key.batch_stride_a)
+                      : make_layout(operand_type, K, M, key.lda, key.batch, key.batch_stride_a);
+  plan.layout_c = make_layout(CUDA_R_32F, N, M, key.ldc, key.batch, key.batch_stride_c);
 
   cublasLtMatmulPreference_t preference = nullptr;
   FT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -216,8 +230,9 @@ bool try_build_plan(Plan& plan, cublasLtHandle_t handle, const PlanKey& key,
   return true;
 }
 
-// The unfused twin of the epilogue, after a plain GEMM has written (or added into) C.
-void run_unfused_epilogue(float* c, const float* a, const GemmArgs& r, cudaStream_t stream) {
+// The unfused twin of the epilogue, after a plain GEMM has written (or added into) C. Only
+// kBiasGradA reads an operand (A, fp32 or bf16); the others work on the fp32 C and aux.
+void run_unfused_epilogue(float* c, GemmOperand a, const GemmArgs& r, cudaStream_t stream) {
   switch (r.epilogue) {
     case Epilogue::kNone:
     case Epilogue::kRelu:
@@ -232,13 +247,24 @@ void run_unfused_epilogue(float* c, const float* a, const GemmArgs& r, cudaStrea
     case Epilogue::kDGeluTanhBiasGrad:
       column_sums_cuda(r.bias_grad, false, c, c, r.aux, r.m, r.n, r.ldc, r.ldc, r.ld_aux, stream);
       return;
-    case Epilogue::kBiasGradA:
+    case Epilogue::kBiasGradA: {
       // bias_grad[m] = sum_k op(A)[m, k]: column sums of a stored [K, M], row sums of [M, K].
+      if (a.dtype == DType::kBF16) {
+        const auto* a_bf16 = static_cast<const bf16_bits*>(a.data);
+        if (r.transpose_a)
+          bf16_column_sums_cuda(r.bias_grad, a_bf16, r.k, r.m, r.lda, stream);
+        else
+          bf16_row_sums_cuda(r.bias_grad, a_bf16, r.m, r.k, r.lda, stream);
+        return;
+      }
+      const auto* a_fp32 = static_cast<const float*>(a.data);
       if (r.transpose_a)
-        column_sums_cuda(r.bias_grad, false, nullptr, a, nullptr, r.k, r.m, 0, r.lda, 0, stream);
+        column_sums_cuda(r.bias_grad, false, nullptr, a_fp32, nullptr, r.k, r.m, 0, r.lda, 0,
+                         stream);
       else
-        row_sums_cuda(r.bias_grad, a, r.m, r.k, r.lda, stream);
+        row_sums_cuda(r.bias_grad, a_fp32, r.m, r.k, r.lda, stream);
       return;
+    }
   }
 }
 
@@ -269,11 +295,15 @@ size_t CublasLtGemm::cached_plan_count() const {
   return impl_->plans.size();
 }
 
-void CublasLtGemm::run(float* c, const float* a, const float* b, const GemmArgs& args,
+void CublasLtGemm::run(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args,
                        cudaStream_t stream) {
   check_gemm_args(args, "gemm_cuda");
-  FT_CHECK(c != nullptr && a != nullptr && b != nullptr, "gemm_cuda: null operand (c = ", c,
-           ", a = ", a, ", b = ", b, ")");
+  FT_CHECK(c != nullptr && a.data != nullptr && b.data != nullptr,
+           "gemm_cuda: null operand (c = ", c, ", a = ", a.data, ", b = ", b.data, ")");
+  FT_CHECK(a.dtype == b.dtype, "gemm_cuda: a ", dtype_name(a.dtype), " A with a ",
+           dtype_name(b.dtype), " B");
+  const DType operands = a.dtype;
+  const auto operand_bytes = static_cast<uint32_t>(dtype_size(operands));
   const GemmArgs r = resolve_gemm_strides(args);
   const bool has_bias = r.bias != nullptr;
   // cuBLASLt reads the bias (and bias gradient) vector with 16-byte loads and needs the aux
@@ -299,11 +329,12 @@ void CublasLtGemm::run(float* c, const float* a, const float* b, const GemmArgs&
                     has_bias,
                     r.epilogue,
                     fuse,
-                    gemm_tf32(),
+                    gemm_tf32() && operands == DType::kF32,
                     deterministic_algorithms(),
-                    alignment_bytes(a, r.batch, r.batch_stride_a),
-                    alignment_bytes(b, r.batch, r.batch_stride_b),
-                    alignment_bytes(c, r.batch, r.batch_stride_c)};
+                    alignment_bytes(a.data, operand_bytes, r.batch, r.batch_stride_a),
+                    alignment_bytes(b.data, operand_bytes, r.batch, r.batch_stride_b),
+                    alignment_bytes(c, sizeof(float), r.batch, r.batch_stride_c),
+                    operands};
 
   auto found = impl_->plans.find(key);
   if (found == impl_->plans.end()) {
@@ -315,8 +346,9 @@ void CublasLtGemm::run(float* c, const float* a, const float* b, const GemmArgs&
       built = try_build_plan(*plan, impl_->handle, key, CUBLASLT_EPILOGUE_DEFAULT, r,
                              impl_->workspace_bytes);
     }
-    FT_CHECK(built, "CublasLtGemm: cuBLASLt has no FP32 algorithm for M = ", r.m, ", N = ", r.n,
-             ", K = ", r.k, ", batch = ", r.batch, ", transpose_a = ", r.transpose_a,
+    FT_CHECK(built, "CublasLtGemm: cuBLASLt has no algorithm for ", dtype_name(operands),
+             " operands into fp32 with M = ", r.m, ", N = ", r.n, ", K = ", r.k,
+             ", batch = ", r.batch, ", transpose_a = ", r.transpose_a,
              ", transpose_b = ", r.transpose_b, ", lda = ", r.lda, ", ldb = ", r.ldb,
              ", ldc = ", r.ldc);
     found = impl_->plans.emplace(key, std::move(plan)).first;
@@ -328,9 +360,9 @@ void CublasLtGemm::run(float* c, const float* a, const float* b, const GemmArgs&
   const float alpha = r.alpha;
   const float beta = r.accumulate ? 1.0f : 0.0f;
   auto matmul = [&](Plan& with) {
-    return cublasLtMatmul(impl_->handle, with.matmul, &alpha, b, with.layout_a, a, with.layout_b,
-                          &beta, c, with.layout_c, c, with.layout_c, &with.algo, impl_->workspace,
-                          impl_->workspace_bytes, stream);
+    return cublasLtMatmul(impl_->handle, with.matmul, &alpha, b.data, with.layout_a, a.data,
+                          with.layout_b, &beta, c, with.layout_c, c, with.layout_c, &with.algo,
+                          impl_->workspace, impl_->workspace_bytes, stream);
   };
   cublasStatus_t status = matmul(plan);
   // The heuristic may offer an algorithm for a fused epilogue that the matmul itself then
@@ -344,8 +376,8 @@ void CublasLtGemm::run(float* c, const float* a, const float* b, const GemmArgs&
     FT_CHECK(try_build_plan(*plain, impl_->handle, key, CUBLASLT_EPILOGUE_DEFAULT, r,
                             impl_->workspace_bytes),
              "CublasLtGemm: the fused epilogue failed (status ", static_cast<int>(status),
-             ") and cuBLASLt has no plain FP32 algorithm for M = ", r.m, ", N = ", r.n,
-             ", K = ", r.k);
+             ") and cuBLASLt has no plain algorithm for ", dtype_name(operands),
+             " operands with M = ", r.m, ", N = ", r.n, ", K = ", r.k);
     found->second = std::move(plain);
     status = matmul(*found->second);
   }

@@ -1,13 +1,17 @@
-// CublasLtGemm: the CUDA engine behind gemm_cuda() (core/gemm.h): row-major float32 GEMM on
-// device buffers through cuBLASLt, in core/gemm.h's vocabulary (GemmArgs, Epilogue): transposes,
+// CublasLtGemm: the CUDA engine behind gemm_cuda() (core/gemm.h): row-major GEMM on device
+// buffers through cuBLASLt, fp32 or bf16 operands (GemmOperand) into an fp32 C, in core/gemm.h's
+// vocabulary (GemmArgs, Epilogue): transposes,
 // leading dimensions, strided batches, alpha, accumulate (beta = 1), a bias and the training
 // epilogues (GELU with the pre-activation kept, dGELU, bias gradients) fused into cuBLASLt's
 // epilogue where it offers an algorithm, and otherwise run as a plain GEMM followed by the
 // unfused twin of core/cuda/bias_activation_kernel.h (counted in unfused_epilogue_calls()).
 // Descriptors, layouts and the chosen algorithm are cached per shape/strides/epilogue/alignment/
-// TF32 key, so a training step after the first does no cuBLASLt planning. Compute is
-// CUBLAS_COMPUTE_32F (true FP32, matching a CPU FP32 GEMM to rounding) unless set_gemm_tf32(true)
-// selects CUBLAS_COMPUTE_32F_FAST_TF32.
+// operand dtype/TF32 key, so a training step after the first does no cuBLASLt planning. Compute
+// is CUBLAS_COMPUTE_32F (true FP32, matching a CPU FP32 GEMM to rounding) unless
+// set_gemm_tf32(true) selects CUBLAS_COMPUTE_32F_FAST_TF32 for fp32 operands. bf16 operands are
+// CUDA_R_16BF layouts with CUBLAS_COMPUTE_32F (their products are exact in fp32, as on the CPU);
+// C, the bias, aux and the bias gradient stay fp32, which is also cuBLASLt's default type for
+// the bias and aux of an fp32 D.
 // Thread safety: not thread-safe (plan cache, one workspace). Calls on one instance must be on one
 // stream or otherwise ordered, because they share the workspace.
 #pragma once
@@ -32,10 +36,11 @@ class CublasLtGemm {
   CublasLtGemm(const CublasLtGemm&) = delete;
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
 
-  // c = the GEMM of `args` (core/gemm.h) on device pointers (at least 4-byte aligned), enqueued on
-  // `stream`. Throws ft::Error when check_gemm_args rejects `args`.
+  // c = the GEMM of `args` (core/gemm.h) on device pointers (aligned to their element size at
+  // least), enqueued on `stream`. Throws ft::Error when check_gemm_args rejects `args` or the
+  // operands' dtypes differ.
   // REQUIRES: c aliases neither a nor b.
-  void run(float* c, const float* a, const float* b, const GemmArgs& args, cudaStream_t stream);
+  void run(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args, cudaStream_t stream);
 
   // When false, every call runs a plain GEMM followed by the unfused epilogue kernel; tests use it
   // to compare the fused epilogue against its unfused twin. Default true.

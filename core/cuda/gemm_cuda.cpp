@@ -4,6 +4,10 @@
 
 namespace ft {
 
+void gemm_cuda(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args, CudaStream stream) {
+  cuda_context().gemm().run(c, a, b, args, stream);
+}
+
 void gemm_cuda(float* c, const float* a, const float* b, const GemmArgs& args, CudaStream stream) {
   cuda_context().gemm().run(c, a, b, args, stream);
 }

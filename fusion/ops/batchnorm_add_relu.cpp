@@ -4,7 +4,7 @@
 // from x and x_s) with a shortcut BatchNorm. One elementwise pass per direction does the rest,
 // with the helpers the unfused ops use (batchnorm_scale_shift, batchnorm_input_gradient,
 // relu_value, relu_gradient) and the unfused reductions' summation order, so the two agree bit
-// for bit.
+// for bit. The op's wiring is in batchnorm_add_relu_op.cpp.
 #include "fusion/ops/batchnorm_add_relu.h"
 
 #include <algorithm>
@@ -12,18 +12,23 @@
 #include "core/check.h"
 #include "model/ops/batchnorm_lanes.h"
 #include "model/ops/batchnorm_math.h"
-#include "model/ops/op_checks.h"
 #include "model/ops/relu.h"
 
 namespace ft {
 namespace {
 
-constexpr int kParamsPerBatchNorm = 4;
+// y's element type: fp32, or bf16 rounded once from the fp32 value (fusion.vertical.cast).
+inline float output_value(float value, float*) {
+  return value;
+}
+inline bf16_bits output_value(float value, bf16_bits*) {
+  return float_to_bf16(value);
+}
 
 // y = relu(scale x + shift + s), with s = the shortcut, or s = s_scale x_s + s_shift when
-// kNormalised (x_s = shortcut).
-template <bool kNormalised>
-void add_relu_rows(float* y, const float* x, const float* scale, const float* shift,
+// kNormalised (x_s = shortcut). Out is float or bf16_bits.
+template <bool kNormalised, typename Out>
+void add_relu_rows(Out* y, const float* x, const float* scale, const float* shift,
                    const float* shortcut, const float* s_scale, const float* s_shift, int64_t rows,
                    int channels) {
 #pragma omp parallel for schedule(static)
@@ -35,7 +40,7 @@ void add_relu_rows(float* y, const float* x, const float* scale, const float* sh
       const float s = kNormalised ? batchnorm_scale_shift<false>(s_scale[c], shortcut[row + c],
                                                                  s_shift[c], 0.0f)
                                   : shortcut[row + c];
-      y[row + c] = relu_value(z + s);
+      y[row + c] = output_value(relu_value(z + s), y);
     }
   }
 }
@@ -200,10 +205,13 @@ ShortcutWrite shortcut_write(const float* ds, bool fresh) {
 
 }  // namespace
 
-void batchnorm_add_relu_forward(float* y, const BatchNormAddReluBranch& main,
-                                const BatchNormAddReluBranch* shortcut_bn,
-                                const BatchNormAddReluIdentity& identity, int64_t rows,
-                                int channels, std::array<BatchNormScratch, 2>& scratch) {
+namespace {
+
+template <typename Out>
+void add_relu_forward(Out* y, const BatchNormAddReluBranch& main,
+                      const BatchNormAddReluBranch* shortcut_bn,
+                      const BatchNormAddReluIdentity& identity, int64_t rows, int channels,
+                      std::array<BatchNormScratch, 2>& scratch) {
   batchnorm_train_statistics(main.saved_mean, main.saved_invstd, main.running_mean,
                              main.running_var, main.x, main.gamma, main.beta, rows, channels,
                              main.momentum, main.eps, scratch[0]);
@@ -219,6 +227,21 @@ void batchnorm_add_relu_forward(float* y, const BatchNormAddReluBranch& main,
   const float* s_scale = scratch[1].coefficients.data();
   add_relu_rows<true>(y, main.x, scale, scale + channels, s.x, s_scale, s_scale + channels, rows,
                       channels);
+}
+
+}  // namespace
+
+void batchnorm_add_relu_forward(float* y, const BatchNormAddReluBranch& main,
+                                const BatchNormAddReluBranch* shortcut_bn,
+                                const BatchNormAddReluIdentity& identity, int64_t rows,
+                                int channels, std::array<BatchNormScratch, 2>& scratch) {
+  add_relu_forward(y, main, shortcut_bn, identity, rows, channels, scratch);
+}
+void batchnorm_add_relu_forward(bf16_bits* y, const BatchNormAddReluBranch& main,
+                                const BatchNormAddReluBranch* shortcut_bn,
+                                const BatchNormAddReluIdentity& identity, int64_t rows,
+                                int channels, std::array<BatchNormScratch, 2>& scratch) {
+  add_relu_forward(y, main, shortcut_bn, identity, rows, channels, scratch);
 }
 
 void batchnorm_add_relu_backward(const float* dy, const float* y,
@@ -256,122 +279,6 @@ void batchnorm_add_relu_backward(const float* dy, const float* y,
   pass.k = scratch[0].coefficients.data();
   pass.s_k = scratch[1].coefficients.data();
   gradient_rows<true>(pass, main.dx_fresh, shortcut_write(s.dx, s.dx_fresh));
-}
-
-BatchNormAddReluOp::BatchNormAddReluOp(int batch, int channels, int height, int width,
-                                       BatchNormSettings main, const BatchNormSettings* shortcut_bn)
-    : batch_(batch),
-      channels_(channels),
-      height_(height),
-      width_(width),
-      rows_(static_cast<int64_t>(batch) * height * width),
-      normalised_shortcut_(shortcut_bn != nullptr),
-      settings_{main, shortcut_bn != nullptr ? *shortcut_bn : main} {
-  for (const BatchNormSettings& s : settings_)
-    check_batchnorm_sizes("batchnorm_add_relu", batch, channels, height, width, 2, s.momentum,
-                          s.eps);
-  for (int which = 0; which < 2; ++which) {
-    saved_mean_[which].assign(channels, 0.0f);
-    saved_invstd_[which].assign(channels, 0.0f);
-  }
-}
-
-void BatchNormAddReluOp::check_wiring(const Workspace& ws, const ParamStore& store) const {
-  const int batchnorms = normalised_shortcut_ ? 2 : 1;
-  expect_arity(*this, 2, 1, kParamsPerBatchNorm * batchnorms);
-  FT_CHECK(inputs[0] != inputs[1], kind(), " '", name, "': both inputs are value ", inputs[0]);
-  const int64_t numel = rows_ * channels_;
-  expect_numel(ws.values[inputs[0]], numel, *this, "x");
-  expect_numel(ws.values[inputs[1]], numel, *this, normalised_shortcut_ ? "x_s" : "r");
-  expect_numel(ws.values[outputs[0]], numel, *this, "y");
-  static const char* const kRoles[] = {"weight", "bias", "running_mean", "running_var"};
-  for (size_t p = 0; p < params.size(); ++p)
-    expect_numel(store[params[p]].value, channels_, *this, kRoles[p % kParamsPerBatchNorm]);
-}
-
-BatchNormAddReluBranch BatchNormAddReluOp::branch(int which, Workspace& ws, ParamStore& store) {
-  const ValueId input = inputs[which];
-  const size_t first = static_cast<size_t>(kParamsPerBatchNorm) * which;
-  BatchNormAddReluBranch b;
-  b.x = ws.values[input].data();
-  b.gamma = store[params[first]].value.data();
-  b.beta = store[params[first + 1]].value.data();
-  b.running_mean = store[params[first + 2]].value.data();
-  b.running_var = store[params[first + 3]].value.data();
-  b.momentum = settings_[which].momentum;
-  b.eps = settings_[which].eps;
-  BatchNormScratch& scratch = scratch_[which];
-  if (ws.device == Device::kCuda) {
-    ensure_batchnorm_device_scratch(scratch, rows_, channels_);
-    b.saved_mean = scratch.device_saved.data();
-    b.saved_invstd = scratch.device_saved.data() + channels_;
-    b.partials = scratch.device_partials.data();
-    b.coefficients = scratch.device_coefficients.data();
-  } else {
-    b.saved_mean = saved_mean_[which].data();
-    b.saved_invstd = saved_invstd_[which].data();
-  }
-  if (ws.grads[input].defined()) {
-    b.dx = ws.grads[input].data();
-    b.dx_fresh = ws.grad_is_fresh(input);
-  }
-  b.dgamma = store[params[first]].grad.data();
-  b.dbeta = store[params[first + 1]].grad.data();
-  return b;
-}
-
-BatchNormAddReluIdentity BatchNormAddReluOp::identity(Workspace& ws) const {
-  BatchNormAddReluIdentity identity;
-  if (normalised_shortcut_) return identity;
-  identity.r = ws.values[inputs[1]].data();
-  if (ws.grads[inputs[1]].defined()) {
-    identity.dr = ws.grads[inputs[1]].data();
-    identity.dr_fresh = ws.grad_is_fresh(inputs[1]);
-  }
-  return identity;
-}
-
-void BatchNormAddReluOp::forward(Workspace& ws, ParamStore& store) {
-  check_wiring(ws, store);
-  const BatchNormAddReluBranch main = branch(0, ws, store);
-  BatchNormAddReluBranch shortcut_bn;
-  if (normalised_shortcut_) shortcut_bn = branch(1, ws, store);
-  const BatchNormAddReluBranch* shortcut = normalised_shortcut_ ? &shortcut_bn : nullptr;
-  forward_ran_ = true;
-  float* y = ws.values[outputs[0]].data();
-  FT_RUN_ON_CUDA(ws, batchnorm_add_relu_forward_cuda(y, main, shortcut, identity(ws), rows_,
-                                                     channels_, ws.stream));
-  batchnorm_add_relu_forward(y, main, shortcut, identity(ws), rows_, channels_, scratch_);
-}
-
-void BatchNormAddReluOp::backward(Workspace& ws, ParamStore& store) {
-  FT_CHECK(forward_ran_, kind(), " '", name, "': backward before forward");
-  check_wiring(ws, store);
-  const BatchNormAddReluBranch main = branch(0, ws, store);
-  FT_CHECK(main.dx != nullptr, kind(), " '", name, "': x has no gradient buffer");
-  BatchNormAddReluBranch shortcut_bn;
-  if (normalised_shortcut_) shortcut_bn = branch(1, ws, store);
-  const BatchNormAddReluBranch* shortcut = normalised_shortcut_ ? &shortcut_bn : nullptr;
-  const float* dy = ws.grads[outputs[0]].data();
-  const float* y = ws.values[outputs[0]].data();
-  FT_RUN_ON_CUDA(ws, batchnorm_add_relu_backward_cuda(dy, y, main, shortcut, identity(ws), rows_,
-                                                      channels_, ws.stream));
-  batchnorm_add_relu_backward(dy, y, main, shortcut, identity(ws), rows_, channels_, scratch_);
-}
-
-OpCost BatchNormAddReluOp::cost(const Graph& graph) const {
-  OpCost cost = Op::cost(graph);
-  const double numel = static_cast<double>(rows_) * channels_;
-  const int batchnorms = normalised_shortcut_ ? 2 : 1;
-  cost.bytes_read += 4.0 * 4.0 * channels_ * batchnorms;  // the per-channel params
-  // Per BatchNorm the reduction re-reads its x (6 FLOPs) and the normalisation is 2; then the
-  // add and the max. Backward: the masked reduction (4) and input gradient (6) per BatchNorm,
-  // the mask and the shortcut's copy.
-  cost.bytes_read += 4.0 * numel * batchnorms;
-  cost.forward_flops = (8.0 * batchnorms + 2.0) * numel;
-  cost.backward_flops = (10.0 * batchnorms + 2.0) * numel;
-  cost.saved_bytes = 2.0 * 4.0 * channels_ * batchnorms;
-  return cost;
 }
 
 }  // namespace ft

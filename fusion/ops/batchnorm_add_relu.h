@@ -19,6 +19,9 @@
 // (CUDA reads y and reduces per branch: 12).
 // The unfused twin is BatchNorm2dOp (and BN_s) -> ResidualAddOp -> ReluOp; they agree bit for
 // bit (tests/fusion_bn_add_relu_test.cpp). fusion/bn_relu_pass.cpp builds this op.
+// Under train.precision: bf16 fusion/cast_pass.cpp lets it write y in bf16 when a cast for a
+// convolution is y's only reader; the twin is the op followed by the cast
+// (tests/resnet_bf16_test.cpp, bit for bit).
 // Inputs {x [B,H,W,C], r or x_s [B,H,W,C]}, outputs {y [B,H,W,C]} (the ReLU's output value),
 // params {gamma, beta, running_mean, running_var} of the main BatchNorm, then the same four of
 // BN_s when the shortcut is normalised.
@@ -63,6 +66,12 @@ void batchnorm_add_relu_forward(float* y, const BatchNormAddReluBranch& main,
                                 const BatchNormAddReluBranch* shortcut_bn,
                                 const BatchNormAddReluIdentity& identity, int64_t rows,
                                 int channels, std::array<BatchNormScratch, 2>& scratch);
+// The same with y in bf16 (train.precision: bf16, where y only feeds a convolution's cast): each
+// element rounded once from the value the fp32 form stores.
+void batchnorm_add_relu_forward(bf16_bits* y, const BatchNormAddReluBranch& main,
+                                const BatchNormAddReluBranch* shortcut_bn,
+                                const BatchNormAddReluIdentity& identity, int64_t rows,
+                                int channels, std::array<BatchNormScratch, 2>& scratch);
 void batchnorm_add_relu_backward(const float* dy, const float* y,
                                  const BatchNormAddReluBranch& main,
                                  const BatchNormAddReluBranch* shortcut_bn,
@@ -95,6 +104,8 @@ class BatchNormAddReluOp : public Op {
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }
+  // y may be bf16 (fusion.vertical.cast; CPU only).
+  bool handles_bf16() const override { return true; }
   OpCost cost(const Graph& graph) const override;
 
   bool normalised_shortcut() const { return normalised_shortcut_; }
@@ -105,6 +116,10 @@ class BatchNormAddReluOp : public Op {
   // Branch 0 (main) or 1 (shortcut BN) on the workspace's device.
   BatchNormAddReluBranch branch(int which, Workspace& ws, ParamStore& params);
   BatchNormAddReluIdentity identity(Workspace& ws) const;
+  void require_cpu_for_bf16(const Workspace& ws) const;
+  // y as backward's mask reads it: y itself, or a bf16 y widened into widened_output_ (null when
+  // the CPU recomputes the mask instead).
+  const float* relu_output(const Workspace& ws);
 
   int batch_, channels_, height_, width_;
   int64_t rows_;
@@ -112,6 +127,7 @@ class BatchNormAddReluOp : public Op {
   std::array<BatchNormSettings, 2> settings_;
   std::array<std::vector<float>, 2> saved_mean_, saved_invstd_;  // host, per branch
   std::array<BatchNormScratch, 2> scratch_;
+  std::vector<float> widened_output_;
   bool forward_ran_ = false;
 };
 

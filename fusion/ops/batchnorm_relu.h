@@ -11,7 +11,9 @@
 // BatchNormInferenceReluOp (eval graphs): the same with the running statistics; forward only.
 // The unfused twins are BatchNorm2dOp / BatchNormInferenceOp followed by ReluOp;
 // fusion/bn_relu_pass.cpp builds these ops from them and tests/fusion_resnet_test.cpp checks
-// that the two agree.
+// that the two agree. Under train.precision: bf16, fusion/cast_pass.cpp lets BatchNormReluOp
+// write its output in bf16 when a cast for a convolution is its only reader; the twin is the op
+// followed by the cast (tests/resnet_bf16_test.cpp, bit for bit).
 // Inputs {x [B,H,W,C]}, outputs {y [B,H,W,C]} (the ReLU's output value),
 // params {weight (gamma) [C], bias (beta) [C], running_mean [C], running_var [C]}.
 // Thread safety: one training thread per op; loops run on OpenMP with fixed reduction order.
@@ -29,6 +31,9 @@ class BatchNormReluOp : public BatchNormTrainOp {
 
   OpKind op_kind() const override { return OpKind::kBatchNormRelu; }
   OpCost cost(const Graph& graph) const override;
+  // y may be bf16 (fusion.vertical.cast): forward rounds each element once, and the CPU backward
+  // never reads y.
+  bool handles_bf16() const override { return true; }
 };
 
 class BatchNormInferenceReluOp : public BatchNormInferenceBase {

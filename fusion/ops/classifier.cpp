@@ -139,15 +139,15 @@ void ClassifierOp::forward(Workspace& ws, ParamStore& params) {
     if (row_losses_.numel() != rows_ || row_losses_.device() != ws.device)
       row_losses_ = Tensor::empty({rows_}, ws.device);
   }
+  const GemmOperand x = value_operand(ws.values[inputs[0]]);
+  const GemmOperand wte = weight_operand(params[this->params[0]], 0, x.dtype);
   FT_RUN_ON_CUDA(
       ws, classifier_forward_cuda(ws.values[outputs[1]].data(), ws.values[outputs[0]].data(),
-                                  dlogits, row_losses_.data(), ws.values[inputs[0]].data(),
-                                  params[this->params[0]].value.data(), ws.device_targets(), rows_,
+                                  dlogits, row_losses_.data(), x, wte, ws.device_targets(), rows_,
                                   channels_, vocab_, ws.stream));
   ws.values[outputs[1]].data()[0] =
-      classifier_forward(ws.values[outputs[0]].data(), dlogits, value_operand(ws.values[inputs[0]]),
-                         weight_operand(params[this->params[0]], 0, ws.values[inputs[0]].dtype()),
-                         ws.targets.data(), rows_, channels_, vocab_, tile_rows_);
+      classifier_forward(ws.values[outputs[0]].data(), dlogits, x, wte, ws.targets.data(), rows_,
+                         channels_, vocab_, tile_rows_);
 }
 
 void ClassifierOp::backward(Workspace& ws, ParamStore& params) {
@@ -156,21 +156,30 @@ void ClassifierOp::backward(Workspace& ws, ParamStore& params) {
            "': built for evaluation (loss only), which saves no dlogits for backward");
   FT_CHECK(dlogits_.numel() == rows_ * vocab_ && dlogits_.device() == ws.device, kind(), " '", name,
            "': backward before forward");
-  Tensor& dx = ws.grads[inputs[0]];
+  Tensor& dx_value = ws.grads[inputs[0]];
+  float* dx = dx_value.defined() && dx_value.numel() > 0 ? dx_value.data() : nullptr;
+  const bool fresh = ws.grad_is_fresh(inputs[0]);
+  float* dwte = params[this->params[0]].grad.data();
+  const GemmOperand x = value_operand(ws.values[inputs[0]]);
+  const GemmOperand wte = weight_operand(params[this->params[0]], 0, x.dtype);
+  if (ws.device != Device::kCpu && x.dtype == DType::kBF16) {
+    if (dlogits_bf16_.numel() != rows_ * vocab_ || dlogits_bf16_.device() != ws.device)
+      dlogits_bf16_ = Tensor::empty({rows_, vocab_}, ws.device, DType::kBF16);
+    FT_RUN_ON_CUDA(ws, classifier_backward_bf16_cuda(dx, fresh, dwte, dlogits_bf16_.bf16_data(),
+                                                     ws.grads[outputs[1]].data(), dlogits_.data(),
+                                                     static_cast<const bf16_bits*>(x.data),
+                                                     static_cast<const bf16_bits*>(wte.data), rows_,
+                                                     channels_, vocab_, ws.stream));
+  }
   if (ws.device != Device::kCpu &&
       (scratch_.numel() != rows_ * channels_ || scratch_.device() != ws.device))
     scratch_ = Tensor::empty({rows_, channels_}, ws.device);
   FT_RUN_ON_CUDA(
-      ws, classifier_backward_cuda(
-              dx.defined() && dx.numel() > 0 ? dx.data() : nullptr, ws.grad_is_fresh(inputs[0]),
-              params[this->params[0]].grad.data(), scratch_.data(), ws.grads[outputs[1]].data(),
-              dlogits_.data(), ws.values[inputs[0]].data(), params[this->params[0]].value.data(),
-              rows_, channels_, vocab_, ws.stream));
-  classifier_backward(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr,
-                      ws.grad_is_fresh(inputs[0]), params[this->params[0]].grad.data(),
-                      ws.grads[outputs[1]].data()[0], dlogits_.data(),
-                      value_operand(ws.values[inputs[0]]),
-                      weight_operand(params[this->params[0]], 0, ws.values[inputs[0]].dtype()),
+      ws, classifier_backward_cuda(dx, fresh, dwte, scratch_.data(), ws.grads[outputs[1]].data(),
+                                   dlogits_.data(), ws.values[inputs[0]].data(),
+                                   params[this->params[0]].value.data(), rows_, channels_, vocab_,
+                                   ws.stream));
+  classifier_backward(dx, fresh, dwte, ws.grads[outputs[1]].data()[0], dlogits_.data(), x, wte,
                       rows_, channels_, vocab_);
 }
 

@@ -2,10 +2,12 @@
 // per row that finds the row's max and normaliser in one pass with the online softmax of
 // core/math/online_softmax.h (each thread over a strided share, then merged across the block),
 // and writes dlogits = (softmax - onehot) / rows with the same exp as the CPU loop; the loss is
-// reduced by mean_row_losses_cuda, in a fixed order.
+// reduced by mean_row_losses_cuda, in a fixed order. In bf16 the GEMMs read bf16 x and wte, and
+// backward rounds dloss · dlogits once (core/math/bf16_math.h) for both of its GEMMs.
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
 #include "core/gemm.h"
+#include "core/math/bf16_math.h"
 #include "core/math/online_softmax.h"
 #include "fusion/ops/classifier.h"
 #include "model/ops/cross_entropy.h"
@@ -77,6 +79,15 @@ __global__ void scale_by_dloss_kernel(float* out, const float* in, const float* 
   }
 }
 
+// out = bf16(dloss[0] * in): the bf16 GEMM operand standing for the scaled logits' gradient.
+__global__ void round_scaled_by_dloss_kernel(bf16_bits* out, const float* in, const float* dloss,
+                                             int64_t numel) {
+  const float scale = dloss[0];
+  FT_GRID_STRIDE_LOOP(i, numel) {
+    out[i] = float_to_bf16(scale * in[i]);
+  }
+}
+
 // dx (= or +=) dloss[0] * product.
 __global__ void add_scaled_by_dloss_kernel(float* dx, const float* product, const float* dloss,
                                            bool overwrite, int64_t numel) {
@@ -89,7 +100,7 @@ __global__ void add_scaled_by_dloss_kernel(float* dx, const float* product, cons
 }  // namespace
 
 void classifier_forward_cuda(float* loss, float* logits, float* dlogits, float* row_losses,
-                             const float* x, const float* wte, const int32_t* targets, int64_t rows,
+                             GemmOperand x, GemmOperand wte, const int32_t* targets, int64_t rows,
                              int64_t channels, int64_t vocab, CudaStream stream) {
   FT_CHECK(rows > 0 && rows <= 0x7fffffff, "classifier: ", rows, " rows (one block each)");
   GemmArgs args;
@@ -132,6 +143,35 @@ void classifier_backward_cuda(float* dx, bool overwrite_dx, float* dwte, float* 
   add_scaled_by_dloss_kernel<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(
       dx, scratch, dloss, overwrite_dx, numel);
   FT_CUDA_CHECK_LAUNCH();
+}
+
+// With G = bf16(dloss dlogits), rounded once: dwte += G^T x and dx (=|+=) G wte, both plain
+// accumulate-or-write GEMMs, in stream order after the rounding.
+void classifier_backward_bf16_cuda(float* dx, bool overwrite_dx, float* dwte,
+                                   bf16_bits* dlogits_bf16, const float* dloss,
+                                   const float* dlogits, const bf16_bits* x, const bf16_bits* wte,
+                                   int64_t rows, int64_t channels, int64_t vocab,
+                                   CudaStream stream) {
+  const int64_t numel = rows * vocab;
+  round_scaled_by_dloss_kernel<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(
+      dlogits_bf16, dlogits, dloss, numel);
+  FT_CUDA_CHECK_LAUNCH();
+  // logits = x wte^T  =>  dwte += dlogits^T x   ([V, rows] · [rows, C])
+  GemmArgs dwte_args;
+  dwte_args.m = vocab;
+  dwte_args.n = channels;
+  dwte_args.k = rows;
+  dwte_args.transpose_a = true;  // dlogits stored [rows, V] = [K, M]
+  dwte_args.accumulate = true;
+  gemm_cuda(dwte, dlogits_bf16, x, dwte_args, stream);
+  if (dx == nullptr) return;
+  //                      dx (+|=) dlogits wte   ([rows, V] · [V, C])
+  GemmArgs dx_args;
+  dx_args.m = rows;
+  dx_args.n = channels;
+  dx_args.k = vocab;
+  dx_args.accumulate = !overwrite_dx;
+  gemm_cuda(dx, dlogits_bf16, wte, dx_args, stream);
 }
 
 }  // namespace ft

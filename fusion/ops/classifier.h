@@ -49,14 +49,24 @@ void classifier_backward(float* dx, bool overwrite_dx, float* dwte, float dloss,
 // null, its dlogits; then mean_row_losses_cuda (model/ops/cross_entropy.h) writes loss[0].
 // Backward reads d loss from the device (`dloss`), so it cannot be a GEMM's host alpha: dwte +=
 // dlogits^T (dloss x) and dx (+|=) dloss (dlogits wte) go through `scratch` [rows, C].
+// Forward takes x and wte fp32, or both bf16 (train.precision: bf16).
 // REQUIRES: targets checked on the host (check_class_targets).
 void classifier_forward_cuda(float* loss, float* logits, float* dlogits, float* row_losses,
-                             const float* x, const float* wte, const int32_t* targets, int64_t rows,
+                             GemmOperand x, GemmOperand wte, const int32_t* targets, int64_t rows,
                              int64_t channels, int64_t vocab, CudaStream stream);
 void classifier_backward_cuda(float* dx, bool overwrite_dx, float* dwte, float* scratch,
                               const float* dloss, const float* dlogits, const float* x,
                               const float* wte, int64_t rows, int64_t channels, int64_t vocab,
                               CudaStream stream);
+// Backward with bf16 x and wte: the GEMMs' other operand is dloss · dlogits rounded to bf16 once
+// into `dlogits_bf16` [rows, V], so no [rows, C] scratch is needed (the fp32 path scales x by the
+// device dloss instead). The CPU rounds dlogits and multiplies by dloss in the GEMMs' alpha; the
+// two are the same bits for dloss = 1, which is every training step's seed.
+void classifier_backward_bf16_cuda(float* dx, bool overwrite_dx, float* dwte,
+                                   bf16_bits* dlogits_bf16, const float* dloss,
+                                   const float* dlogits, const bf16_bits* x, const bf16_bits* wte,
+                                   int64_t rows, int64_t channels, int64_t vocab,
+                                   CudaStream stream);
 
 // Bytes the logits path holds at its peak in a training step: eager, logits + probabilities +
 // the logits' gradient; fused, logits + dlogits. (Eval: logits + probabilities, and logits.)
@@ -90,9 +100,10 @@ class ClassifierOp : public Op {
   int64_t rows_, channels_, vocab_;
   int tile_rows_;
   ClassifierForward forward_kind_;
-  Tensor dlogits_;     // saved by a training forward, on the workspace's device
-  Tensor row_losses_;  // cuda only: [rows], reduced to the mean by one block
-  Tensor scratch_;     // cuda only: [rows, C] for backward
+  Tensor dlogits_;       // saved by a training forward, on the workspace's device
+  Tensor row_losses_;    // cuda only: [rows], reduced to the mean by one block
+  Tensor scratch_;       // cuda fp32 only: [rows, C] for backward
+  Tensor dlogits_bf16_;  // cuda bf16 only: [rows, V], dloss · dlogits rounded for backward
 };
 
 }  // namespace ft

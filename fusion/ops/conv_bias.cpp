@@ -7,8 +7,10 @@
 #include <dnnl.hpp>
 #include <string>
 
+#include "core/bf16_cast.h"
 #include "core/check.h"
 #include "core/dnnl_context.h"
+#include "core/gemm.h"
 #include "model/ops/op_checks.h"
 #include "model/ops/winograd.h"
 
@@ -53,7 +55,12 @@ ConvBiasSpec conv_bias_spec(const Conv2dOp& conv) {
 struct ConvBiasOp::Kernels {
   uint64_t version = 0;  // ParamStore::version() the weights below were derived at
   bool ready = false;
-  std::vector<float> weight, bias;  // W' [out, in, k, k] and b' [out]
+  DType input = DType::kF32;  // the input's dtype the kernels were made for
+  // bf16 input: oneDNN's bf16 kernel reads x as it is; otherwise x is widened into wide_input.
+  bool native_bf16 = false;
+  bool winograd = false;  // spec_.winograd, unless oneDNN's bf16 kernel runs
+  std::vector<float> wide_input;
+  std::vector<float> weight, bias;  // W' [out, in, k, k] (bf16-rounded for a bf16 x) and b' [out]
   std::vector<float> winograd_weights;
   dnnl::convolution_forward forward;  // when !winograd
   dnnl::memory src, dst, bias_memory, user_weights, prim_weights;
@@ -141,79 +148,123 @@ void ConvBiasOp::check_wiring(const Workspace& ws, const ParamStore& params) con
     expect_numel(params[this->params[slot]].value, spec_.out_channels, *this, "channel param");
 }
 
-void ConvBiasOp::prepare(ParamStore& params) {
-  if (!kernels_) kernels_ = std::make_unique<Kernels>();
+// oneDNN's inference convolution with the bias, residual and ReLU as post-ops; x in `operands`
+// (bf16 on the native path, with W' reordered to bf16), y fp32. False when bf16 operands would
+// run oneDNN's reference kernel, orders slower than widening to fp32.
+bool ConvBiasOp::make_onednn_kernel(DType operands) {
+  using dnnl::memory;
+  using tag = memory::format_tag;
   Kernels& k = *kernels_;
+  const auto f32 = memory::data_type::f32;
+  const auto operand_type = operands == DType::kBF16 ? memory::data_type::bf16 : f32;
+  dnnl::engine& engine = cpu_engine();
+  // As in Conv2dOp: with one channel nchw and nhwc are the same bytes.
+  const bool src_nchw = spec_.input_layout == ActivationLayout::kNchw && spec_.in_channels > 1;
+  const memory::desc src_md({spec_.batch, spec_.in_channels, spec_.height, spec_.width},
+                            operand_type, src_nchw ? tag::nchw : tag::nhwc);
+  const memory::desc dst_md({spec_.batch, spec_.out_channels, out_height_, out_width_}, f32,
+                            tag::nhwc);
+  const memory::dims weight_dims{spec_.out_channels, spec_.in_channels, spec_.kernel, spec_.kernel};
+  const memory::desc bias_md({spec_.out_channels}, f32, tag::x);
+  const memory::dims strides{spec_.stride, spec_.stride};
+  const memory::dims padding{spec_.padding, spec_.padding};
+  dnnl::post_ops post_ops;
+  if (spec_.residual) post_ops.append_sum(1.0f);  // y holds the residual before the call
+  if (spec_.relu) post_ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(post_ops);
+  dnnl::convolution_forward::primitive_desc pd;
+  try {
+    pd = dnnl::convolution_forward::primitive_desc(
+        {dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_md,
+         memory::desc(weight_dims, operand_type, tag::any), bias_md, dst_md, strides, padding,
+         padding},
+        attr, engine);
+  } catch (const dnnl::error&) {
+    if (operands == DType::kBF16) return false;
+    throw;
+  }
+  k.impl = pd.impl_info_str();
+  if (operands == DType::kBF16 && k.impl.rfind("ref", 0) == 0) return false;
+  FT_CHECK(pd.src_desc() == src_md && pd.dst_desc() == dst_md, "conv_bias '", name,
+           "': oneDNN changed an activation layout");
+  k.forward = dnnl::convolution_forward(pd);
+  k.src = memory(src_md, engine, DNNL_MEMORY_NONE);
+  k.dst = memory(dst_md, engine, DNNL_MEMORY_NONE);
+  k.bias_memory = memory(bias_md, engine, DNNL_MEMORY_NONE);
+  // W' stays fp32 in oihw; a bf16 primitive's reorder converts it (exactly: it is bf16-rounded).
+  const memory::desc user_md(weight_dims, f32, tag::oihw);
+  k.user_weights = memory(user_md, engine, DNNL_MEMORY_NONE);
+  k.reordered = !(pd.weights_desc() == user_md);
+  k.prim_weights = k.reordered ? memory(pd.weights_desc(), engine) : k.user_weights;
+  if (k.reordered) k.reorder_weights = dnnl::reorder(k.user_weights, k.prim_weights);
+  return true;
+}
+
+void ConvBiasOp::prepare(ParamStore& params, DType input) {
+  if (!kernels_) {
+    kernels_ = std::make_unique<Kernels>();
+    kernels_->input = input;
+    kernels_->winograd = spec_.winograd;
+  }
+  Kernels& k = *kernels_;
+  FT_CHECK(k.input == input, "conv_bias '", name, "': built for a ", dtype_name(k.input),
+           " input, given ", dtype_name(input));
+  if (!k.ready && input == DType::kBF16 && bf16_gemm_native()) {
+    k.native_bf16 = make_onednn_kernel(DType::kBF16);
+    if (k.native_bf16) k.winograd = false;  // bf16 runs oneDNN's direct kernel
+  }
   folded(params, &k.weight, &k.bias);
-  if (spec_.winograd) {
+  // A bf16 x multiplies the bf16 copy of W', as a training convolution its weight's.
+  if (input == DType::kBF16)
+    for (float& w : k.weight) w = round_to_bf16(w);
+  if (k.winograd) {
     k.winograd_weights.resize(
         winograd_weights_numel(spec_.in_channels, spec_.out_channels, spec_.winograd_tile));
     winograd_transform_weights(k.winograd_weights.data(), k.weight.data(), spec_.out_channels,
                                spec_.in_channels, spec_.winograd_tile, WinogradPass::kForward);
-    k.impl = spec_.winograd_tile == WinogradTile::k2x2 ? "winograd:f2x2_3x3+epilogue"
-                                                       : "winograd:f4x4_3x3+epilogue";
+    if (!k.ready)
+      k.impl = spec_.winograd_tile == WinogradTile::k2x2 ? "winograd:f2x2_3x3+epilogue"
+                                                         : "winograd:f4x4_3x3+epilogue";
   } else {
-    if (!k.ready) {
-      using dnnl::memory;
-      using tag = memory::format_tag;
-      const auto f32 = memory::data_type::f32;
-      dnnl::engine& engine = cpu_engine();
-      // As in Conv2dOp: with one channel nchw and nhwc are the same bytes.
-      const bool src_nchw = spec_.input_layout == ActivationLayout::kNchw && spec_.in_channels > 1;
-      const memory::desc src_md({spec_.batch, spec_.in_channels, spec_.height, spec_.width}, f32,
-                                src_nchw ? tag::nchw : tag::nhwc);
-      const memory::desc dst_md({spec_.batch, spec_.out_channels, out_height_, out_width_}, f32,
-                                tag::nhwc);
-      const memory::dims weight_dims{spec_.out_channels, spec_.in_channels, spec_.kernel,
-                                     spec_.kernel};
-      const memory::desc bias_md({spec_.out_channels}, f32, tag::x);
-      const memory::dims strides{spec_.stride, spec_.stride};
-      const memory::dims padding{spec_.padding, spec_.padding};
-      dnnl::post_ops post_ops;
-      if (spec_.residual) post_ops.append_sum(1.0f);  // y holds the residual before the call
-      if (spec_.relu) post_ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-      dnnl::primitive_attr attr;
-      attr.set_post_ops(post_ops);
-      const dnnl::convolution_forward::primitive_desc pd(
-          {dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_md,
-           memory::desc(weight_dims, f32, tag::any), bias_md, dst_md, strides, padding, padding},
-          attr, engine);
-      FT_CHECK(pd.src_desc() == src_md && pd.dst_desc() == dst_md, "conv_bias '", name,
-               "': oneDNN changed an activation layout");
-      k.forward = dnnl::convolution_forward(pd);
-      k.src = memory(src_md, engine, DNNL_MEMORY_NONE);
-      k.dst = memory(dst_md, engine, DNNL_MEMORY_NONE);
-      k.bias_memory = memory(bias_md, engine, DNNL_MEMORY_NONE);
-      const memory::desc user_md(weight_dims, f32, tag::oihw);
-      k.user_weights = memory(user_md, engine, DNNL_MEMORY_NONE);
-      k.reordered = !(pd.weights_desc() == user_md);
-      k.prim_weights = k.reordered ? memory(pd.weights_desc(), engine) : k.user_weights;
-      if (k.reordered) k.reorder_weights = dnnl::reorder(k.user_weights, k.prim_weights);
-      k.impl = pd.impl_info_str();
-    }
+    if (!k.ready && !k.native_bf16) make_onednn_kernel(DType::kF32);
     k.user_weights.set_data_handle(k.weight.data());
     if (k.reordered) k.reorder_weights.execute(cpu_stream(), k.user_weights, k.prim_weights);
     k.bias_memory.set_data_handle(k.bias.data());
     cpu_stream().wait();
   }
+  if (!k.ready && input == DType::kBF16 && !k.native_bf16) k.impl = "widened:" + k.impl;
   k.version = params.version();
   k.ready = true;
 }
 
 void ConvBiasOp::forward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
+  const Tensor& input = ws.values[inputs[0]];
+  FT_CHECK(input.dtype() == DType::kF32 || ws.device == Device::kCpu, kind(), " '", name,
+           "': bf16 on ", device_name(ws.device), " is not built; set train.precision: fp32");
   FT_RUN_ON_CUDA(ws, forward_cuda(ws, params));
-  if (!kernels_ || !kernels_->ready || kernels_->version != params.version()) prepare(params);
+  if (!kernels_ || !kernels_->ready || kernels_->version != params.version())
+    prepare(params, input.dtype());
   Kernels& k = *kernels_;
   float* y = ws.values[outputs[0]].data();
-  const float* x = ws.values[inputs[0]].data();
+  const void* x = nullptr;
+  if (input.dtype() == DType::kF32) {
+    x = input.data();
+  } else if (k.native_bf16) {
+    x = input.bf16_data();
+  } else {
+    k.wide_input.resize(static_cast<size_t>(input.numel()));
+    cast_to_float(k.wide_input.data(), input.bf16_data(), input.numel());
+    x = k.wide_input.data();
+  }
   const float* residual = spec_.residual ? ws.values[inputs[1]].data() : nullptr;
-  if (spec_.winograd) {
+  if (k.winograd) {
     WinogradEpilogue epilogue;
     epilogue.bias = k.bias.data();
     epilogue.residual = residual;
     epilogue.relu = spec_.relu;
-    winograd_conv_inference(y, x, k.winograd_weights.data(),
+    winograd_conv_inference(y, static_cast<const float*>(x), k.winograd_weights.data(),
                             {spec_.batch, spec_.height, spec_.width, spec_.in_channels,
                              spec_.out_channels, spec_.winograd_tile},
                             epilogue);
@@ -224,7 +275,7 @@ void ConvBiasOp::forward(Workspace& ws, ParamStore& params) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < count; ++i) y[i] = residual[i];
   }
-  k.src.set_data_handle(const_cast<float*>(x));
+  k.src.set_data_handle(const_cast<void*>(x));
   k.dst.set_data_handle(y);
   k.forward.execute(cpu_stream(), {{DNNL_ARG_SRC, k.src},
                                    {DNNL_ARG_WEIGHTS, k.prim_weights},

@@ -96,6 +96,10 @@ class ConvBiasOp : public Op {
   // Throws ft::Error: an eval graph has no backward.
   void backward(Workspace& ws, ParamStore& params) override;
   OpCost cost(const Graph& graph) const override;
+  // x may be bf16 (train.precision: bf16, CPU): y = act(conv(x, bf16(W')) + b' [+ residual]) with
+  // fp32 accumulation, on oneDNN's bf16 kernel where the CPU has bf16 instructions
+  // (bf16_gemm_native()), else on x widened to fp32 and the fp32 kernels above.
+  bool handles_bf16() const override { return true; }
 
   const ConvBiasSpec& spec() const { return spec_; }
   ConvBiasSource source() const { return source_; }
@@ -109,7 +113,8 @@ class ConvBiasOp : public Op {
 
  private:
   struct Kernels;  // transformed weights or oneDNN primitive, built on first forward
-  void prepare(ParamStore& params);
+  void prepare(ParamStore& params, DType input);
+  bool make_onednn_kernel(DType operands);
   void forward_cuda(Workspace& ws, ParamStore& params);  // conv_bias.cu; CUDA builds only
   // W' and b' from host pointers to the params, slot by slot.
   void fold_params(const std::vector<const float*>& slots, std::vector<float>* weight,

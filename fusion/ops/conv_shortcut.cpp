@@ -64,11 +64,15 @@ ConvShortcutOp::ConvShortcutOp(int batch, int in_channels, int out_channels, int
   combined_ws_.grads[1] = combined_output_;
 }
 
-void ConvShortcutOp::place_on(Device device, CudaStream stream) {
+void ConvShortcutOp::place_on(Device device, CudaStream stream, bool bf16_copy) {
   combined_ws_.stream = stream;
-  if (packed_weight_ && packed_weight_->device() == device) return;
+  if (packed_weight_ && packed_weight_->device() == device &&
+      packed_weight_->has_bf16_copies() == bf16_copy)
+    return;
   packed_weight_ = std::make_unique<ParamStore>();
+  // Trainable, so that a bf16 copy exists for it; nothing optimizes this private store.
   packed_weight_->add("packed_weight", combined_.weight_shape(), ParamInit::kZeros, 0.0f, false);
+  if (bf16_copy) packed_weight_->enable_bf16_copies();
   packed_weight_->allocate(device);
   combined_output_ = Tensor::empty(combined_.output_shape(), device);
   combined_ws_.device = device;
@@ -115,11 +119,17 @@ void ConvShortcutOp::forward(Workspace& ws, ParamStore& params) {
     configured_ = true;
   }
   combined_.needs_input_grad = needs_input_grad;
+  const bool bf16 = ws.values[inputs[0]].dtype() == DType::kBF16;
+  FT_CHECK(!bf16 || ws.device == Device::kCpu, kind(), " '", name, "': bf16 on ",
+           device_name(ws.device), " is not built; set train.precision: fp32");
   FT_RUN_ON_CUDA(ws, forward_cuda(ws, params));
-  place_on(Device::kCpu, nullptr);
+  place_on(Device::kCpu, nullptr, bf16);
   pack_weights(params[this->params[0]].value.data(), params[this->params[1]].value.data());
-  Tensor& x = ws.values[inputs[0]];
-  combined_ws_.values[0] = Tensor::wrap(x.data(), combined_.input_shape());
+  // New weights every forward: the combined convolution must not reuse what it derived from the
+  // last ones (an eval graph runs no backward, which would invalidate them).
+  packed_weight_->mark_changed();
+  if (bf16) packed_weight_->refresh_bf16_copies();
+  combined_ws_.values[0] = combined_input(ws);
   combined_.forward(combined_ws_, *packed_weight_);
   const int64_t pixels = shape_numel(output_shape()) / out_channels_;
   split_rows(ws.values[outputs[0]].data(), ws.values[outputs[1]].data(), combined_output_.data(),
@@ -134,7 +144,7 @@ void ConvShortcutOp::backward(Workspace& ws, ParamStore& params) {
   const int64_t pixels = shape_numel(output_shape()) / out_channels_;
   merge_rows(combined_output_.data(), ws.grads[outputs[0]].data(), ws.grads[outputs[1]].data(),
              pixels, out_channels_);
-  combined_ws_.values[0] = Tensor::wrap(ws.values[inputs[0]].data(), combined_.input_shape());
+  combined_ws_.values[0] = combined_input(ws);
   if (needs_input_grad) {
     combined_ws_.grads[0] = Tensor::wrap(ws.grads[inputs[0]].data(), combined_.input_shape());
     combined_ws_.grad_fresh[0] = ws.grad_is_fresh(inputs[0]) ? 1 : 0;
@@ -152,15 +162,25 @@ void ConvShortcutOp::backward(Workspace& ws, ParamStore& params) {
     dw1[oc] += dw[branch + oc * kTaps + kCentreTap];
 }
 
+Tensor ConvShortcutOp::combined_input(const Workspace& ws) const {
+  const Tensor& x = ws.values[inputs[0]];
+  // Tensor::wrap takes a mutable pointer; the convolution only reads x.
+  if (x.dtype() == DType::kBF16)
+    return Tensor::wrap(const_cast<bf16_bits*>(x.bf16_data()), combined_.input_shape());
+  return Tensor::wrap(const_cast<float*>(x.data()), combined_.input_shape());
+}
+
 OpCost ConvShortcutOp::cost(const Graph& graph) const {
   OpCost cost = Op::cost(graph);  // x, y3, y1
   // The padded convolution: 2 Cout outputs of 9 taps each, useful or not.
   const double macs = static_cast<double>(shape_numel(output_shape())) * 2.0 * in_channels_ * kTaps;
   cost.forward_flops = 2.0 * macs;
   cost.backward_flops = (needs_input_grad ? 4.0 : 2.0) * macs;
-  // Both canonical weights, and the combined output written by the convolution and read back.
+  // Both canonical weights (their bf16 copies for a bf16 x), and the combined output written by
+  // the convolution and read back.
   const double combined_bytes = 2.0 * 4.0 * static_cast<double>(shape_numel(output_shape()));
-  cost.bytes_read += 4.0 * out_channels_ * in_channels_ * (kTaps + 1) + combined_bytes;
+  cost.bytes_read +=
+      graph.element_bytes(inputs[0]) * out_channels_ * in_channels_ * (kTaps + 1) + combined_bytes;
   cost.bytes_written += combined_bytes;
   return cost;
 }

@@ -9,7 +9,8 @@
 // Backward (FlashAttention-2) recomputes each score tile from q, k and L: P = exp(S - L), then
 //   dV += P^T dY,  dP = dY V^T,  dS = P (dP - D) with D_t = rowsum(dY_t y_t) = <P_t, dP_t>,
 //   dQ += scale dS K,  dK += scale dS^T Q.
-// Inputs {q, k, v [B, T, C]} (any may be a column view), outputs {y [B, T, C]} (may be a view).
+// Inputs {q, k, v [B, T, C]} (any may be a column view; all fp32, or all bf16 and packed under
+// train.precision: bf16, see flash_attention_op.cpp), outputs {y [B, T, C]} fp32 (may be a view).
 // On cuda (flash_attention.cu) the tiles are 32 x 32 whatever `tile` says, head_dim is at most
 // 128, and backward needs no atomics: one kernel per key tile for dK, dV, one per query tile for
 // dQ, so a step is reproducible bit for bit.
@@ -56,6 +57,7 @@ class FlashAttentionOp : public Op {
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }
   bool supports_views() const override { return true; }
+  bool handles_bf16() const override { return true; }
   OpCost cost(const Graph& graph) const override;
 
   int tile() const { return tile_; }
@@ -65,11 +67,18 @@ class FlashAttentionOp : public Op {
  private:
   void check_wiring(const Workspace& ws) const;
   AttentionStrides strides(const Workspace& ws) const;
+  // q, k and v as the fp32 kernels read them: the values themselves, or (bf16 values) fp32 copies,
+  // refreshed when `widen`.
+  struct Operands {
+    const float *q, *k, *v;
+  };
+  Operands operands(const Workspace& ws, bool widen);
   // The CUDA backward's D_t = <dY_t, Y_t>, [B, NH, T], allocated on `device` on first use.
   float* delta_scratch(Device device);
   int batch_, seq_len_, channels_, n_head_, tile_;
-  Tensor lse_;    // saved by forward, on the workspace's device
-  Tensor delta_;  // cuda only
+  Tensor lse_;         // saved by forward, on the workspace's device
+  Tensor delta_;       // cuda only
+  Tensor widened_[3];  // train.precision: bf16: q, k, v widened to fp32 by forward for backward
 };
 
 }  // namespace ft

@@ -11,14 +11,6 @@
 #include "model/ops/op_checks.h"
 
 namespace ft {
-namespace {
-
-void require_cpu(const Op& op, const Workspace& ws) {
-  FT_CHECK(ws.device == Device::kCpu, op.kind(), " '", op.name, "': bf16 on ",
-           device_name(ws.device), " is not built; set train.precision: fp32");
-}
-
-}  // namespace
 
 LayerNormCastOp::LayerNormCastOp(int64_t rows, int64_t channels)
     : rows_(rows), channels_(channels) {
@@ -32,7 +24,6 @@ void LayerNormCastOp::check_wiring(const Workspace& ws, const ParamStore& params
   expect_numel(ws.values[outputs[0]], rows_ * channels_, *this, "output y");
   expect_numel(params[this->params[0]].value, channels_, *this, "weight");
   expect_numel(params[this->params[1]].value, channels_, *this, "bias");
-  require_cpu(*this, ws);
 }
 
 void LayerNormCastOp::forward(Workspace& ws, ParamStore& params) {
@@ -46,6 +37,8 @@ void LayerNormCastOp::forward(Workspace& ws, ParamStore& params) {
   const int64_t y_stride = ws.row_stride(outputs[0]), x_stride = ws.row_stride(inputs[0]);
   float* mean = mean_.data();
   float* rstd = rstd_.data();
+  FT_RUN_ON_CUDA(ws, layernorm_cast_forward_cuda(y, mean, rstd, x, weight, bias, rows_, channels_,
+                                                 y_stride, x_stride, ws.stream));
   const int64_t C = channels_;
 #pragma omp parallel if (rows_ * C > 65536)
   {
@@ -61,12 +54,23 @@ void LayerNormCastOp::forward(Workspace& ws, ParamStore& params) {
 
 void LayerNormCastOp::backward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
-  FT_CHECK(mean_.numel() == rows_, kind(), " '", name, "': backward before forward");
-  layernorm_backward(ws.grads[inputs[0]].data(), params[this->params[0]].grad.data(),
-                     params[this->params[1]].grad.data(), ws.grads[outputs[0]].data(),
-                     ws.values[inputs[0]].data(), params[this->params[0]].value.data(),
-                     mean_.data(), rstd_.data(), rows_, channels_, ws.row_stride(outputs[0]),
-                     ws.row_stride(inputs[0]));
+  FT_CHECK(mean_.numel() == rows_ && mean_.device() == ws.device, kind(), " '", name,
+           "': backward before forward");
+  float* dx = ws.grads[inputs[0]].data();
+  float* dweight = params[this->params[0]].grad.data();
+  float* dbias = params[this->params[1]].grad.data();
+  const float* dy = ws.grads[outputs[0]].data();
+  const float* x = ws.values[inputs[0]].data();
+  const float* weight = params[this->params[0]].value.data();
+  const int64_t dy_stride = ws.row_stride(outputs[0]), x_stride = ws.row_stride(inputs[0]);
+  if (ws.device == Device::kCuda)
+    reuse_or_allocate(param_grad_scratch_, layernorm_params_scratch_floats(1, rows_, channels_),
+                      ws.device);
+  FT_RUN_ON_CUDA(ws, layernorm_backward_cuda(dx, dweight, dbias, param_grad_scratch_.data(), dy, x,
+                                             weight, mean_.data(), rstd_.data(), rows_, channels_,
+                                             dy_stride, x_stride, ws.stream));
+  layernorm_backward(dx, dweight, dbias, dy, x, weight, mean_.data(), rstd_.data(), rows_,
+                     channels_, dy_stride, x_stride);
 }
 
 // LayerNorm's FLOPs; the fp32 output's write and the cast's read of it are gone.
@@ -88,17 +92,19 @@ void GeluCastOp::forward(Workspace& ws, ParamStore&) {
   expect_arity(*this, 1, 1, 0);
   expect_numel(ws.values[inputs[0]], numel_, *this, "input x");
   expect_numel(ws.values[outputs[0]], numel_, *this, "output y");
-  require_cpu(*this, ws);
   bf16_bits* y = ws.values[outputs[0]].bf16_data();
   const float* x = ws.values[inputs[0]].data();
+  FT_RUN_ON_CUDA(ws, gelu_cast_forward_cuda(y, x, 1, numel_, 0, 0, ws.stream));
 #pragma omp parallel for simd if (numel_ > 262144)
   for (int64_t i = 0; i < numel_; ++i) y[i] = float_to_bf16(gelu_tanh(x[i]));
 }
 
 void GeluCastOp::backward(Workspace& ws, ParamStore&) {
-  require_cpu(*this, ws);
-  gelu_backward(ws.grads[inputs[0]].data(), ws.grads[outputs[0]].data(),
-                ws.values[inputs[0]].data(), numel_);
+  float* dx = ws.grads[inputs[0]].data();
+  const float* dy = ws.grads[outputs[0]].data();
+  const float* x = ws.values[inputs[0]].data();
+  FT_RUN_ON_CUDA(ws, gelu_backward_cuda(dx, dy, x, numel_, ws.stream));
+  gelu_backward(dx, dy, x, numel_);
 }
 
 OpCost GeluCastOp::cost(const Graph& graph) const {

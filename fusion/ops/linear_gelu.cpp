@@ -147,10 +147,6 @@ void LinearGeluOp::forward(Workspace& ws, ParamStore& params) {
       has_bias_ ? params[this->params[1]].value.data() + weight_row_offset_ : nullptr;
   Tensor& y_value = ws.values[outputs[0]];
   const Tensor& x_value = ws.values[inputs[0]];
-  FT_CHECK((x_value.dtype() == DType::kF32 && y_value.dtype() == DType::kF32) ||
-               ws.device == Device::kCpu,
-           kind(), " '", name, "': bf16 on ", device_name(ws.device),
-           " is not built; set train.precision: fp32");
   FT_CHECK(y_value.dtype() == DType::kF32 || forward_kind_ != LinearGeluForward::kGeluPostOp,
            kind(), " '", name, "': the GELU post-op form writes fp32 only");
   float* y = y_value.dtype() == DType::kF32 ? y_value.data() : nullptr;
@@ -166,27 +162,28 @@ void LinearGeluOp::forward(Workspace& ws, ParamStore& params) {
     args.transpose_b = true;
     args.bias = bias;
     args.epilogue = Epilogue::kGeluTanh;
-    FT_RUN_ON_CUDA(ws, gemm_cuda(y, x_value.data(), params[this->params[0]].value.data() + offset,
-                                 args, ws.stream));
+    FT_RUN_ON_CUDA(ws, gemm_cuda(y, x, weight, args, ws.stream));
     gemm(y, x, weight, args);
     return;
   }
   if (preactivation_.numel() != rows_ * out_features_ || preactivation_.device() != ws.device)
     preactivation_ = Tensor::empty({rows_, out_features_}, ws.device);
-  FT_RUN_ON_CUDA(
-      ws, linear_gelu_forward_cuda(y, preactivation_.data(), x_value.data(),
-                                   params[this->params[0]].value.data() + offset, bias, rows_,
-                                   in_features_, out_features_, ws.row_stride(outputs[0]),
-                                   ws.row_stride(inputs[0]), ws.stream));
+  const int64_t y_stride = ws.row_stride(outputs[0]), x_stride = ws.row_stride(inputs[0]);
   // fusion.vertical.cast: y feeds GEMMs only and is written in bf16 straight from the tile.
-  if (y_value.dtype() == DType::kBF16)
-    linear_gelu_forward(y_value.bf16_data(), preactivation_.data(), x, weight, bias, rows_,
-                        in_features_, out_features_, tile_rows_, ws.row_stride(outputs[0]),
-                        ws.row_stride(inputs[0]));
-  else
-    linear_gelu_forward(y, preactivation_.data(), x, weight, bias, rows_, in_features_,
-                        out_features_, tile_rows_, ws.row_stride(outputs[0]),
-                        ws.row_stride(inputs[0]));
+  if (y_value.dtype() == DType::kBF16) {
+    bf16_bits* y_bf16 = y_value.bf16_data();
+    FT_RUN_ON_CUDA(
+        ws, linear_gelu_forward_cuda(y_bf16, preactivation_.data(), x, weight, bias, rows_,
+                                     in_features_, out_features_, y_stride, x_stride, ws.stream));
+    linear_gelu_forward(y_bf16, preactivation_.data(), x, weight, bias, rows_, in_features_,
+                        out_features_, tile_rows_, y_stride, x_stride);
+    return;
+  }
+  FT_RUN_ON_CUDA(
+      ws, linear_gelu_forward_cuda(y, preactivation_.data(), x, weight, bias, rows_, in_features_,
+                                   out_features_, y_stride, x_stride, ws.stream));
+  linear_gelu_forward(y, preactivation_.data(), x, weight, bias, rows_, in_features_, out_features_,
+                      tile_rows_, y_stride, x_stride);
 }
 
 void LinearGeluOp::backward(Workspace& ws, ParamStore& params) {
@@ -202,25 +199,25 @@ void LinearGeluOp::backward(Workspace& ws, ParamStore& params) {
   float* dbias = has_bias_ ? params[this->params[1]].grad.data() + weight_row_offset_ : nullptr;
   Tensor& dx = ws.grads[inputs[0]];
   float* dx_data = dx.defined() && dx.numel() > 0 ? dx.data() : nullptr;
-  const Tensor& x_value = ws.values[inputs[0]];
-  FT_RUN_ON_CUDA(
-      ws, linear_gelu_backward_cuda(
-              dx_data, ws.grad_is_fresh(inputs[0]), params[this->params[0]].grad.data() + offset,
-              dbias, dpreactivation_.data(), ws.grads[outputs[0]].data(), preactivation_.data(),
-              x_value.data(), params[this->params[0]].value.data() + offset, rows_, in_features_,
-              out_features_, ws.row_stride(outputs[0]), ws.row_stride(inputs[0]), ws.stream));
-  const GemmOperand x = value_operand(x_value);
+  const GemmOperand x = value_operand(ws.values[inputs[0]]);
+  const GemmOperand weight = weight_operand(params[this->params[0]], offset, x.dtype);
   bf16_bits* dpre_bf16 = nullptr;
   if (x.dtype == DType::kBF16) {
-    if (dpreactivation_bf16_.numel() != rows_ * out_features_)
+    if (dpreactivation_bf16_.numel() != rows_ * out_features_ ||
+        dpreactivation_bf16_.device() != ws.device)
       dpreactivation_bf16_ = Tensor::empty({rows_, out_features_}, ws.device, DType::kBF16);
     dpre_bf16 = dpreactivation_bf16_.bf16_data();
   }
-  linear_gelu_backward(
-      dx_data, ws.grad_is_fresh(inputs[0]), params[this->params[0]].grad.data() + offset, dbias,
-      dpreactivation_.data(), dpre_bf16, ws.grads[outputs[0]].data(), preactivation_.data(), x,
-      weight_operand(params[this->params[0]], offset, x.dtype), rows_, in_features_, out_features_,
-      tile_rows_, ws.row_stride(outputs[0]), ws.row_stride(inputs[0]));
+  float* dweight = params[this->params[0]].grad.data() + offset;
+  FT_RUN_ON_CUDA(ws, linear_gelu_backward_cuda(
+                         dx_data, ws.grad_is_fresh(inputs[0]), dweight, dbias,
+                         dpreactivation_.data(), dpre_bf16, ws.grads[outputs[0]].data(),
+                         preactivation_.data(), x, weight, rows_, in_features_, out_features_,
+                         ws.row_stride(outputs[0]), ws.row_stride(inputs[0]), ws.stream));
+  linear_gelu_backward(dx_data, ws.grad_is_fresh(inputs[0]), dweight, dbias, dpreactivation_.data(),
+                       dpre_bf16, ws.grads[outputs[0]].data(), preactivation_.data(), x, weight,
+                       rows_, in_features_, out_features_, tile_rows_, ws.row_stride(outputs[0]),
+                       ws.row_stride(inputs[0]));
 }
 
 // The Linear's GEMMs plus GeluOp's elementwise work; the pre-activation is written once (training)

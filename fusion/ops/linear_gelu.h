@@ -40,18 +40,26 @@ void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* d
                           int64_t out_features, int tile_rows, int64_t dy_stride = 0,
                           int64_t x_stride = 0);
 
-// The same on device pointers, enqueued on `stream` (linear_gelu.cu; CUDA builds only). Forward
-// is one cuBLASLt GEMM with the GELU_AUX_BIAS epilogue (pre written as the aux output, gelu(pre)
-// into y), so no tiling; backward is one kernel for dpre = dy ⊙ gelu'(pre) and db += colsum(dpre)
-// (core/cuda/bias_activation_kernel.h), then the dx and dW GEMMs. cuBLASLt's DGELU_BGRAD cannot
-// serve here: it applies to the output of a GEMM, and dy is produced by the consumer op.
-void linear_gelu_forward_cuda(float* y, float* pre, const float* x, const float* weight,
+// The same on device pointers, enqueued on `stream` (linear_gelu.cu; CUDA builds only), x and
+// weight fp32 or both bf16. Forward into an fp32 y is one cuBLASLt GEMM with the GELU_AUX_BIAS
+// epilogue (pre written as the aux output, gelu(pre) into y), so no tiling. Forward into a bf16
+// y (fusion.vertical.cast) is the GEMM with the bias epilogue into pre, then GeluCastOp's kernel
+// y = bf16(gelu(pre)) (fusion/ops/layernorm_cast.h), the CPU tile's rounding. Backward is one
+// kernel for dpre = dy ⊙ gelu'(pre) and db += colsum(dpre) (core/cuda/bias_activation_kernel.h),
+// in bf16 dpre rounded into `dpre_bf16` (null for fp32, as on the CPU), then the dx and dW GEMMs.
+// cuBLASLt's DGELU_BGRAD cannot serve here: it applies to the output of a GEMM, and dy is
+// produced by the consumer op.
+void linear_gelu_forward_cuda(float* y, float* pre, GemmOperand x, GemmOperand weight,
+                              const float* bias, int64_t rows, int64_t in_features,
+                              int64_t out_features, int64_t y_stride, int64_t x_stride,
+                              CudaStream stream);
+void linear_gelu_forward_cuda(bf16_bits* y, float* pre, GemmOperand x, GemmOperand weight,
                               const float* bias, int64_t rows, int64_t in_features,
                               int64_t out_features, int64_t y_stride, int64_t x_stride,
                               CudaStream stream);
 void linear_gelu_backward_cuda(float* dx, bool overwrite_dx, float* dweight, float* dbias,
-                               float* dpre, const float* dy, const float* pre, const float* x,
-                               const float* weight, int64_t rows, int64_t in_features,
+                               float* dpre, bf16_bits* dpre_bf16, const float* dy, const float* pre,
+                               GemmOperand x, GemmOperand weight, int64_t rows, int64_t in_features,
                                int64_t out_features, int64_t dy_stride, int64_t x_stride,
                                CudaStream stream);
 

@@ -132,8 +132,6 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
   // bf16 from an L1 row buffer (the twin: this op in fp32, then a CastOp).
   Tensor& normed_value = ws.values[outputs[1]];
   const bool normed_in_bf16 = normed_value.dtype() == DType::kBF16;
-  FT_CHECK(!normed_in_bf16 || ws.device == Device::kCpu, kind(), " '", name, "': bf16 on ",
-           device_name(ws.device), " is not built; set train.precision: fp32");
   float* normed = normed_in_bf16 ? nullptr : normed_value.data();
   bf16_bits* normed_bf16 = normed_in_bf16 ? normed_value.bf16_data() : nullptr;
   const int64_t in_stride = ws.row_stride(inputs[0]), branch_stride = ws.row_stride(inputs[1]);
@@ -142,10 +140,17 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
   const float* bias = params[this->params[1]].value.data();
   const float p = dropout_p_, scale = dropout_scale(dropout_p_);
   const uint64_t seed = ws.dropout_seed ^ dropout_salt_;
-  FT_RUN_ON_CUDA(ws, residual_layernorm_forward_cuda(
-                         out, normed, keep_mask, mean, rstd, residual_in, branch, weight, bias, p,
-                         ws.device_dropout_seed(), dropout_salt_, rows_, C, out_stride,
-                         normed_stride, in_stride, branch_stride, ws.stream));
+  if (normed_in_bf16) {
+    FT_RUN_ON_CUDA(ws, residual_layernorm_forward_cuda(
+                           out, normed_bf16, keep_mask, mean, rstd, residual_in, branch, weight,
+                           bias, p, ws.device_dropout_seed(), dropout_salt_, rows_, C, out_stride,
+                           normed_stride, in_stride, branch_stride, ws.stream));
+  } else {
+    FT_RUN_ON_CUDA(ws, residual_layernorm_forward_cuda(
+                           out, normed, keep_mask, mean, rstd, residual_in, branch, weight, bias, p,
+                           ws.device_dropout_seed(), dropout_salt_, rows_, C, out_stride,
+                           normed_stride, in_stride, branch_stride, ws.stream));
+  }
   const int64_t num_tiles = (rows_ + tile_rows_ - 1) / tile_rows_;
 #pragma omp parallel for if (rows_ * C > 65536)
   for (int64_t tile = 0; tile < num_tiles; ++tile) {

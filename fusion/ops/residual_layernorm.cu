@@ -3,11 +3,14 @@
 // normalises that row through layernorm_math.h's warp helpers, reading back only its own writes.
 // The keep decision is core/math/dropout.h's, on the element index r * C + c that DropoutOp and
 // the CPU kernel hash, so the mask is the same bits on both devices. The weight and bias
-// gradients are LayerNorm's column reduction (model/ops/layernorm.cu), called by the op.
+// gradients are LayerNorm's column reduction (model/ops/layernorm.cu), called by the op. A bf16
+// `normed` (train.precision: bf16) is the same row rounded once as it is written
+// (fusion/ops/layernorm_bf16_row.cuh), as the CPU rounds its fp32 row buffer.
 #include "core/check.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
 #include "core/math/dropout.h"
+#include "fusion/ops/layernorm_bf16_row.cuh"
 #include "fusion/ops/residual_layernorm.h"
 #include "model/ops/layernorm_math.h"
 
@@ -26,8 +29,8 @@ __device__ inline int64_t warp_row() {
 
 // out = residual_in + (keep ? branch * scale : 0), then normed = LN(out). The row index is
 // uniform in a warp, so whole warps leave past the last row and the shuffles see all lanes.
-template <bool kMasked>
-__global__ void residual_layernorm_forward_kernel(float* out, float* normed, uint8_t* keep_mask,
+template <bool kMasked, typename Normed>
+__global__ void residual_layernorm_forward_kernel(float* out, Normed* normed, uint8_t* keep_mask,
                                                   float* mean, float* rstd,
                                                   const float* residual_in, const float* branch,
                                                   const float* weight, const float* bias, float p,
@@ -52,8 +55,8 @@ __global__ void residual_layernorm_forward_kernel(float* out, float* normed, uin
     out_row[i] = in_row[i] + added;
   }
   float row_mean, row_rstd;
-  layernorm_warp_row_forward(normed + row * strides.normed, &row_mean, &row_rstd, out_row, weight,
-                             bias, channels, kLayerNormEps, lane);
+  layernorm_warp_row_forward_as(normed + row * strides.normed, &row_mean, &row_rstd, out_row,
+                                weight, bias, channels, kLayerNormEps, lane);
   if (lane == 0) {
     mean[row] = row_mean;
     rstd[row] = row_rstd;
@@ -113,6 +116,28 @@ unsigned int row_blocks(int64_t rows) {
   return static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
+// One launcher body for both types of `normed`.
+template <typename Normed>
+void launch_residual_layernorm_forward(float* out, Normed* normed, uint8_t* keep_mask, float* mean,
+                                       float* rstd, const float* residual_in, const float* branch,
+                                       const float* weight, const float* bias, float dropout_p,
+                                       const uint64_t* step_seed, uint64_t salt, int64_t rows,
+                                       int64_t channels, const RowStrides& strides,
+                                       CudaStream stream) {
+  const unsigned int blocks = row_blocks(rows);
+  if (dropout_p > 0.0f) {
+    residual_layernorm_forward_kernel<true, Normed><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
+        out, normed, keep_mask, mean, rstd, residual_in, branch, weight, bias, dropout_p,
+        dropout_scale(dropout_p), step_seed, salt, rows, channels, strides);
+    FT_CUDA_CHECK_LAUNCH();
+  } else {
+    residual_layernorm_forward_kernel<false, Normed><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
+        out, normed, nullptr, mean, rstd, residual_in, branch, weight, bias, 0.0f, 1.0f, nullptr, 0,
+        rows, channels, strides);
+    FT_CUDA_CHECK_LAUNCH();
+  }
+}
+
 }  // namespace
 
 void residual_layernorm_forward_cuda(float* out, float* normed, uint8_t* keep_mask, float* mean,
@@ -121,19 +146,20 @@ void residual_layernorm_forward_cuda(float* out, float* normed, uint8_t* keep_ma
                                      const uint64_t* step_seed, uint64_t salt, int64_t rows,
                                      int64_t channels, int64_t out_stride, int64_t normed_stride,
                                      int64_t in_stride, int64_t branch_stride, CudaStream stream) {
-  const RowStrides strides{out_stride, normed_stride, in_stride, branch_stride};
-  const unsigned int blocks = row_blocks(rows);
-  if (dropout_p > 0.0f) {
-    residual_layernorm_forward_kernel<true><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
-        out, normed, keep_mask, mean, rstd, residual_in, branch, weight, bias, dropout_p,
-        dropout_scale(dropout_p), step_seed, salt, rows, channels, strides);
-    FT_CUDA_CHECK_LAUNCH();
-  } else {
-    residual_layernorm_forward_kernel<false><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(
-        out, normed, nullptr, mean, rstd, residual_in, branch, weight, bias, 0.0f, 1.0f, nullptr, 0,
-        rows, channels, strides);
-    FT_CUDA_CHECK_LAUNCH();
-  }
+  launch_residual_layernorm_forward(out, normed, keep_mask, mean, rstd, residual_in, branch, weight,
+                                    bias, dropout_p, step_seed, salt, rows, channels,
+                                    {out_stride, normed_stride, in_stride, branch_stride}, stream);
+}
+
+void residual_layernorm_forward_cuda(float* out, bf16_bits* normed, uint8_t* keep_mask, float* mean,
+                                     float* rstd, const float* residual_in, const float* branch,
+                                     const float* weight, const float* bias, float dropout_p,
+                                     const uint64_t* step_seed, uint64_t salt, int64_t rows,
+                                     int64_t channels, int64_t out_stride, int64_t normed_stride,
+                                     int64_t in_stride, int64_t branch_stride, CudaStream stream) {
+  launch_residual_layernorm_forward(out, normed, keep_mask, mean, rstd, residual_in, branch, weight,
+                                    bias, dropout_p, step_seed, salt, rows, channels,
+                                    {out_stride, normed_stride, in_stride, branch_stride}, stream);
 }
 
 void residual_layernorm_backward_input_cuda(float* d_in, float* d_branch, const float* d_out,

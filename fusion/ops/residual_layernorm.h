@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/math/bf16_math.h"
 #include "model/graph.h"
 
 namespace ft {
@@ -30,6 +31,13 @@ namespace ft {
 // keep_mask [rows * C] bytes is written (forward) and read (backward) only when dropout_p > 0,
 // with the seed *step_seed ^ salt (step_seed: Workspace::device_dropout_seed, read only then).
 void residual_layernorm_forward_cuda(float* out, float* normed, uint8_t* keep_mask, float* mean,
+                                     float* rstd, const float* residual_in, const float* branch,
+                                     const float* weight, const float* bias, float dropout_p,
+                                     const uint64_t* step_seed, uint64_t salt, int64_t rows,
+                                     int64_t channels, int64_t out_stride, int64_t normed_stride,
+                                     int64_t in_stride, int64_t branch_stride, CudaStream stream);
+// The same with `normed` written in bf16 (fusion.vertical.cast under train.precision: bf16).
+void residual_layernorm_forward_cuda(float* out, bf16_bits* normed, uint8_t* keep_mask, float* mean,
                                      float* rstd, const float* residual_in, const float* branch,
                                      const float* weight, const float* bias, float dropout_p,
                                      const uint64_t* step_seed, uint64_t salt, int64_t rows,

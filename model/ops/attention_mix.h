@@ -8,25 +8,28 @@
 #pragma once
 #include <cstdint>
 
+#include "core/gemm.h"
 #include "model/graph.h"
 
 namespace ft {
 
-// Writes y. v and y rows are `v_stride` and `y_stride` floats apart.
-void attention_mix_forward(float* y, const float* probs, const float* v, int64_t y_stride,
+// Writes y. v and y rows are `v_stride` and `y_stride` elements apart. Under train.precision:
+// bf16, probs and v are bf16 values (cast ops' outputs); y is fp32 either way.
+void attention_mix_forward(float* y, GemmOperand probs, GemmOperand v, int64_t y_stride,
                            int64_t v_stride, int batch, int seq_len, int channels, int n_head);
 // dprobs (+=) dY V^T and dv (+=) P^T dY; `overwrite_dprobs` / `overwrite_dv` write (=) instead.
-void attention_mix_backward(float* dprobs, float* dv, const float* dy, const float* probs,
-                            const float* v, int64_t y_stride, int64_t v_stride,
+// With bf16 operands dY is rounded to bf16 once and both products read that copy.
+void attention_mix_backward(float* dprobs, float* dv, const float* dy, GemmOperand probs,
+                            GemmOperand v, int64_t y_stride, int64_t v_stride,
                             bool overwrite_dprobs, bool overwrite_dv, int batch, int seq_len,
                             int channels, int n_head);
 
 // The same on device pointers, enqueued on `stream` (attention_mix.cu; CUDA builds only).
-void attention_mix_forward_cuda(float* y, const float* probs, const float* v, int64_t y_stride,
+void attention_mix_forward_cuda(float* y, GemmOperand probs, GemmOperand v, int64_t y_stride,
                                 int64_t v_stride, int batch, int seq_len, int channels, int n_head,
                                 CudaStream stream);
-void attention_mix_backward_cuda(float* dprobs, float* dv, const float* dy, const float* probs,
-                                 const float* v, int64_t y_stride, int64_t v_stride,
+void attention_mix_backward_cuda(float* dprobs, float* dv, const float* dy, GemmOperand probs,
+                                 GemmOperand v, int64_t y_stride, int64_t v_stride,
                                  bool overwrite_dprobs, bool overwrite_dv, int batch, int seq_len,
                                  int channels, int n_head, CudaStream stream);
 
@@ -38,6 +41,7 @@ class AttentionMixOp : public Op {
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }
   bool supports_views() const override { return true; }
+  bool handles_bf16() const override { return true; }
   OpCost cost(const Graph& graph) const override;
 
   int batch() const { return batch_; }

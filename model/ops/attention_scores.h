@@ -14,29 +14,32 @@
 
 namespace ft {
 
-// Writes scores [B, NH, T, T]. q and k rows are `q_stride` and `k_stride` floats apart.
-void attention_scores_forward(float* scores, const float* q, const float* k, int64_t q_stride,
+// Writes scores [B, NH, T, T]. q and k rows are `q_stride` and `k_stride` elements apart.
+// Under train.precision: bf16 q and k are bf16 values (each a cast op's output, as autocast
+// casts a matmul's operands); scores are fp32 either way.
+void attention_scores_forward(float* scores, GemmOperand q, GemmOperand k, int64_t q_stride,
                               int64_t k_stride, int batch, int seq_len, int channels, int n_head);
 // dq (+=) scale dS K and dk (+=) scale dS^T Q; `overwrite_dq` / `overwrite_dk` write (=)
-// instead. The gradients share the row strides of their values.
-void attention_scores_backward(float* dq, float* dk, const float* dscores, const float* q,
-                               const float* k, int64_t q_stride, int64_t k_stride,
-                               bool overwrite_dq, bool overwrite_dk, int batch, int seq_len,
-                               int channels, int n_head);
+// instead. The gradients share the row strides of their values. With bf16 q and k, dscores is
+// rounded to bf16 once (model/ops/linear.h's bf16_gradient_copy) and both products read that.
+void attention_scores_backward(float* dq, float* dk, const float* dscores, GemmOperand q,
+                               GemmOperand k, int64_t q_stride, int64_t k_stride, bool overwrite_dq,
+                               bool overwrite_dk, int batch, int seq_len, int channels, int n_head);
 
 // The same on device pointers, enqueued on `stream` (attention_scores.cu; CUDA builds only).
-void attention_scores_forward_cuda(float* scores, const float* q, const float* k, int64_t q_stride,
+void attention_scores_forward_cuda(float* scores, GemmOperand q, GemmOperand k, int64_t q_stride,
                                    int64_t k_stride, int batch, int seq_len, int channels,
                                    int n_head, CudaStream stream);
-void attention_scores_backward_cuda(float* dq, float* dk, const float* dscores, const float* q,
-                                    const float* k, int64_t q_stride, int64_t k_stride,
+// With bf16 q and k, dscores is rounded once into a device copy (bf16_gradient_copy_cuda).
+void attention_scores_backward_cuda(float* dq, float* dk, const float* dscores, GemmOperand q,
+                                    GemmOperand k, int64_t q_stride, int64_t k_stride,
                                     bool overwrite_dq, bool overwrite_dk, int batch, int seq_len,
                                     int channels, int n_head, CudaStream stream);
 // The attention GEMMs on CUDA: `per_head` has the heads of one sequence as its batch (built by
-// model/ops/attention_heads.h); sequence b's operands start seq_offset_{a,b,c} * b floats
+// model/ops/attention_heads.h); sequence b's operands start seq_offset_{a,b,c} * b elements
 // further. Runs `batch` strided-batch GEMMs over the heads, or, with more sequences than heads,
 // n_head strided-batch GEMMs over the sequences (fewer launches, the same products).
-void attention_head_gemms_cuda(float* c, const float* a, const float* b, const GemmArgs& per_head,
+void attention_head_gemms_cuda(float* c, GemmOperand a, GemmOperand b, const GemmArgs& per_head,
                                int batch, int64_t seq_offset_a, int64_t seq_offset_b,
                                int64_t seq_offset_c, CudaStream stream);
 
@@ -48,6 +51,7 @@ class AttentionScoresOp : public Op {
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }
   bool supports_views() const override { return true; }
+  bool handles_bf16() const override { return true; }
   OpCost cost(const Graph& graph) const override;
 
   int batch() const { return batch_; }

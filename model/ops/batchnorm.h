@@ -60,6 +60,13 @@ void batchnorm_forward_train(float* y, float* saved_mean, float* saved_invstd, f
                              float* running_var, const float* x, const float* gamma,
                              const float* beta, int64_t rows, int channels, float momentum,
                              float eps, BatchNormActivation activation, BatchNormScratch& scratch);
+// The same with y in bf16 (train.precision: bf16, where y only feeds a convolution's cast): each
+// element rounded once from the value the fp32 form stores (fusion.vertical.cast).
+void batchnorm_forward_train(bf16_bits* y, float* saved_mean, float* saved_invstd,
+                             float* running_mean, float* running_var, const float* x,
+                             const float* gamma, const float* beta, int64_t rows, int channels,
+                             float momentum, float eps, BatchNormActivation activation,
+                             BatchNormScratch& scratch);
 
 // Backward of batchnorm_forward_train: dgamma += ..., dbeta += ..., and dx += ... (= when
 // dx_fresh; see Op::overwrites_fresh_input_grads), with dy masked as `mask` says (see
@@ -187,7 +194,8 @@ void check_batchnorm_wiring(const Op& op, const Workspace& ws, const ParamStore&
                             int64_t numel, int channels);
 // The batchnorm_* functions on an op of the family: x = inputs[0], y = outputs[0], params
 // {gamma, beta, running_mean, running_var}. The forwards check the wiring first; backward's
-// ReLU mask (kRelu) is read from y.
+// ReLU mask (kRelu) is read from y on cuda and recomputed from x on the CPU, so a bf16 y (the
+// train forward writes one where the graph wires one; CPU only) is never read back.
 void batchnorm_op_forward_train(const Op& op, Workspace& ws, ParamStore& params, float* saved_mean,
                                 float* saved_invstd, int64_t rows, int channels, float momentum,
                                 float eps, BatchNormActivation activation,

@@ -45,6 +45,17 @@ void batchnorm_op_forward_train(const Op& op, Workspace& ws, ParamStore& params,
                                 float eps, BatchNormActivation activation,
                                 BatchNormScratch& scratch) {
   check_batchnorm_wiring(op, ws, params, rows * channels, channels);
+  Tensor& y = ws.values[op.outputs[0]];
+  if (y.dtype() == DType::kBF16) {
+    FT_CHECK(ws.device == Device::kCpu, op.kind(), " '", op.name, "': bf16 on ",
+             device_name(ws.device), " is not built; set train.precision: fp32");
+    batchnorm_forward_train(y.bf16_data(), saved_mean, saved_invstd,
+                            params[op.params[2]].value.data(), params[op.params[3]].value.data(),
+                            ws.values[op.inputs[0]].data(), params[op.params[0]].value.data(),
+                            params[op.params[1]].value.data(), rows, channels, momentum, eps,
+                            activation, scratch);
+    return;
+  }
   if (ws.device == Device::kCuda) ensure_batchnorm_device_scratch(scratch, rows, channels);
   FT_RUN_ON_CUDA(ws, batchnorm_forward_train_cuda(
                          ws.values[op.outputs[0]].data(), scratch.device_saved.data(),
@@ -63,8 +74,11 @@ void batchnorm_op_forward_train(const Op& op, Workspace& ws, ParamStore& params,
 void batchnorm_op_backward(const Op& op, Workspace& ws, ParamStore& params, const float* saved_mean,
                            const float* saved_invstd, int64_t rows, int channels,
                            BatchNormActivation activation, BatchNormScratch& scratch) {
+  // Only cuda reads y (the CPU recomputes the mask), and y may be bf16 only on the CPU.
   [[maybe_unused]] const float* relu_output =
-      activation == BatchNormActivation::kRelu ? ws.values[op.outputs[0]].data() : nullptr;
+      activation == BatchNormActivation::kRelu && ws.device == Device::kCuda
+          ? ws.values[op.outputs[0]].data()
+          : nullptr;
   FT_RUN_ON_CUDA(
       ws, batchnorm_backward_cuda(
               ws.grads[op.inputs[0]].data(), params[op.params[0]].grad.data(),

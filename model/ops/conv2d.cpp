@@ -1,8 +1,7 @@
-// Conv2dOp on oneDNN. Activations are nhwc on both sides of every primitive, so oneDNN reads and
-// writes our buffers directly; only weights are reordered between our oihw and the primitive's
-// blocked layout. Forward runs either as convolution_forward or, for stride-1 "same"
-// convolutions, as the backward-data primitive of the flipped kernel. 3x3 "same" convolutions
-// with 16k channels run all three passes on our Winograd kernels instead (see ConvAlgorithm).
+// Conv2dOp's passes on the primitives conv2d_primitives.cpp builds. Forward runs either as
+// convolution_forward or, for stride-1 "same" convolutions, as the backward-data primitive of the
+// flipped kernel. 3x3 "same" convolutions with 16k channels run all three passes on our Winograd
+// kernels instead (see ConvAlgorithm).
 //
 // Backward, with dy = dL/dy:
 //   dx[b,c,h,w]   += sum_{o,p,q : h = i*S+p-P, w = j*S+q-P} w[o,c,p,q] * dy[b,o,i,j]
@@ -16,6 +15,11 @@
 // every convolution, so it stays in cache; a buffer per op (19 of up to 3 MB in resnet20) is cold
 // each time, which cost ~1% of a resnet20 step. When the executor hands over a fresh gradient
 // (Op::overwrites_fresh_input_grads), dx goes straight into it and nothing is added or zeroed.
+//
+// bf16 (a bf16 x): the weight is the parameter's bf16 copy and dy is rounded to bf16 once per
+// backward, as for a Linear. The native primitives read those directly; the widening path widens
+// x and the weight copy and rounds dy through bf16, then runs the fp32 passes above, so both see
+// the same rounded values and differ only in fp32 accumulation order.
 #include "model/ops/conv2d.h"
 
 #include <dnnl.hpp>
@@ -23,55 +27,41 @@
 #include <string>
 #include <vector>
 
+#include "core/bf16_cast.h"
 #include "core/check.h"
 #include "core/device.h"
 #include "core/dnnl_context.h"
+#include "model/ops/conv2d_primitives.h"
+#include "model/ops/linear.h"
 #include "model/ops/op_checks.h"
 #include "model/ops/winograd.h"
 
 namespace ft {
 namespace {
 
-using dnnl::memory;
+using conv2d_detail::Scratch;
+using conv2d_detail::thread_scratch;
 
-// Plain oihw weights as one primitive wants them. When the layouts agree, `prim` is `user`.
-struct StagedWeights {
-  memory user;  // oihw; its handle is set at every call
-  memory prim;
-  dnnl::reorder reorder;  // user -> prim
-  bool reordered = false;
-
-  void to_prim(float* user_data) {
-    user.set_data_handle(user_data);
-    if (reordered) reorder.execute(cpu_stream(), user, prim);
-  }
-};
-
-StagedWeights stage_weights(const memory::desc& user_md, const memory::desc& prim_md) {
-  dnnl::engine& engine = cpu_engine();
-  StagedWeights staged;
-  staged.user = memory(user_md, engine, DNNL_MEMORY_NONE);
-  if (prim_md == user_md) {
-    staged.prim = staged.user;
-    return staged;
-  }
-  staged.prim = memory(prim_md, engine);
-  staged.reorder = dnnl::reorder(staged.user, staged.prim);
-  staged.reordered = true;
-  return staged;
+void require_cpu_for_bf16(const Op& op, const Workspace& ws) {
+  FT_CHECK(ws.device == Device::kCpu, op.kind(), " '", op.name, "': bf16 on ",
+           device_name(ws.device), " is not built; set train.precision: fp32");
 }
 
-// A per-thread buffer of at least `count` floats, reused by every op on this thread, aligned to
-// a cache line like our tensors (oneDNN's 32-byte stores then never split a line).
-float* thread_scratch(int64_t count) {
-  constexpr size_t kAlign = 64;
-  thread_local std::vector<float> scratch;
-  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
-  if (scratch.size() * sizeof(float) < bytes + kAlign)
-    scratch.resize(count + kAlign / sizeof(float));
-  void* start = scratch.data();
-  size_t space = scratch.size() * sizeof(float);
-  return static_cast<float*>(std::align(kAlign, bytes, start, space));
+const bf16_bits* bf16_weight(const Param& weight) {
+  return static_cast<const bf16_bits*>(weight_operand(weight, 0, DType::kBF16).data);
+}
+
+// `count` bf16 values widened into a per-thread scratch slot.
+float* widen(Scratch slot, const bf16_bits* values, int64_t count) {
+  float* wide = thread_scratch(slot, count);
+  cast_to_float(wide, values, count);
+  return wide;
+}
+
+// out = the fp32 value of bf16(in): what the native path's bf16 copy of dy holds.
+void round_through_bf16(float* out, const float* in, int64_t count) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) out[i] = round_to_bf16(in[i]);
 }
 
 // dst += src elementwise. Both hold the same layout, so no index arithmetic is needed.
@@ -92,29 +82,6 @@ void flip_kernel(float* flipped, const float* w, int out_channels, int in_channe
 }
 
 }  // namespace
-
-struct Conv2dOp::Primitives {
-  ConvAlgorithm algorithm = ConvAlgorithm::kDirect;    // resolved
-  std::vector<float> winograd_weights;                 // when kWinograd: transformed per pass
-  dnnl::convolution_forward forward;                   // when kDirect
-  dnnl::convolution_backward_data forward_transposed;  // when kTransposed
-  std::vector<float> flipped_weights;                  // when kTransposed: flip_kernel's output
-  StagedWeights forward_weights;                       // ours, or flipped_weights
-  dnnl::convolution_backward_data backward_data;
-  dnnl::convolution_backward_weights backward_weights;
-  StagedWeights data_weights;      // ours, for backward data
-  memory src, dst, diff_dst;       // over our activation buffers; handles set at every call
-  memory diff_src_written;         // over thread_scratch: backward data writes dx here
-  memory diff_weights_written;     // op-owned, in the primitive's layout
-  memory diff_weights_user;        // oihw over the parameter's gradient
-  dnnl::reorder add_diff_weights;  // diff_weights_written -> diff_weights_user, with sum
-  std::string forward_impl;
-  // What the forward weights above were derived from; backward invalidates them (Winograd's
-  // backward data reuses winograd_weights).
-  bool forward_weights_valid = false;
-  uint64_t forward_weights_version = 0;
-  const float* forward_weights_source = nullptr;
-};
 
 Conv2dOp::Conv2dOp(int batch, int in_channels, int out_channels, int height, int width, int kernel,
                    int stride, int padding)
@@ -206,143 +173,39 @@ CudnnConvShape Conv2dOp::cudnn_shape() const {
                           padding_, input_layout);
 }
 
-void Conv2dOp::build_primitives() {
-  if (resolved_algorithm() == ConvAlgorithm::kWinograd) {
-    auto p = std::make_unique<Primitives>();
-    p->algorithm = ConvAlgorithm::kWinograd;
-    p->winograd_weights.resize(winograd_weights_numel(in_channels_, out_channels_, winograd_tile));
-    p->forward_impl =
-        winograd_tile == WinogradTile::k2x2 ? "winograd:f2x2_3x3" : "winograd:f4x4_3x3";
-    primitives_ = std::move(p);
-    return;
-  }
-  using tag = memory::format_tag;
-  const auto f32 = memory::data_type::f32;
-  dnnl::engine& engine = cpu_engine();
-  // oneDNN's dims are always in NCHW order; the format tag says how memory is laid out. With one
-  // channel nchw and nhwc are the same bytes, and nhwc lets oneDNN pick the same kernel as for
-  // every other convolution.
-  const bool src_nchw = input_layout == ActivationLayout::kNchw && in_channels_ > 1;
-  const memory::desc src_md({batch_, in_channels_, height_, width_}, f32,
-                            src_nchw ? tag::nchw : tag::nhwc);
-  const memory::desc dst_md({batch_, out_channels_, out_height_, out_width_}, f32, tag::nhwc);
-  const memory::dims weights_dims{out_channels_, in_channels_, kernel_, kernel_};
-  const memory::desc weights_md(weights_dims, f32, tag::oihw);
-  const memory::desc any_weights_md(weights_dims, f32, tag::any);
-  const memory::dims strides{stride_, stride_};
-  // PyTorch floors the output size; oneDNN's size check floors too, so padding_r = padding_l.
-  const memory::dims padding{padding_, padding_};
-  using dnnl::algorithm;
-
-  const dnnl::convolution_forward::primitive_desc forward_pd(
-      {dnnl::prop_kind::forward_training, algorithm::convolution_direct, src_md, any_weights_md,
-       dst_md, strides, padding, padding},
-      engine);
-  const dnnl::convolution_backward_data::primitive_desc backward_data_pd(
-      {algorithm::convolution_direct, src_md, any_weights_md, dst_md, strides, padding, padding},
-      engine, forward_pd);
-  // oneDNN 2.6's jit_1x1 backward weights corrupts the heap on nhwc with stride > 1 and fewer
-  // than 8 input channels (seen at 2..7; 9..36 were fine). Plain hwio weights rule that kernel
-  // out (gemm runs instead); only tiny test models have such a layer.
-  const bool avoid_1x1_kernel = kernel_ == 1 && stride_ > 1 && in_channels_ % 8 != 0;
-  const dnnl::convolution_backward_weights::primitive_desc backward_weights_pd(
-      {algorithm::convolution_direct, src_md,
-       avoid_1x1_kernel ? memory::desc(weights_dims, f32, tag::hwio) : any_weights_md, dst_md,
-       strides, padding, padding},
-      engine, forward_pd);
-  // Activation descriptors were fixed above, so every primitive uses our buffers as they are.
-  FT_CHECK(forward_pd.src_desc() == src_md && forward_pd.dst_desc() == dst_md &&
-               backward_data_pd.diff_src_desc() == src_md &&
-               backward_data_pd.diff_dst_desc() == dst_md &&
-               backward_weights_pd.src_desc() == src_md &&
-               backward_weights_pd.diff_dst_desc() == dst_md,
-           "conv2d '", name, "': oneDNN changed an activation layout");
-
-  auto p = std::make_unique<Primitives>();
-  p->algorithm = resolved_algorithm();
-  if (p->algorithm == ConvAlgorithm::kTransposed) {
-    // The transposed convolution maps out_channels to in_channels; its backward data reads our
-    // x as its diff_dst and writes our y as its diff_src (same spatial size at stride 1).
-    const memory::dims flipped_dims{in_channels_, out_channels_, kernel_, kernel_};
-    const memory::desc any_flipped_md(flipped_dims, f32, tag::any);
-    const dnnl::convolution_forward::primitive_desc transposed_hint(
-        {dnnl::prop_kind::forward_training, algorithm::convolution_direct, dst_md, any_flipped_md,
-         src_md, strides, padding, padding},
-        engine);
-    const dnnl::convolution_backward_data::primitive_desc transposed_pd(
-        {algorithm::convolution_direct, dst_md, any_flipped_md, src_md, strides, padding, padding},
-        engine, transposed_hint);
-    FT_CHECK(transposed_pd.diff_src_desc() == dst_md && transposed_pd.diff_dst_desc() == src_md,
-             "conv2d '", name, "': oneDNN changed an activation layout");
-    p->forward_transposed = dnnl::convolution_backward_data(transposed_pd);
-    p->flipped_weights.resize(shape_numel(weight_shape()));
-    p->forward_weights =
-        stage_weights(memory::desc(flipped_dims, f32, tag::oihw), transposed_pd.weights_desc());
-    p->forward_impl = transposed_pd.impl_info_str();
-  } else {
-    p->forward = dnnl::convolution_forward(forward_pd);
-    p->forward_weights = stage_weights(weights_md, forward_pd.weights_desc());
-    p->forward_impl = forward_pd.impl_info_str();
-  }
-  p->backward_data = dnnl::convolution_backward_data(backward_data_pd);
-  p->backward_weights = dnnl::convolution_backward_weights(backward_weights_pd);
-  p->data_weights = stage_weights(weights_md, backward_data_pd.weights_desc());
-  p->src = memory(src_md, engine, DNNL_MEMORY_NONE);
-  p->dst = memory(dst_md, engine, DNNL_MEMORY_NONE);
-  p->diff_dst = memory(dst_md, engine, DNNL_MEMORY_NONE);
-  p->diff_src_written = memory(src_md, engine, DNNL_MEMORY_NONE);
-  p->diff_weights_written = memory(backward_weights_pd.diff_weights_desc(), engine);
-  p->diff_weights_user = memory(weights_md, engine, DNNL_MEMORY_NONE);
-  dnnl::post_ops sum;
-  sum.append_sum(1.0f);
-  dnnl::primitive_attr attr;
-  attr.set_post_ops(sum);
-  p->add_diff_weights = dnnl::reorder(dnnl::reorder::primitive_desc(
-      engine, backward_weights_pd.diff_weights_desc(), engine, weights_md, attr));
-  primitives_ = std::move(p);
-}
-
-void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
-  expect_arity(*this, 1, 1, 1);
-  Tensor& x = ws.values[inputs[0]];
-  Tensor& y = ws.values[outputs[0]];
-  Tensor& weight = params[this->params[0]].value;
-  expect_numel(x, shape_numel(input_shape()), *this, "x");
-  expect_numel(y, shape_numel(output_shape()), *this, "y");
-  expect_numel(weight, shape_numel(weight_shape()), *this, "weight");
-  FT_RUN_ON_CUDA(ws,
-                 conv2d_forward_cuda(y.data(), x.data(), weight.data(), cudnn_conv(), ws.stream));
-  if (!primitives_) build_primitives();
+void Conv2dOp::run_forward(float* y, const void* x, const void* weight, const void* weight_source,
+                           uint64_t version) {
   Primitives& p = *primitives_;
   // The forward weights (transformed, flipped or reordered) are redone only when the parameters
   // may have changed: every train forward (ParamStore::version moves), but an eval graph between
   // optimizer steps reuses them, as an inference engine prepacks its weights.
-  const bool weights_current = p.forward_weights_valid &&
-                               p.forward_weights_version == params.version() &&
-                               p.forward_weights_source == weight.data();
+  const bool weights_current = p.forward_weights_valid && p.forward_weights_version == version &&
+                               p.forward_weights_source == weight_source;
   p.forward_weights_valid = true;
-  p.forward_weights_version = params.version();
-  p.forward_weights_source = weight.data();
+  p.forward_weights_version = version;
+  p.forward_weights_source = weight_source;
   if (p.algorithm == ConvAlgorithm::kWinograd) {
     if (!weights_current)
-      winograd_transform_weights(p.winograd_weights.data(), weight.data(), out_channels_,
-                                 in_channels_, winograd_tile, WinogradPass::kForward);
-    winograd_conv(y.data(), x.data(), p.winograd_weights.data(), winograd_shape(),
+      winograd_transform_weights(p.winograd_weights.data(), static_cast<const float*>(weight),
+                                 out_channels_, in_channels_, winograd_tile,
+                                 WinogradPass::kForward);
+    winograd_conv(y, static_cast<const float*>(x), p.winograd_weights.data(), winograd_shape(),
                   WinogradWrite::kOverwrite);
     return;
   }
-  p.src.set_data_handle(x.data());
-  p.dst.set_data_handle(y.data());
+  p.src.set_data_handle(const_cast<void*>(x));
+  p.dst.set_data_handle(y);
   if (p.algorithm == ConvAlgorithm::kTransposed) {
     if (!weights_current) {
-      flip_kernel(p.flipped_weights.data(), weight.data(), out_channels_, in_channels_, kernel_);
+      flip_kernel(p.flipped_weights.data(), static_cast<const float*>(weight), out_channels_,
+                  in_channels_, kernel_);
       p.forward_weights.to_prim(p.flipped_weights.data());
     }
     p.forward_transposed.execute(cpu_stream(), {{DNNL_ARG_DIFF_DST, p.src},
                                                 {DNNL_ARG_WEIGHTS, p.forward_weights.prim},
                                                 {DNNL_ARG_DIFF_SRC, p.dst}});
   } else {
-    if (!weights_current) p.forward_weights.to_prim(weight.data());
+    if (!weights_current) p.forward_weights.to_prim(weight);
     p.forward.execute(
         cpu_stream(),
         {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.forward_weights.prim}, {DNNL_ARG_DST, p.dst}});
@@ -350,56 +213,109 @@ void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
   cpu_stream().wait();
 }
 
-void Conv2dOp::backward(Workspace& ws, ParamStore& params) {
-  FT_CHECK(primitives_ != nullptr || cudnn_ != nullptr, "conv2d '", name,
-           "': backward before forward");
-  FT_RUN_ON_CUDA(
-      ws, conv2d_backward_cuda(needs_input_grad ? ws.grads[inputs[0]].data() : nullptr,
-                               params[this->params[0]].grad.data(), ws.grads[outputs[0]].data(),
-                               ws.values[inputs[0]].data(), params[this->params[0]].value.data(),
-                               ws.grad_is_fresh(inputs[0]), cudnn_conv(), ws.stream));
-  FT_CHECK(primitives_ != nullptr, "conv2d '", name, "': backward before forward");
+void Conv2dOp::run_backward(float* dx, bool dx_fresh, float* dweight, const void* dy, const void* x,
+                            const void* weight) {
   Primitives& p = *primitives_;
   p.forward_weights_valid = false;
-  Param& weight = params[this->params[0]];
   if (p.algorithm == ConvAlgorithm::kWinograd) {
-    const float* x = ws.values[inputs[0]].data();
-    const float* dy = ws.grads[outputs[0]].data();
-    winograd_conv_weight_grad(weight.grad.data(), x, dy, winograd_shape());
-    if (!needs_input_grad) return;
+    const auto* x_data = static_cast<const float*>(x);
+    const auto* dy_data = static_cast<const float*>(dy);
+    winograd_conv_weight_grad(dweight, x_data, dy_data, winograd_shape());
+    if (dx == nullptr) return;
     // dx is the forward of the transposed problem: dy's Cout channels in, Cin out.
-    winograd_transform_weights(p.winograd_weights.data(), weight.value.data(), out_channels_,
-                               in_channels_, winograd_tile, WinogradPass::kBackwardData);
-    winograd_conv(
-        ws.grads[inputs[0]].data(), dy, p.winograd_weights.data(),
-        {batch_, height_, width_, out_channels_, in_channels_, winograd_tile},
-        ws.grad_is_fresh(inputs[0]) ? WinogradWrite::kOverwrite : WinogradWrite::kAccumulate);
+    winograd_transform_weights(p.winograd_weights.data(), static_cast<const float*>(weight),
+                               out_channels_, in_channels_, winograd_tile,
+                               WinogradPass::kBackwardData);
+    winograd_conv(dx, dy_data, p.winograd_weights.data(),
+                  {batch_, height_, width_, out_channels_, in_channels_, winograd_tile},
+                  dx_fresh ? WinogradWrite::kOverwrite : WinogradWrite::kAccumulate);
     return;
   }
-  p.src.set_data_handle(ws.values[inputs[0]].data());
-  p.diff_dst.set_data_handle(ws.grads[outputs[0]].data());
+  p.src.set_data_handle(const_cast<void*>(x));
+  p.diff_dst.set_data_handle(const_cast<void*>(dy));
 
   // dw: correlate x with dy.
   p.backward_weights.execute(cpu_stream(), {{DNNL_ARG_SRC, p.src},
                                             {DNNL_ARG_DIFF_DST, p.diff_dst},
                                             {DNNL_ARG_DIFF_WEIGHTS, p.diff_weights_written}});
-  p.diff_weights_user.set_data_handle(weight.grad.data());
+  p.diff_weights_user.set_data_handle(dweight);
   p.add_diff_weights.execute(cpu_stream(), p.diff_weights_written, p.diff_weights_user);
 
-  if (needs_input_grad) {
+  if (dx != nullptr) {
     // dx: transposed convolution of dy with w, straight into a fresh gradient.
     const int64_t count = shape_numel(input_shape());
-    const bool fresh = ws.grad_is_fresh(inputs[0]);
-    float* written = fresh ? ws.grads[inputs[0]].data() : thread_scratch(count);
+    float* written = dx_fresh ? dx : thread_scratch(Scratch::kInputGradient, count);
     p.diff_src_written.set_data_handle(written);
-    p.data_weights.to_prim(weight.value.data());
+    p.data_weights.to_prim(weight);
     p.backward_data.execute(cpu_stream(), {{DNNL_ARG_DIFF_SRC, p.diff_src_written},
                                            {DNNL_ARG_WEIGHTS, p.data_weights.prim},
                                            {DNNL_ARG_DIFF_DST, p.diff_dst}});
     cpu_stream().wait();
-    if (!fresh) add_into(ws.grads[inputs[0]].data(), written, count);
+    if (!dx_fresh) add_into(dx, written, count);
   }
   cpu_stream().wait();
+}
+
+void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
+  expect_arity(*this, 1, 1, 1);
+  Tensor& x = ws.values[inputs[0]];
+  Tensor& y = ws.values[outputs[0]];
+  const Param& weight = params[this->params[0]];
+  expect_numel(x, shape_numel(input_shape()), *this, "x");
+  expect_numel(y, shape_numel(output_shape()), *this, "y");
+  expect_numel(weight.value, shape_numel(weight_shape()), *this, "weight");
+  if (x.dtype() == DType::kBF16) require_cpu_for_bf16(*this, ws);
+  FT_RUN_ON_CUDA(
+      ws, conv2d_forward_cuda(y.data(), x.data(), weight.value.data(), cudnn_conv(), ws.stream));
+  if (!primitives_) build_primitives(x.dtype());
+  Primitives& p = *primitives_;
+  FT_CHECK(p.input == x.dtype(), "conv2d '", name, "': built for a ", dtype_name(p.input),
+           " input, given ", dtype_name(x.dtype()));
+  if (x.dtype() == DType::kF32)
+    return run_forward(y.data(), x.data(), weight.value.data(), weight.value.data(),
+                       params.version());
+  const bf16_bits* weight_copy = bf16_weight(weight);
+  if (!p.widens())
+    return run_forward(y.data(), x.bf16_data(), weight_copy, weight_copy, params.version());
+  run_forward(y.data(), widen(Scratch::kWideInput, x.bf16_data(), x.numel()),
+              widened_weights(weight_copy), weight_copy, params.version());
+}
+
+void Conv2dOp::backward(Workspace& ws, ParamStore& params) {
+  FT_CHECK(primitives_ != nullptr || cudnn_ != nullptr, "conv2d '", name,
+           "': backward before forward");
+  const Tensor& x = ws.values[inputs[0]];
+  if (x.dtype() == DType::kBF16) require_cpu_for_bf16(*this, ws);
+  FT_RUN_ON_CUDA(
+      ws, conv2d_backward_cuda(needs_input_grad ? ws.grads[inputs[0]].data() : nullptr,
+                               params[this->params[0]].grad.data(), ws.grads[outputs[0]].data(),
+                               x.data(), params[this->params[0]].value.data(),
+                               ws.grad_is_fresh(inputs[0]), cudnn_conv(), ws.stream));
+  FT_CHECK(primitives_ != nullptr, "conv2d '", name, "': backward before forward");
+  Param& weight = params[this->params[0]];
+  float* dx = needs_input_grad ? ws.grads[inputs[0]].data() : nullptr;
+  const bool dx_fresh = ws.grad_is_fresh(inputs[0]);
+  const float* dy = ws.grads[outputs[0]].data();
+  if (x.dtype() == DType::kF32)
+    return run_backward(dx, dx_fresh, weight.grad.data(), dy, x.data(), weight.value.data());
+  // bf16: dy is rounded to bf16 once, as the Linear's backward rounds it.
+  const bf16_bits* weight_copy = bf16_weight(weight);
+  const int64_t pixels = shape_numel(output_shape()) / out_channels_;
+  if (!primitives_->widens())
+    return run_backward(dx, dx_fresh, weight.grad.data(),
+                        bf16_gradient_copy(dy, pixels, out_channels_, out_channels_), x.bf16_data(),
+                        weight_copy);
+  float* rounded_dy = thread_scratch(Scratch::kWideGradient, pixels * out_channels_);
+  round_through_bf16(rounded_dy, dy, pixels * out_channels_);
+  run_backward(dx, dx_fresh, weight.grad.data(), rounded_dy,
+               widen(Scratch::kWideInput, x.bf16_data(), x.numel()), widened_weights(weight_copy));
+}
+
+float* Conv2dOp::widened_weights(const bf16_bits* weight_copy) {
+  std::vector<float>& widened = primitives_->widened_weights;
+  widened.resize(shape_numel(weight_shape()));
+  cast_to_float(widened.data(), weight_copy, static_cast<int64_t>(widened.size()));
+  return widened.data();
 }
 
 OpCost Conv2dOp::cost(const Graph& graph) const {
@@ -409,7 +325,9 @@ OpCost Conv2dOp::cost(const Graph& graph) const {
   cost.forward_flops = 2 * macs;
   // Backward data and weight gradient each cost a forward; the stem skips backward data.
   cost.backward_flops = (needs_input_grad ? 4 : 2) * macs;
-  cost.bytes_read += 4.0 * out_channels_ * in_channels_ * kernel_ * kernel_;
+  // The weight as the kernels read it: its bf16 copy when x is bf16.
+  cost.bytes_read +=
+      graph.element_bytes(inputs[0]) * out_channels_ * in_channels_ * kernel_ * kernel_;
   return cost;
 }
 

@@ -10,6 +10,11 @@
 // weight tensor is reordered, into whatever the primitives want.
 // On cuda (FT_RUN_ON_CUDA) all three passes run on cuDNN (conv2d.cu) whatever `algorithm` says:
 // Winograd and the transposed forward are CPU-only choices.
+// train.precision: bf16 (CPU only): x may be a bf16 value. The weight is then the parameter's
+// bf16 copy (ParamStore::enable_bf16_copies) and backward rounds dy to bf16 once; y, dx and dw
+// stay fp32 and every product accumulates in fp32. Where the CPU has bf16 instructions
+// (bf16_gemm_native()) oneDNN's bf16 direct kernels run whatever `algorithm` says; elsewhere the
+// bf16 operands are widened and the fp32 passes `algorithm` chooses run on those rounded values.
 // Thread safety: one training thread per op; oneDNN parallelises inside each call.
 #pragma once
 #include <cstdint>
@@ -80,6 +85,7 @@ class Conv2dOp : public Op {
   void backward(Workspace& ws, ParamStore& params) override;
   OpCost cost(const Graph& graph) const override;
   bool overwrites_fresh_input_grads() const override { return needs_input_grad; }
+  bool handles_bf16() const override { return true; }
 
   int batch() const { return batch_; }
   int in_channels() const { return in_channels_; }
@@ -105,17 +111,33 @@ class Conv2dOp : public Op {
   ConvAlgorithm algorithm = ConvAlgorithm::kAuto;
   // Which Winograd variant kWinograd runs. REQUIRES: set before the first forward.
   WinogradTile winograd_tile = WinogradTile::k4x4;
-  // kDirect, kTransposed or kWinograd: what `algorithm` means for this shape and input_layout.
+  // kDirect, kTransposed or kWinograd: what `algorithm` means for this shape and input_layout
+  // (for an fp32 input, or a widened bf16 one; oneDNN's bf16 kernels always run kDirect).
   ConvAlgorithm resolved_algorithm() const;
-  // The forward implementation's name: oneDNN's ("jit:avx2", "x64:gemm:jit", ...) or
-  // "winograd:f4x4_3x3", for tests and benchmarks that check no slow fallback was chosen; empty
-  // before the first forward.
+  // The forward implementation's name: oneDNN's ("jit:avx2", "x64:gemm:jit",
+  // "jit_bf16:avx512_core_bf16", ...) or "winograd:f4x4_3x3", prefixed "widened:" when a bf16
+  // input is widened to fp32 first; for tests and benchmarks that check no slow fallback was
+  // chosen. Empty before the first forward.
   const char* forward_impl() const;
   CudnnConvShape cudnn_shape() const;
 
  private:
-  struct Primitives;  // oneDNN primitives, memories and weight reorders, built on first forward
-  void build_primitives();
+  struct Primitives;  // conv2d_primitives.h: built on first forward for the input's dtype
+  void build_primitives(DType input);
+  // oneDNN primitives running `conv_algorithm` (kDirect or kTransposed) with `operands` (what
+  // src, weights and diff_dst hold; kTransposed fp32 only). Null for bf16 operands oneDNN has no
+  // fast kernel for.
+  std::unique_ptr<Primitives> make_onednn_primitives(ConvAlgorithm conv_algorithm,
+                                                     DType operands) const;
+  // The three passes on the primitives' operands (fp32, or bf16 on the native path); the
+  // weights are re-derived when `weight_source` or the parameters' `version` changed.
+  void run_forward(float* y, const void* x, const void* weight, const void* weight_source,
+                   uint64_t version);
+  // dx null skips the input gradient.
+  void run_backward(float* dx, bool dx_fresh, float* dweight, const void* dy, const void* x,
+                    const void* weight);
+  // The widening path: the weight's bf16 copy widened into an op-owned buffer.
+  float* widened_weights(const bf16_bits* weight_copy);
   WinogradShape winograd_shape() const;
   CudnnConv& cudnn_conv();  // cudnn_, made on first use (conv2d.cu; CUDA builds only)
 

@@ -148,12 +148,14 @@ void linear_op_forward(const Op& op, Workspace& ws, ParamStore& params, int64_t 
   const float* bias = has_bias ? params[op.params[1]].value.data() + offset : nullptr;
   const Tensor& x = ws.values[op.inputs[0]];
   if (x.dtype() == DType::kBF16) {
-    FT_CHECK(ws.device == Device::kCpu, op.kind(), " '", op.name, "': bf16 on ",
-             device_name(ws.device), " is not built; set train.precision: fp32");
-    gemm(ws.values[op.outputs[0]].data(), x.bf16_data(),
-         weight_operand(params[op.params[0]], offset * in_features, DType::kBF16),
-         linear_forward_gemm(rows, in_features, out_features, bias, ws.row_stride(op.outputs[0]),
-                             ws.row_stride(op.inputs[0])));
+    float* y = ws.values[op.outputs[0]].data();
+    const GemmOperand weight =
+        weight_operand(params[op.params[0]], offset * in_features, DType::kBF16);
+    const int64_t y_stride = ws.row_stride(op.outputs[0]), x_stride = ws.row_stride(op.inputs[0]);
+    FT_RUN_ON_CUDA(ws, linear_forward_cuda(y, x.bf16_data(), weight, bias, rows, in_features,
+                                           out_features, y_stride, x_stride, ws.stream));
+    gemm(y, x.bf16_data(), weight,
+         linear_forward_gemm(rows, in_features, out_features, bias, y_stride, x_stride));
     return;
   }
   FT_RUN_ON_CUDA(
@@ -176,14 +178,17 @@ void linear_op_backward(const Op& op, Workspace& ws, ParamStore& params, int64_t
   const bool overwrite_dx = ws.grad_is_fresh(op.inputs[0]);
   const Tensor& x = ws.values[op.inputs[0]];
   if (x.dtype() == DType::kBF16) {
-    FT_CHECK(ws.device == Device::kCpu, op.kind(), " '", op.name, "': bf16 on ",
-             device_name(ws.device), " is not built; set train.precision: fp32");
-    const Param& weight = params[op.params[0]];
-    linear_backward_bf16(dx.defined() && dx.numel() > 0 ? dx.data() : nullptr, overwrite_dx,
-                         params[op.params[0]].grad.data() + offset * in_features, dbias,
-                         ws.grads[op.outputs[0]].data(), x.bf16_data(),
-                         weight.bf16_value.bf16_data() + offset * in_features, rows, in_features,
-                         out_features, ws.row_stride(op.outputs[0]), ws.row_stride(op.inputs[0]));
+    float* dx_data = dx.defined() && dx.numel() > 0 ? dx.data() : nullptr;
+    float* dweight = params[op.params[0]].grad.data() + offset * in_features;
+    const float* dy = ws.grads[op.outputs[0]].data();
+    const auto* weight = static_cast<const bf16_bits*>(
+        weight_operand(params[op.params[0]], offset * in_features, DType::kBF16).data);
+    const int64_t dy_stride = ws.row_stride(op.outputs[0]), x_stride = ws.row_stride(op.inputs[0]);
+    FT_RUN_ON_CUDA(ws, linear_backward_bf16_cuda(dx_data, overwrite_dx, dweight, dbias, dy,
+                                                 x.bf16_data(), weight, rows, in_features,
+                                                 out_features, dy_stride, x_stride, ws.stream));
+    linear_backward_bf16(dx_data, overwrite_dx, dweight, dbias, dy, x.bf16_data(), weight, rows,
+                         in_features, out_features, dy_stride, x_stride);
     return;
   }
   FT_RUN_ON_CUDA(

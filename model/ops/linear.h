@@ -26,7 +26,8 @@ void linear_backward(float* dx, bool overwrite_dx, float* dweight, float* dbias,
 // The same on device pointers, enqueued on `stream` (linear.cu; CUDA builds only): the GEMMs run
 // through gemm_cuda (bias fused into cuBLASLt's epilogue), db += colsum(dy) is a column-sum
 // kernel (cuBLASLt's bias-gradient epilogue writes (=) and parameter gradients must add (+=)).
-void linear_forward_cuda(float* y, const float* x, const float* weight, const float* bias,
+// Forward takes x and weight fp32, or both bf16 (train.precision: bf16).
+void linear_forward_cuda(float* y, GemmOperand x, GemmOperand weight, const float* bias,
                          int64_t rows, int64_t in_features, int64_t out_features, int64_t y_stride,
                          int64_t x_stride, CudaStream stream);
 void linear_backward_cuda(float* dx, bool overwrite_dx, float* dweight, float* dbias,
@@ -54,12 +55,25 @@ GemmOperand value_operand(const Tensor& value);
 // dy [rows, cols] (row stride dy_stride) rounded into a packed bf16 scratch buffer owned by the
 // calling thread; valid until the next call.
 const bf16_bits* bf16_gradient_copy(const float* dy, int64_t rows, int64_t cols, int64_t dy_stride);
+// The CUDA twin (linear.cu; CUDA builds only): the same rounding (CastOp's kernel) enqueued on
+// `stream` into a packed bf16 device buffer owned by the calling thread, grown as needed and
+// never freed, so a training step after the first allocates nothing and a captured CUDA graph
+// keeps a valid address. Valid until the next call's kernel runs: callers enqueue every reader
+// of the copy on `stream` before calling again, so stream order keeps the readers ahead of the
+// reuse.
+const bf16_bits* bf16_gradient_copy_cuda(const float* dy, int64_t rows, int64_t cols,
+                                         int64_t dy_stride, CudaStream stream);
 // The bf16 form of linear_backward: x and weight bf16, dy fp32 (rounded once, above); dx, dweight
 // and dbias fp32 as there (dbias sums the fp32 dy).
 void linear_backward_bf16(float* dx, bool overwrite_dx, float* dweight, float* dbias,
                           const float* dy, const bf16_bits* x, const bf16_bits* weight,
                           int64_t rows, int64_t in_features, int64_t out_features,
                           int64_t dy_stride, int64_t x_stride);
+// Its CUDA twin on device pointers, enqueued on `stream` (linear.cu; CUDA builds only).
+void linear_backward_bf16_cuda(float* dx, bool overwrite_dx, float* dweight, float* dbias,
+                               const float* dy, const bf16_bits* x, const bf16_bits* weight,
+                               int64_t rows, int64_t in_features, int64_t out_features,
+                               int64_t dy_stride, int64_t x_stride, CudaStream stream);
 
 // Entry checks of the Linear op family (LinearOp, LinearGeluOp, QkvLinearOp): x [rows, in] in,
 // y [rows, out] out, and params {weight, bias when has_bias} that hold the rows

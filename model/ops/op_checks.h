@@ -30,4 +30,11 @@ inline void expect_arity(const Op& op, size_t inputs, size_t outputs, size_t par
            outputs, ", ", params);
 }
 
+// The two operands of one of the op's GEMMs: both fp32 or both bf16 (core/gemm.h).
+inline void expect_gemm_operands(const Op& op, const Tensor& a, const Tensor& b) {
+  FT_CHECK(a.dtype() == b.dtype(), op.kind(), " '", op.name,
+           "': GEMM operands of different dtypes (", dtype_name(a.dtype()), ", ",
+           dtype_name(b.dtype()), ")");
+}
+
 }  // namespace ft
