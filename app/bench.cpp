@@ -51,9 +51,10 @@ bool named_variant(const std::string& name, BenchVariant* variant) {
     variant->overrides = {"fusion.enabled=false", "comm.bucketing=true", "comm.overlap=false"};
   else if (name == "overlap")  // overlap launches buckets during backward: it needs bucketing
     variant->overrides = {"fusion.enabled=false", "comm.bucketing=true", "comm.overlap=true"};
-  else if (name == "all")
+  else if (name == "all" || name == "fused") {  // "fused" is another name of all
+    variant->name = "all";
     variant->overrides = kAll;
-  else if (name == "fp32" || name == "bf16")  // all, in that train.precision
+  } else if (name == "fp32" || name == "bf16")  // all, in that train.precision
     variant->overrides = concat(kAll, {"train.precision=" + name});
   else if (name == "cuda_graph")  // all, with the whole step replayed as one CUDA graph
     variant->overrides = concat(kAll, {"fusion.cuda_graph=true"});
@@ -161,6 +162,7 @@ std::vector<std::string> bench_variant_names() {
     names.push_back("all-" + key.substr(key.rfind('.') + 1));
   names.push_back("all-bucketing");
   names.push_back("all-overlap");
+  names.push_back("fused");
   names.push_back("cuda_graph");
   names.push_back("fp32");
   names.push_back("bf16");
@@ -249,6 +251,7 @@ std::vector<BenchSummary> summarize_bench(const std::vector<BenchVariantResult>&
     summary.speedup = median(ratios);
     summary.speedup_low = bench_percentile(ratios, 0.1);
     summary.speedup_high = bench_percentile(ratios, 0.9);
+    summary.median_ratio = median(baseline.step_ms) / std::max(summary.median_ms, 1e-9);
     summary.within_noise =
         !summary.baseline && summary.speedup_low <= 1.0 && summary.speedup_high >= 1.0;
     summary.compute_ms = median(result.compute_ms);

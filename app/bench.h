@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "app/machine_load.h"
 #include "core/launch_counter.h"
 
 namespace ft {
@@ -38,7 +39,8 @@ constexpr int kBenchMinRounds = 5;
 // One warning line (no newline) when `rounds` < kBenchMinRounds; empty otherwise.
 std::string bench_rounds_warning(int rounds);
 
-// Every named variant --variants accepts, and the fusion pass keys --ablation removes one by one.
+// Every named variant --variants accepts ("fused" names `all` and runs as "all"), and the fusion
+// pass keys --ablation removes one by one.
 std::vector<std::string> bench_variant_names();
 std::vector<std::string> bench_ablation_keys();  // "fusion.vertical.gemm_epilogue", ...
 
@@ -87,6 +89,9 @@ struct BenchSummary {
   std::string name;
   double median_ms = 0, p10_ms = 0, p90_ms = 0;
   double speedup = 1, speedup_low = 1, speedup_high = 1;  // median, p10, p90 of per-round ratios
+  // Baseline median / this median: beside `speedup`, so a row whose median is slower (ratio
+  // below 1) while the median of per-round ratios is above 1 shows both.
+  double median_ratio = 1;
   bool baseline = false;
   bool within_noise = false;  // the interval straddles 1.0
   double compute_ms = 0, comm_ms = 0, exposed_ms = 0, allreduces_per_step = 0;  // medians
@@ -126,6 +131,7 @@ struct BenchRunInfo {
   int world_size = 1, threads = 1, warmup = 0, rounds = 0;
   double peak_tflops = 0;                       // per rank, for MFU; 0 = none given
   std::vector<std::vector<std::string>> order;  // one list per timed round
+  MachineLoad machine_load;  // app/machine_load.h; in the JSON as "machine_load" when measured
 };
 std::string bench_to_json(const BenchRunInfo& info, const std::vector<BenchVariantResult>& results,
                           const std::vector<BenchSummary>& summaries);

@@ -17,6 +17,7 @@
 #include "app/bench.h"
 #include "app/bench_runner.h"
 #include "app/jobs.h"
+#include "app/machine_load.h"
 #include "app/plan.h"
 #include "app/trace.h"
 #include "app/trainer.h"
@@ -333,7 +334,9 @@ int run_bench(const BenchArgs& args, Communicator* comm) {
   options.warmup = args.warmup;
   options.rounds = args.steps;
   options.trace_path = args.trace_path;
+  const MachineLoadWatch machine_load;
   BenchRun run = run_bench_variants(configs, variants, options, comm);
+  run.info.machine_load = machine_load.finish();
   run.info.config_path = args.config_path;
   run.info.peak_tflops = args.peak_tflops;
   run.info.overrides = args.overrides;
@@ -350,6 +353,8 @@ int run_bench(const BenchArgs& args, Communicator* comm) {
     // Next to the table, so it travels with the numbers it qualifies.
     const std::string warning = bench_rounds_warning(args.steps);
     if (!warning.empty()) std::printf("%s\n", warning.c_str());
+    const std::string busy = machine_load_warning(run.info.machine_load);
+    if (!busy.empty()) std::printf("%s\n", busy.c_str());
     std::printf("\n%s", bench_table_markdown(results, summaries).c_str());
     std::printf("\n%s", bench_throughput_text(results, summaries, args.peak_tflops).c_str());
     // The two ends of the comparison, when both ran.

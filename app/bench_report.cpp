@@ -87,9 +87,10 @@ std::string bench_throughput_text(const std::vector<BenchVariantResult>& results
 std::string bench_table_markdown(const std::vector<BenchVariantResult>& results,
                                  const std::vector<BenchSummary>& summaries) {
   std::string text =
-      "| variant | median ms | p10 ms | p90 ms | speedup (p10-p90) | compute ms | comm ms | "
-      "exposed ms | ops | launches/step | allreduces | bytes moved | peak act. mem | final loss |\n"
-      "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+      "| variant | median ms | p10 ms | p90 ms | speedup (p10-p90) | median ratio | compute ms | "
+      "comm ms | exposed ms | ops | launches/step | allreduces | bytes moved | peak act. mem | "
+      "final loss |\n"
+      "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   char line[512];
   for (size_t v = 0; v < summaries.size(); ++v) {
     const BenchSummary& s = summaries[v];
@@ -105,10 +106,10 @@ std::string bench_table_markdown(const std::vector<BenchVariantResult>& results,
     std::snprintf(loss, sizeof(loss), "%.6f%s", s.final_loss, s.loss_ok ? "" : " LOSS MISMATCH");
     std::snprintf(
         line, sizeof(line),
-        "| %s | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %zu | %s | %.0f | %s | %s | "
+        "| %s | %.2f | %.2f | %.2f | %s | %.3fx | %.2f | %.2f | %.2f | %zu | %s | %.0f | %s | %s | "
         "%s |\n",
-        s.name.c_str(), s.median_ms, s.p10_ms, s.p90_ms, speedup, s.compute_ms, s.comm_ms,
-        s.exposed_ms, result.ops_per_step,
+        s.name.c_str(), s.median_ms, s.p10_ms, s.p90_ms, speedup, s.median_ratio, s.compute_ms,
+        s.comm_ms, s.exposed_ms, result.ops_per_step,
         format_launches_per_step(result.launches, result.step_ms.size()).c_str(),
         s.allreduces_per_step, binary_bytes_text(result.bytes_moved).c_str(),
         binary_bytes_text(result.peak_activation_bytes).c_str(), loss);
@@ -116,8 +117,9 @@ std::string bench_table_markdown(const std::vector<BenchVariantResult>& results,
   }
   std::snprintf(line, sizeof(line),
                 "\nspeedup: median over rounds of %s ms / variant ms, with the p10-p90 of those "
-                "ratios; final loss tolerance: relative %.0e of %s's\n",
-                summaries.front().name.c_str(), kBenchLossTolerance,
+                "ratios; median ratio: %s's median ms / the variant's median ms (the two differ "
+                "when rounds are noisy); final loss tolerance: relative %.0e of %s's\n",
+                summaries.front().name.c_str(), summaries.front().name.c_str(), kBenchLossTolerance,
                 summaries.front().name.c_str());
   text += line;
   for (const BenchSummary& s : summaries)
@@ -145,6 +147,7 @@ std::string bench_to_json(const BenchRunInfo& info, const std::vector<BenchVaria
                         {"speedup", s.speedup},
                         {"speedup_p10", s.speedup_low},
                         {"speedup_p90", s.speedup_high},
+                        {"median_ratio", s.median_ratio},
                         {"within_noise", s.within_noise},
                         {"note", s.note},
                         {"compute_ms", s.compute_ms},
@@ -164,7 +167,7 @@ std::string bench_to_json(const BenchRunInfo& info, const std::vector<BenchVaria
                         {"step_ms", result.step_ms}});
     if (!result.profile.is_null()) variants.back()["profile"] = result.profile;
   }
-  const nlohmann::json root = {
+  nlohmann::json root = {
       {"config", info.config_path},
       {"overrides", info.overrides},
       {"world_size", info.world_size},
@@ -175,6 +178,7 @@ std::string bench_to_json(const BenchRunInfo& info, const std::vector<BenchVaria
       {"loss_tolerance", {{"relative", kBenchLossTolerance}, {"against", summaries.front().name}}},
       {"order", info.order},
       {"variants", variants}};
+  if (info.machine_load.measured) root["machine_load"] = machine_load_json(info.machine_load);
   return root.dump(2);
 }
 

@@ -100,6 +100,41 @@ void describe_jobs(CLI::App& app) {
   }
 }
 
+namespace {
+
+// The config keys whose last part is `name` ("steps" -> train.steps), for a flag that is one.
+std::vector<std::string> keys_ending_in(const std::string& name) {
+  std::vector<std::string> keys;
+  for (const config_schema::Field& field : config_schema::fields()) {
+    const size_t dot = field.key.rfind('.');
+    if (field.key.compare(dot == std::string::npos ? 0 : dot + 1, std::string::npos, name) == 0)
+      keys.push_back(field.key);
+  }
+  return keys;
+}
+
+// argv[i]'s value as a --set would take it: after '=' in argv[i], else argv[i + 1] unless that is
+// a flag, else "VALUE".
+std::string value_after(int argc, char** argv, int i) {
+  const std::string word = argv[i];
+  const size_t equals = word.find('=');
+  if (equals != std::string::npos) return word.substr(equals + 1);
+  if (i + 1 < argc && std::string(argv[i + 1]).rfind("-", 0) != 0) return argv[i + 1];
+  return "VALUE";
+}
+
+// "--set train.steps 10" (the value as a word of its own): CLI11 would take 10 for an unexpected
+// argument and the key alone for an assignment without a value.
+std::string set_without_equals(int argc, char** argv, int i) {
+  if (std::string(argv[i]) != "--set" || i + 1 >= argc) return "";
+  const std::string key = argv[i + 1];
+  if (key.empty() || key.find('=') != std::string::npos || key.rfind("-", 0) == 0) return "";
+  return "--set '" + key + "' has no value: --set takes one word, key=value; write --set " + key +
+         "=" + value_after(argc, argv, i + 1);
+}
+
+}  // namespace
+
 std::string unknown_argument_error(CLI::App& app, int argc, char** argv, std::string* job_name) {
   if (argc < 2) return "";
   const std::string first = argv[1];
@@ -119,8 +154,22 @@ std::string unknown_argument_error(CLI::App& app, int argc, char** argv, std::st
     std::string word = argv[i];
     if (word.rfind("--", 0) != 0) continue;
     word = word.substr(0, word.find('='));
+    const std::string set_error = set_without_equals(argc, argv, i);
+    if (!set_error.empty()) {
+      *job_name = first;
+      return set_error;
+    }
     if (std::find(flags.begin(), flags.end(), word) != flags.end()) continue;
     *job_name = first;
+    // A config key's last part as a flag (train --steps 10): its --set is what was meant.
+    std::vector<std::string> sets;
+    if (std::find(flags.begin(), flags.end(), "--set") != flags.end())
+      for (const std::string& key : keys_ending_in(word.substr(2)))
+        sets.push_back("--set " + key + "=" + value_after(argc, argv, i));
+    if (!sets.empty())
+      return "unknown flag '" + word + "' for " + first +
+             "; config keys take --set: " + config_schema::join(sets, " or ") +
+             "; its flags: " + config_schema::join(flags, " ");
     return "unknown flag '" + word + "' for " + first +
            config_schema::did_you_mean(config_schema::nearest(word, flags)) +
            "; its flags: " + config_schema::join(flags, " ");

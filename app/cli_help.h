@@ -17,9 +17,10 @@ std::string version_text();
 // Adds the footer (presets, config reference) to `app` and every job, and shows defaults in help.
 void describe_jobs(CLI::App& app);
 
-// An error message for the first unknown job or flag in argv, with the closest valid name; ""
-// when argv names a known job and only its flags. `job` gets the job of an unknown flag, for its
-// --help. REQUIRES: every job is added to `app`.
+// An error message for the first unknown job or flag in argv, with the closest valid name (for a
+// flag named like a config key's last part, `--steps 10`, that key's `--set train.steps=10`), or
+// for a `--set key value` missing its '='; "" when argv names a known job and only its flags.
+// `job` gets the job of an unknown flag, for its --help. REQUIRES: every job is added to `app`.
 std::string unknown_argument_error(CLI::App& app, int argc, char** argv, std::string* job);
 
 // Throws ft::Error when `path` does not exist: names it, the closest preset in configs/ and all of

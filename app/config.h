@@ -45,7 +45,7 @@ struct TrainConfig {
   std::string device = "cpu";  // cpu | cuda
   bool tf32 = false;           // cuda GEMMs with TF32 inputs; false keeps fp32 (CPU-equal rounding)
   std::string precision = "fp32";  // fp32 | bf16: GEMM operands in bf16, fp32 masters
-  bool verbose = false;            // progress lines add lr and communication details (ranks > 1)
+  bool verbose = false;    // progress lines add lr, grad norm and communication details (ranks > 1)
   bool profile = false;    // per-op time table (rank 0) and fusion advice at the end of the run
   std::string trace = "";  // Chrome trace-event JSON of a few steps after warm-up; empty = none
   std::string nan_policy = "stop";  // stop | skip_step: what a non-finite loss or gradient does

@@ -83,7 +83,8 @@ std::vector<Field> build_fields() {
       {FT_KEY(train.checkpoint_dir), any_text(),
        "directory for checkpoints; empty = <run_dir>/checkpoints"},
       {FT_KEY(train.verbose), true_or_false(),
-       "progress lines add the learning rate and, with several ranks, communication details"},
+       "progress lines add the learning rate and the gradient norm (before clipping) and, with "
+       "several ranks, communication details"},
       {FT_KEY(train.checkpoint_every), at_least(0),
        "steps between checkpoints; 0 = only at the end"},
       {FT_KEY(train.resume), any_text(), "checkpoint to resume from; empty = fresh start"},

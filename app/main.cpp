@@ -95,8 +95,8 @@ int main(int argc, char** argv) {
       "bench", "time variants (unfused, horizontal, vertical, ...) interleaved in one run");
   add_config_flags(bench, &bench_args.config_path, &bench_args.overrides);
   bench->add_option("--variants", bench_args.variants,
-                    "comma-separated names (unfused,horizontal,vertical,bucketing,overlap,all, "
-                    "all-<pass>) or name:key=value;key=value");
+                    "comma-separated names (unfused,horizontal,vertical,bucketing,overlap,all "
+                    "(or fused),all-<pass>,fp32,bf16) or name:key=value;key=value");
   bench->add_flag("--ablation", bench_args.ablation, "add all-<pass> for every pass");
   bench->add_option("--sweep", bench_args.sweep, "key=v1,v2,...: one variant per value");
   bench->add_option("--steps", bench_args.steps, "timed rounds")->check(count_check(1, 100000));

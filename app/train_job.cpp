@@ -245,12 +245,16 @@ int run_train(const TrainArgs& args, Communicator* comm) {
           total_steps, stats.loss, ms_per_step,
           human_rate(items_per_step / (ms_per_step / 1e3)).c_str(), trainer.task().item_unit(),
           clock_text((now_ms() - start_ms) / 1e3).c_str(), clock_text(eta_s).c_str());
+      // train.verbose: this step's lr and gradient norm (before clipping), and with several
+      // ranks the communication of this step.
       if (config.train.verbose && world_size > 1)
-        say("  lr %.2e | compute %.1f ms, comm %.1f ms, exposed %.1f ms, %lld allreduce, %.2f MB, "
-            "%zu buckets%s\n",
-            stats.lr, stats.compute_ms, stats.comm.comm_ms, stats.comm.exposed_ms,
+        say("  lr %.2e | grad norm %.4g | compute %.1f ms, comm %.1f ms, exposed %.1f ms, %lld "
+            "allreduce, %.2f MB, %zu buckets%s\n",
+            stats.lr, stats.grad_norm, stats.compute_ms, stats.comm.comm_ms, stats.comm.exposed_ms,
             static_cast<long long>(stats.comm.allreduce_calls), stats.comm.bytes_reduced / 1e6,
             stats.comm.bucket_bytes.size(), stats.comm.emulated ? " [emulated link]" : "");
+      else if (config.train.verbose)
+        say("  lr %.2e | grad norm %.4g\n", stats.lr, stats.grad_norm);
       interval_ms = 0;
       interval_steps = 0;
     }

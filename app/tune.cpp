@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "app/bench.h"
 
@@ -53,8 +54,37 @@ std::vector<std::string> tune_fusion_overrides(const std::vector<std::string>& o
   return overrides;
 }
 
+bool tune_faster_beyond_noise(const TuneMeasurement& measurement) {
+  BenchVariantResult baseline, candidate;
+  baseline.variant.name = "baseline";
+  baseline.step_ms = measurement.baseline_ms;
+  candidate.variant.name = "candidate";
+  candidate.step_ms = measurement.candidate_ms;
+  return summarize_bench({baseline, candidate})[1].speedup_low > 1.0;
+}
+
+bool tune_keeps_change(const TuneMeasurement& first, const std::optional<TuneMeasurement>& second) {
+  return second.has_value() && tune_faster_beyond_noise(first) && tune_faster_beyond_noise(*second);
+}
+
+std::vector<std::string> tune_unique_overrides(const std::vector<std::string>& overrides) {
+  std::vector<std::string> unique;
+  std::map<std::string, size_t> index;  // key -> position in `unique`
+  for (const std::string& text : overrides) {
+    const std::string key = text.substr(0, text.find('='));
+    const auto [it, inserted] = index.emplace(key, unique.size());
+    if (inserted)
+      unique.push_back(text);
+    else
+      unique[it->second] = text;
+  }
+  return unique;
+}
+
 std::string format_tune_report(const TuneReport& report) {
-  std::string text =
+  const std::string busy = machine_load_warning(report.machine_load);
+  std::string text = busy.empty() ? "" : busy + "\n";
+  text +=
       "| stage | point | median ms | p10 ms | p90 ms | vs | speedup (p10-p90) | kept |\n"
       "|---|---|---:|---:|---:|---|---|---|\n";
   char line[512];
@@ -75,7 +105,7 @@ std::string format_tune_report(const TuneReport& report) {
   for (const std::string& note : report.notes) text += "note: " + note + "\n";
   std::snprintf(line, sizeof(line), "winner: %.2f ms/step with", report.winner_median_ms);
   text += line;
-  for (const std::string& o : report.winner_overrides) text += " " + o;
+  for (const std::string& o : tune_unique_overrides(report.winner_overrides)) text += " " + o;
   std::snprintf(line, sizeof(line), "\nsteps used: %d of a budget of %d; config written to %s\n",
                 report.steps_used, report.budget_steps, report.yaml_path.c_str());
   text += line;
@@ -96,17 +126,21 @@ nlohmann::json tune_json(const TuneReport& report) {
                       {"speedup_p10", p.speedup_p10},
                       {"speedup_p90", p.speedup_p90},
                       {"within_noise", p.within_noise},
-                      {"kept", p.kept}});
-  return {
-      {"config", report.config_path},
-      {"world_size", report.world_size},
-      {"budget_steps", report.budget_steps},
-      {"steps_used", report.steps_used},
-      {"recommended_keys", report.recommended_keys},
-      {"points", points},
-      {"notes", report.notes},
-      {"winner", {{"overrides", report.winner_overrides}, {"median_ms", report.winner_median_ms}}},
-      {"yaml", report.yaml_path}};
+                      {"kept", p.kept},
+                      {"confirmation", p.confirmation}});
+  nlohmann::json root = {{"config", report.config_path},
+                         {"world_size", report.world_size},
+                         {"budget_steps", report.budget_steps},
+                         {"steps_used", report.steps_used},
+                         {"recommended_keys", report.recommended_keys},
+                         {"points", points},
+                         {"notes", report.notes},
+                         {"winner",
+                          {{"overrides", tune_unique_overrides(report.winner_overrides)},
+                           {"median_ms", report.winner_median_ms}}},
+                         {"yaml", report.yaml_path}};
+  if (report.machine_load.measured) root["machine_load"] = machine_load_json(report.machine_load);
+  return root;
 }
 
 }  // namespace ft

@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 
 #include "app/bench.h"
 #include "app/bench_runner.h"
 #include "app/flag_checks.h"
 #include "app/jobs.h"
+#include "app/machine_load.h"
 #include "app/task.h"
 #include "app/tune.h"
 #include "core/atomic_file.h"
@@ -34,6 +36,11 @@ bool contains(const std::vector<std::string>& items, const std::string& item) {
 std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more) {
   base.insert(base.end(), more.begin(), more.end());
   return base;
+}
+
+// Median step time of result `v` of `run`.
+double median_of(const BenchRun& run, size_t v) {
+  return bench_percentile(run.results[v].step_ms, 0.5);
 }
 
 class Tuner {
@@ -79,8 +86,45 @@ class Tuner {
     return true;
   }
 
+  // What try_change found: whether the first measurement ran, whether the budget stopped one
+  // of the two (then the change is not kept), and whether the change is kept.
+  struct Change {
+    bool measured = false;
+    bool spent = false;
+    bool keep = false;
+  };
+
+  // Measures `candidate` against `best` and, when it is faster beyond noise, again in a second
+  // interleaved block (in the other order); keeps it only when both say so (tune_keeps_change).
+  // Records both measurements and sets *best_ms to the latest measurement of the best.
+  Change try_change(const char* stage, const BenchVariant& best, const BenchVariant& candidate,
+                    TuneMeasureSize size, double* best_ms) {
+    Change change;
+    BenchRun run;
+    if (!measure(stage, {best, candidate}, size, &run)) {
+      change.spent = true;
+      return change;
+    }
+    change.measured = true;
+    const TuneMeasurement first{run.results[0].step_ms, run.results[1].step_ms};
+    std::optional<TuneMeasurement> second;
+    BenchRun again;
+    const std::string again_stage = std::string(stage) + " again";
+    if (tune_faster_beyond_noise(first)) {
+      change.spent = !measure(again_stage.c_str(), {candidate, best}, size, &again);
+      if (!change.spent)
+        second = TuneMeasurement{again.results[1].step_ms, again.results[0].step_ms};
+    }
+    change.keep = tune_keeps_change(first, second);
+    record(stage, run, 0, change.keep ? 1 : 0);
+    if (second) record(again_stage.c_str(), again, 1, change.keep ? 0 : 1, true);
+    *best_ms = second ? median_of(again, change.keep ? 0 : 1) : median_of(run, change.keep ? 1 : 0);
+    return change;
+  }
+
   // Records every point of `run` with its speedup over point `against` (index into run).
-  void record(const char* stage, const BenchRun& run, size_t against, size_t kept) {
+  void record(const char* stage, const BenchRun& run, size_t against, size_t kept,
+              bool confirmation = false) {
     std::vector<BenchVariantResult> ordered = {run.results[against]};
     for (size_t v = 0; v < run.results.size(); ++v)
       if (v != against) ordered.push_back(run.results[v]);
@@ -100,6 +144,7 @@ class Tuner {
       point.speedup_p90 = s.speedup_high;
       point.within_noise = s.within_noise;
       point.kept = ordered[i].variant.name == run.results[kept].variant.name;
+      point.confirmation = confirmation;
       report_.points.push_back(point);
     }
   }
@@ -120,18 +165,6 @@ std::vector<std::string> own_fusion_overrides(const Config& config) {
   for (const auto& [key, value] : flatten_config(config))
     if (contains(keys, key)) overrides.push_back(key + "=" + value);
   return overrides;
-}
-
-// Median step time of result `v` of `run`.
-double median_of(const BenchRun& run, size_t v) {
-  return bench_percentile(run.results[v].step_ms, 0.5);
-}
-
-// The p10 of candidate / baseline per-round speedups lies above 1.0.
-bool faster_beyond_noise(const BenchRun& run, size_t baseline, size_t candidate) {
-  const std::vector<BenchSummary> summaries =
-      summarize_bench({run.results[baseline], run.results[candidate]});
-  return summaries[1].speedup_low > 1.0;
 }
 
 }  // namespace
@@ -165,6 +198,7 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
                    "it: choose another --out (default runs/tuned.yaml)");
   const Config base = load_config(args.config_path, args.overrides);
   omp_set_num_threads(resolve_threads(base.train.threads));
+  const MachineLoadWatch machine_load;
   Tuner tuner(args, comm);
   TuneReport& report = tuner.report();
   const int world_size = comm ? comm->size() : 1;
@@ -206,14 +240,10 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
   for (const std::string& key : report.recommended_keys) {
     BenchVariant candidate{"+" + key.substr(key.rfind('.') + 1),
                            tune_fusion_overrides(with(kept_keys, {key}))};
-    if (!tuner.measure("passes", {best, candidate}, size, &run)) {
-      spent = true;
-      break;
-    }
-    const bool keep = faster_beyond_noise(run, 0, 1);
-    tuner.record("passes", run, 0, keep ? 1 : 0);
-    best_ms = median_of(run, keep ? 1 : 0);  // the latest measurement of the best
-    if (!keep) continue;
+    const auto change = tuner.try_change("passes", best, candidate, size, &best_ms);
+    spent = change.spent;
+    if (spent) break;
+    if (!change.keep) continue;
     kept_keys.push_back(key);
     best = candidate;
   }
@@ -229,13 +259,10 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
   } else if (flatten_config(load_config(args.config_path, with(args.overrides, input.overrides))) ==
              flatten_config(load_config(args.config_path, with(args.overrides, best.overrides)))) {
     report.notes.push_back("input: skipped, the kept passes are the config's own");
-  } else if (!tuner.measure("input", {best, input}, size, &run)) {
-    spent = true;
   } else {
-    const bool keep = faster_beyond_noise(run, 0, 1);
-    tuner.record("input", run, 0, keep ? 1 : 0);
-    best_ms = median_of(run, keep ? 1 : 0);
-    if (keep) {
+    const auto change = tuner.try_change("input", best, input, size, &best_ms);
+    spent = change.spent;
+    if (change.keep) {
       best = input;
       kept_keys.clear();  // the passes the input has on, for the max_ops stage
       for (const std::string& key : bench_ablation_keys())
@@ -251,25 +278,22 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
     // Below `start` a fusion the passes stage kept would no longer fit in one op.
     const int start =
         smallest_max_ops_keeping_fusions(args.config_path, with(args.overrides, best.overrides));
+    // From the best of the stages before, not the latest capped one (whose max_ops it replaces).
+    const BenchVariant uncapped = best;
     auto capped = [&](int max_ops) {
-      return BenchVariant{best.name + ",max_ops=" + std::to_string(max_ops),
-                          with(best.overrides, {"fusion.max_ops=" + std::to_string(max_ops)})};
+      return BenchVariant{uncapped.name + ",max_ops=" + std::to_string(max_ops),
+                          with(uncapped.overrides, {"fusion.max_ops=" + std::to_string(max_ops)})};
     };
     BenchVariant current = capped(start);
     for (int max_ops : tune_max_ops_values()) {
       if (max_ops <= start) continue;
       const BenchVariant candidate = capped(max_ops);
-      if (!tuner.measure("max_ops", {current, candidate}, size, &run)) {
-        spent = true;
-        break;
-      }
-      const bool grow = faster_beyond_noise(run, 0, 1);
-      tuner.record("max_ops", run, 0, grow ? 1 : 0);
+      const auto change = tuner.try_change("max_ops", current, candidate, size, &best_ms);
+      spent = change.spent;
       // The first pair also measures `start`, which stands when the next value is no faster
       // (after that, `current` is already the best).
-      best = grow ? candidate : current;
-      best_ms = median_of(run, grow ? 1 : 0);
-      if (!grow) break;
+      if (change.measured) best = change.keep ? candidate : current;
+      if (!change.keep) break;
       current = candidate;
     }
   }
@@ -327,7 +351,8 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
     }
   }
 
-  report.winner_overrides = best.overrides;
+  report.winner_overrides = tune_unique_overrides(best.overrides);
+  report.machine_load = machine_load.finish();
   report.winner_median_ms = best_ms;
   report.yaml_path = args.out_path;
   if (tuner.is_root()) {

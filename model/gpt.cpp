@@ -6,9 +6,9 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "model/gemm_input_casts.h"
 #include "model/ops/attention_mix.h"
 #include "model/ops/attention_scores.h"
-#include "model/ops/cast.h"
 #include "model/ops/causal_softmax.h"
 #include "model/ops/cross_entropy.h"
 #include "model/ops/dropout.h"
@@ -97,7 +97,7 @@ class GptGraphBuilder {
       : shape_(shape),
         batch_(batch),
         rows_(static_cast<int64_t>(batch) * shape.seq_len),
-        gemm_dtype_(gemm_dtype) {
+        gemm_inputs_(gemm_dtype) {
     graph_.mode = mode;
   }
 
@@ -116,20 +116,8 @@ class GptGraphBuilder {
     return y;
   }
 
-  // x as a GEMM reads it: x itself in fp32; in bf16 the output of a cast op, one per value
-  // however many GEMMs read it (q, k and v share ln_1's).
-  ValueId gemm_input(ValueId x) {
-    if (gemm_dtype_ == DType::kF32) return x;
-    for (const auto& [fp32, bf16] : casts_)
-      if (fp32 == x) return bf16;
-    const Value& value = graph_.values[x];
-    const int64_t cols = value.shape.back();
-    const std::string name = value.name + ".bf16";
-    const ValueId y = graph_.add_value(name, value.shape, DType::kBF16);
-    graph_.add_op<CastOp>(name, {x}, {y}, {}, shape_numel(value.shape) / cols, cols);
-    casts_.emplace_back(x, y);
-    return y;
-  }
+  // x as a GEMM reads it (model/gemm_input_casts.h).
+  ValueId gemm_input(ValueId x) { return gemm_inputs_(graph_, x); }
 
   // Rows [row_offset, row_offset + out) of weight [*, in] and of bias.
   ValueId linear(const std::string& name, ValueId x, int64_t in, int64_t out, ParamId weight,
@@ -175,8 +163,7 @@ class GptGraphBuilder {
   GptShape shape_;
   int64_t batch_;
   int64_t rows_;
-  DType gemm_dtype_;
-  std::vector<std::pair<ValueId, ValueId>> casts_;  // fp32 value -> its bf16 cast
+  GemmInputCasts gemm_inputs_;
   uint64_t dropout_count_ = 0;
   Graph graph_;
 };

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "core/check.h"
+#include "model/gemm_input_casts.h"
 #include "model/ops/batchnorm.h"
 #include "model/ops/batchnorm_inference.h"
-#include "model/ops/cast.h"
 #include "model/ops/conv2d.h"
 #include "model/ops/cross_entropy.h"
 #include "model/ops/global_avg_pool.h"
@@ -56,25 +56,12 @@ void check_shape(const ResnetShape& shape) {
 class ResnetGraphBuilder {
  public:
   ResnetGraphBuilder(int batch, ConvAlgorithm conv_algorithm, float bn_eps, DType gemm_dtype)
-      : batch_(batch), conv_algorithm_(conv_algorithm), bn_eps_(bn_eps), gemm_dtype_(gemm_dtype) {}
+      : batch_(batch), conv_algorithm_(conv_algorithm), bn_eps_(bn_eps), gemm_inputs_(gemm_dtype) {}
 
   Graph& graph() { return graph_; }
 
-  // x as a convolution or the fc reads it: x itself in fp32; in bf16 the output of a cast op,
-  // one per value. The images' cast needs no gradient, as the images themselves.
-  ValueId gemm_input(ValueId x) {
-    if (gemm_dtype_ == DType::kF32) return x;
-    for (const auto& [fp32, bf16] : casts_)
-      if (fp32 == x) return bf16;
-    const Value& value = graph_.values[x];
-    const int64_t cols = value.shape.back();
-    const std::string name = value.name + ".bf16";
-    const ValueId y = graph_.add_value(name, value.shape, DType::kBF16);
-    graph_.values[y].needs_grad = x != graph_.input;
-    graph_.add_op<CastOp>(name, {x}, {y}, {}, shape_numel(value.shape) / cols, cols);
-    casts_.emplace_back(x, y);
-    return y;
-  }
+  // x as a GEMM reads it (model/gemm_input_casts.h).
+  ValueId gemm_input(ValueId x) { return gemm_inputs_(graph_, x); }
 
   ValueId conv(const std::string& name, ValueId x, ParamId weight, int in_channels,
                int out_channels, int size, int kernel, int stride, int padding) {
@@ -148,8 +135,7 @@ class ResnetGraphBuilder {
   int batch_;
   ConvAlgorithm conv_algorithm_;
   float bn_eps_;
-  DType gemm_dtype_;
-  std::vector<std::pair<ValueId, ValueId>> casts_;  // fp32 value -> its bf16 cast
+  GemmInputCasts gemm_inputs_;
 };
 
 }  // namespace

@@ -248,12 +248,35 @@ def human_bytes(value):
     return f"{value:g}"
 
 
+# Rows with a "type" that jobs other than train write with --json, by that type.
+ROW_WRITERS = {"infer": "infer", "sample": "sample", "plan": "plan"}
+
+
+def describe_rows(rows):
+    """What rows are, for an error: '1 row: {"type": "infer"} (`fusiontrain infer --json`)'."""
+    kinds = []
+    for row in rows:
+        if isinstance(row, dict) and "type" in row:
+            kind = f'{{"type": {json.dumps(row["type"])}}}'
+            if row["type"] in ROW_WRITERS:
+                kind += f" (`fusiontrain {ROW_WRITERS[row['type']]} --json`)"
+        elif isinstance(row, dict):
+            kind = 'an object without "type"'
+        else:
+            kind = f"a JSON {type(row).__name__}"
+        if kind not in kinds:
+            kinds.append(kind)
+    return f"{len(rows)} row{'' if len(rows) == 1 else 's'}: {', '.join(kinds)}"
+
+
 def plot_train(plt, data, where):
     rows = data if isinstance(data, list) else [data]
     steps = [r for r in rows if isinstance(r, dict) and r.get("type") == "step"]
     evals = [r for r in rows if isinstance(r, dict) and r.get("type") == "eval"]
     if not steps and not evals:
-        raise PlotError(f"{where}: no {{\"type\": \"step\"}} or {{\"type\": \"eval\"}} rows")
+        raise PlotError(f"{where}: got {describe_rows(rows)}; a train plot needs the "
+                        f"{{\"type\": \"step\"}} or {{\"type\": \"eval\"}} rows of "
+                        f"`fusiontrain train --json` (plot.py plots {', '.join(KINDS)})")
     figure, axes = plt.subplots(figsize=(6.0, 4.2))
     if steps:
         axes.plot([number(r, "step", where) for r in steps],

@@ -8,14 +8,17 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
+#include "app/machine_load.h"
 #include "core/check.h"
 #include "run_command.h"
 
@@ -135,6 +138,123 @@ TEST(BenchStats, SpeedupIsTheMedianOfPerRoundRatios) {
   EXPECT_NE(table.find("within noise"), std::string::npos) << table;
   EXPECT_NE(table.find("LOSS MISMATCH"), std::string::npos) << table;
   EXPECT_NE(table.find("tolerance: relative 1e-03"), std::string::npos) << table;
+}
+
+// A slower median beside a per-round speedup above 1 is shown, not hidden: the table has the
+// ratio of medians beside the median of per-round ratios, and the JSON has median_ratio.
+TEST(BenchStats, RatioOfMediansSitsBesideTheMedianRatio) {
+  const std::vector<BenchVariantResult> results = {
+      result_with("unfused", {10, 20, 10, 20, 10}, 3.0),
+      result_with("mixed", {9, 19, 9, 21, 11}, 3.0)};
+  const std::vector<BenchSummary> summaries = summarize_bench(results);
+  EXPECT_DOUBLE_EQ(summaries[0].median_ratio, 1.0);
+  EXPECT_DOUBLE_EQ(summaries[1].median_ratio, 10.0 / 11.0);
+  EXPECT_GT(summaries[1].speedup, 1.0);
+  const std::string table = bench_table_markdown(results, summaries);
+  EXPECT_NE(table.find("| speedup (p10-p90) | median ratio |"), std::string::npos) << table;
+  EXPECT_NE(table.find(" within noise | 0.909x |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 1.000 (baseline) | 1.000x |"), std::string::npos) << table;
+  BenchRunInfo info;
+  const nlohmann::json json = nlohmann::json::parse(bench_to_json(info, results, summaries));
+  EXPECT_DOUBLE_EQ(json["variants"][1]["median_ratio"].get<double>(), 10.0 / 11.0);
+  EXPECT_FALSE(json.contains("machine_load")) << "no reading was taken";
+}
+
+TEST(BenchVariants, FusedIsAnotherNameOfAll) {
+  const std::vector<BenchVariant> variants = expand_bench_variants("unfused,fused", false);
+  EXPECT_EQ(names_of(variants), (std::vector<std::string>{"unfused", "all"}));
+  EXPECT_EQ(variants[1].overrides, expand_bench_variants("all", false)[0].overrides);
+  const std::vector<std::string> names = bench_variant_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "fused"), names.end());
+  EXPECT_NE(error_of([] { expand_bench_variants("nope", false); }).find("fused"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { expand_bench_variants("all,fused", false); }).find("appears twice"),
+            std::string::npos);
+}
+
+// Writes fake /proc files into `dir`: the load average, the machine's cpu line (user nice
+// system idle iowait irq softirq steal) and this process's stat line with utime and stime.
+void write_fake_proc(const std::string& dir, double load1, const std::string& cpu_line, int utime,
+                     int stime) {
+  std::ofstream(dir + "/loadavg") << load1 << " 0.50 0.40 1/123 4567\n";
+  std::ofstream(dir + "/stat") << "cpu  " << cpu_line << " 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n";
+  std::ofstream(dir + "/self_stat") << "42 (fusion (train)) R 1 42 42 0 -1 4194304 100 0 0 0 "
+                                    << utime << " " << stime << " 0 0 20 0 1 0 100 0\n";
+}
+
+MachineLoadPaths fake_paths(const std::string& dir) {
+  return {dir + "/loadavg", dir + "/stat", dir + "/self_stat"};
+}
+
+TEST(BenchMachineLoad, ReadsProcAndJudgesTheRule) {
+  const std::string dir = ::testing::TempDir();
+  write_fake_proc(dir, 3.25, "100 0 50 800 50 0 0 0", 40, 10);
+  const MachineLoadSample start = read_machine_load(fake_paths(dir));
+  ASSERT_TRUE(start.ok);
+  EXPECT_DOUBLE_EQ(start.load1, 3.25);
+  EXPECT_DOUBLE_EQ(start.busy_jiffies, 150);
+  EXPECT_DOUBLE_EQ(start.total_jiffies, 1000);
+  EXPECT_DOUBLE_EQ(start.self_jiffies, 50);
+  EXPECT_FALSE(read_machine_load(fake_paths(dir + "/missing")).ok);
+
+  // Quiet: 1000 jiffies pass, this process used 500 of the 520 busy ones; load 1.2 < 4 - 0.5.
+  MachineLoadSample a = start, b = start;
+  a.load1 = 1.2;
+  b.total_jiffies += 1000;
+  b.busy_jiffies += 520;
+  b.self_jiffies += 500;
+  MachineLoad quiet = machine_load_between(a, b, 4);
+  EXPECT_TRUE(quiet.measured);
+  EXPECT_NEAR(quiet.other_share, 0.02, 1e-12);
+  EXPECT_FALSE(quiet.busy);
+  EXPECT_EQ(machine_load_warning(quiet), "");
+  // Other processes took 30% of the CPU time.
+  b.busy_jiffies += 280;
+  MachineLoad others = machine_load_between(a, b, 4);
+  EXPECT_NEAR(others.other_share, 0.3, 1e-12);
+  EXPECT_TRUE(others.busy);
+  // A load at the start above the usable CPUs minus 0.5, with nothing else during the run.
+  b = start;
+  b.total_jiffies += 1000;
+  a.load1 = 3.6;
+  EXPECT_TRUE(machine_load_between(a, b, 4).busy);
+  a.load1 = 3.4;
+  EXPECT_FALSE(machine_load_between(a, b, 4).busy);
+  EXPECT_FALSE(machine_load_between(MachineLoadSample{}, b, 4).measured);
+}
+
+// A faked busy reading (through $FT_MACHINE_LOAD_DIR) prints the warning above the table and
+// puts machine_load into the JSON.
+TEST(BenchMachineLoad, FakedBusyMachineWarnsAndGoesIntoTheJson) {
+  const std::string dir = ::testing::TempDir() + "/fake_proc";
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  write_fake_proc(dir, 7.5, "100 0 50 800 50 0 0 0", 40, 10);
+  ASSERT_EQ(setenv("FT_MACHINE_LOAD_DIR", dir.c_str(), 1), 0);
+  const MachineLoadWatch watch;
+  write_fake_proc(dir, 8.25, "600 0 50 1300 50 0 0 0", 140, 10);  // others: 400 of 1000
+  const MachineLoad load = watch.finish();
+  unsetenv("FT_MACHINE_LOAD_DIR");
+  ASSERT_TRUE(load.measured);
+  EXPECT_TRUE(load.busy);
+  EXPECT_DOUBLE_EQ(load.load_start, 7.5);
+  EXPECT_DOUBLE_EQ(load.load_end, 8.25);
+  EXPECT_NEAR(load.other_share, 0.4, 1e-12);
+  const std::string warning = machine_load_warning(load);
+  EXPECT_EQ(warning.find("warning: machine busy: load average 7.50 at start, 8.25 at end on " +
+                         std::to_string(load.cpus) +
+                         " CPUs; other processes used 40% of the CPUs: spreads widen, compare "
+                         "only within this run"),
+            0u)
+      << warning;
+  BenchRunInfo info;
+  info.machine_load = load;
+  const std::vector<BenchVariantResult> results = {result_with("unfused", {10, 10, 10}, 3.0)};
+  const nlohmann::json json =
+      nlohmann::json::parse(bench_to_json(info, results, summarize_bench(results)));
+  ASSERT_TRUE(json.contains("machine_load")) << json.dump(1);
+  EXPECT_TRUE(json["machine_load"]["busy"].get<bool>());
+  EXPECT_DOUBLE_EQ(json["machine_load"]["load_average_start"].get<double>(), 7.5);
+  EXPECT_DOUBLE_EQ(json["machine_load"]["other_cpu_share"].get<double>(), 0.4);
 }
 
 // fp32 against bf16: a few percent apart is the precision, not a bug; beyond 5e-2 it is one.

@@ -63,17 +63,8 @@ struct Bf16GemmCase {
   const char* name;
 };
 
-std::vector<bf16_bits> to_bf16(const std::vector<float>& values) {
-  std::vector<bf16_bits> bits(values.size());
-  cast_to_bf16(bits.data(), values.data(), static_cast<int64_t>(values.size()));
-  return bits;
-}
-
-std::vector<float> rounded(const std::vector<float>& values) {
-  std::vector<float> out(values.size());
-  for (size_t i = 0; i < values.size(); ++i) out[i] = round_to_bf16(values[i]);
-  return out;
-}
+using gemm_test::rounded;
+using gemm_test::to_bf16;
 
 class Bf16Gemm : public testing::TestWithParam<Bf16GemmCase> {};
 

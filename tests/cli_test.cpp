@@ -147,6 +147,27 @@ TEST(Cli, ParseErrorsAreUsageErrorsNamingTheFlagAndTheJobHelp) {
   EXPECT_NE(help.output.find("--batch"), std::string::npos) << help.output;
 }
 
+// A config key given as a flag, or to --set with its value as a word of its own, is a usage
+// error that spells out the --set key=value to write.
+TEST(Cli, ConfigKeysOutsideSetSpellTheirSet) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"train --set train.steps 10",
+       "error: --set 'train.steps' has no value: --set takes one word, key=value; write --set "
+       "train.steps=10 (run 'fusiontrain train --help')"},
+      {"train --set model.n_layer=2 --set train.steps", "write --set train.steps=VALUE"},
+      {"train --steps 10",
+       "error: unknown flag '--steps' for train; config keys take --set: --set train.steps=10; "
+       "its flags: "},
+      {"train --steps=7", "--set train.steps=7;"},
+      {"eval --checkpoint x.safetensors --lr 0.5", "--set optim.lr=0.5;"},
+      {"train --batch_size --json x", "--set train.batch_size=VALUE;"}};
+  for (const auto& [args, needle] : cases) expect_usage_error(run(args), needle);
+  // Not a key's last part: the closest flag, and no --set.
+  const RunResult typo = run("train --jsn x");
+  expect_usage_error(typo, "unknown flag '--jsn' for train (did you mean '--json'?)");
+  EXPECT_EQ(typo.output.find("--set train"), std::string::npos) << typo.output;
+}
+
 // An empty path or list is refused instead of falling back to the default (or to nothing).
 TEST(Cli, EmptyFlagValuesAreRefused) {
   for (const char* args :

@@ -37,17 +37,8 @@ namespace {
 
 constexpr double kTolerance = 1e-4;
 
-std::vector<bf16_bits> to_bf16(const std::vector<float>& values) {
-  std::vector<bf16_bits> bits(values.size());
-  cast_to_bf16(bits.data(), values.data(), static_cast<int64_t>(values.size()));
-  return bits;
-}
-
-std::vector<float> rounded(const std::vector<float>& values) {
-  std::vector<float> out(values.size());
-  for (size_t i = 0; i < values.size(); ++i) out[i] = round_to_bf16(values[i]);
-  return out;
-}
+using gemm_test::rounded;
+using gemm_test::to_bf16;
 
 // A tensor on `device` holding `host` (copied), `offset` elements into its storage: a view whose
 // address is only as aligned as the offset makes it.

@@ -176,26 +176,14 @@ TEST(ExportBf16, ResnetRoundsTheFoldedWeightsAndInfers) {
   // Its logits against the fp32 export's: bf16 weights (8 significant bits) move them by a few
   // 2^-9 relative roundings at most, far from 5e-2 of the largest logit; but they do move.
   const int count = 64;
-  const ImageBatch& images = fold_test::test_images(count);
   auto logits_of = [&](const std::string& path) {
     ExportedResnet model(path);
-    ExportedResnet::Run& run = model.run(count);
-    std::memcpy(run.ws.values[run.graph.input].data(), images.images.data(),
-                images.images.size() * sizeof(float));
-    run.ws.targets = images.labels;
-    run.executor->forward(run.ws);
-    const Tensor& logits = run.ws.values[run.graph.output];
-    return std::vector<float>(logits.data(), logits.data() + logits.numel());
+    return test_image_logits(model, count).to_host_vector();
   };
-  const std::vector<float> reference = logits_of(resnet_export()), widened = logits_of(bf16);
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < reference.size(); ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(widened[i] - reference[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(reference[i])));
-  }
-  std::printf("  bf16 export vs fp32 export: max relative logit difference %.2e\n", diff / scale);
-  EXPECT_LT(diff / scale, 5e-2);
-  EXPECT_GT(diff / scale, 1e-5);
+  const double moved = max_relative_logit_diff(logits_of(bf16), logits_of(resnet_export()));
+  std::printf("  bf16 export vs fp32 export: max relative logit difference %.2e\n", moved);
+  EXPECT_LT(moved, 5e-2);
+  EXPECT_GT(moved, 1e-5);
 }
 
 // PyTorch reads the BF16 tensors from the file alone and reproduces infer's logits for them.
@@ -206,13 +194,7 @@ TEST(ExportBf16, PytorchReadsABf16Export) {
       export_of(resnet_checkpoint(), "resnet.bf16.py.safetensors", "--dtype bf16");
   const int count = 64;
   ExportedResnet model(bf16);
-  ExportedResnet::Run& run = model.run(count);
-  const ImageBatch& images = fold_test::test_images(count);
-  std::memcpy(run.ws.values[run.graph.input].data(), images.images.data(),
-              images.images.size() * sizeof(float));
-  run.ws.targets = images.labels;
-  run.executor->forward(run.ws);
-  const Tensor& logits = run.ws.values[run.graph.output];
+  const Tensor& logits = test_image_logits(model, count);
   const std::string expect = temp_path("bf16_logits.f32");
   std::ofstream(expect, std::ios::binary)
       .write(reinterpret_cast<const char*>(logits.data()), logits.bytes());

@@ -158,13 +158,7 @@ TEST(Export, PytorchReproducesTheLogitsFromTheFileAlone) {
     GTEST_SKIP() << "python3-torch is not installed (scripts/bootstrap.sh installs it)";
   const int count = 64;
   ExportedResnet model(resnet_export());
-  ExportedResnet::Run& run = model.run(count);
-  const ImageBatch& images = fold_test::test_images(count);
-  std::memcpy(run.ws.values[run.graph.input].data(), images.images.data(),
-              images.images.size() * sizeof(float));
-  run.ws.targets = images.labels;
-  run.executor->forward(run.ws);
-  const Tensor& logits = run.ws.values[run.graph.output];
+  const Tensor& logits = test_image_logits(model, count);
   const std::string expect = temp_path("logits.f32");
   std::ofstream(expect, std::ios::binary)
       .write(reinterpret_cast<const char*>(logits.data()), logits.bytes());

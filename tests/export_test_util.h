@@ -1,9 +1,13 @@
 // Shared by the export tests: a small ResNet config, checkpoints written directly with random
-// weights and BatchNorm statistics (tests/fold_test_util.h), their export, and a check that a
-// command is refused with given words. Files live in the test's temp folder, per process.
+// weights and BatchNorm statistics (tests/fold_test_util.h), their export, an export's logits
+// over the test images, and a check that a command is refused with given words. Files live in the
+// test's temp folder, per process.
 #pragma once
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -58,7 +62,29 @@ inline const std::string& resnet_export() {
   return path;
 }
 
-// The header of a safetensors file, parsed with nlohmann-json only.
+// The logits [count, classes] of `model` over the first `count` test images
+// (fold_test::test_images); they live in the model's run for `count` until its next forward.
+inline const Tensor& test_image_logits(ExportedResnet& model, int count) {
+  const ImageBatch& images = fold_test::test_images(count);
+  ExportedResnet::Run& run = model.run(count);
+  std::memcpy(run.ws.values[run.graph.input].data(), images.images.data(),
+              images.images.size() * sizeof(float));
+  run.ws.targets = images.labels;
+  run.executor->forward(run.ws);
+  return run.ws.values[run.graph.output];
+}
+
+// The largest |actual - expected| over the largest |expected|: how far `actual`'s logits moved.
+inline double max_relative_logit_diff(const std::vector<float>& actual,
+                                      const std::vector<float>& expected) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(actual[i] - expected[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(expected[i])));
+  }
+  return diff / scale;
+}
+
 // `fusiontrain args` exits 1 with an error containing every one of `needles`.
 inline void expect_refused(const std::string& args, const std::vector<std::string>& needles) {
   const test::RunResult result = test::run_fusiontrain(args, 60);

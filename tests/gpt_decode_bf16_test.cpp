@@ -17,75 +17,12 @@
 #include "model/executor.h"
 #include "model/gpt.h"
 #include "model/gpt_decode.h"
+#include "tests/gpt_decode_test_util.h"
 
 namespace ft {
 namespace {
 
-GptShape small_shape(bool qk_norm) {
-  GptShape shape;
-  shape.n_layer = 2;
-  shape.n_head = 2;
-  shape.d_model = 32;
-  shape.seq_len = 16;
-  shape.vocab_size = 256;
-  shape.qk_norm = qk_norm;
-  return shape;
-}
-
-// A random GPT with bf16 weight copies, drawn large enough for peaked attention (as in
-// tests/gpt_decode_test.cpp), and its full-window eval graph in `gemm_dtype`.
-struct Model {
-  Model(bool qk_norm, DType gemm_dtype) : shape(small_shape(qk_norm)) {
-    ids = register_gpt_params(shape, params);
-    params.enable_bf16_copies();
-    params.allocate();
-    Rng rng(12);
-    for (ParamId id = 0; id < params.size(); ++id) {
-      Param& param = params[id];
-      const float mean = param.init == ParamInit::kOnes ? 1.0f : 0.0f;
-      const float std = param.shape.size() >= 2 ? 0.25f : 0.2f;
-      for (int64_t i = 0; i < param.value.numel(); ++i)
-        param.value.data()[i] = mean + std * rng.normal();
-    }
-    params.mark_changed();
-    params.refresh_bf16_copies();
-    graph = build_gpt_graph(shape, 1, ids, GraphMode::kEval, gemm_dtype);
-    executor = std::make_unique<Executor>(graph, params);
-    ws = executor->make_workspace();
-  }
-
-  std::vector<float> full_window_logits(const std::vector<int32_t>& tokens) {
-    ws.tokens = tokens;
-    ws.targets.assign(shape.seq_len, 0);
-    executor->forward(ws);
-    const Tensor& logits = ws.values[graph.output];
-    return std::vector<float>(logits.data(), logits.data() + logits.numel());
-  }
-
-  GptShape shape;
-  ParamStore params;
-  GptParamIds ids;
-  Graph graph;
-  std::unique_ptr<Executor> executor;
-  Workspace ws;
-};
-
-std::vector<int32_t> random_tokens(int count, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> tokens(count);
-  for (int32_t& token : tokens) token = static_cast<int32_t>(rng.below(256));
-  return tokens;
-}
-
-// max |a - b| over max |b| for one row of logits.
-double relative_error(const float* a, const float* b, int vocab) {
-  double diff = 0.0, scale = 0.0;
-  for (int i = 0; i < vocab; ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return diff / scale;
-}
+using namespace decode_test;
 
 // The bf16 decoder, one token at a time and in chunks, against the bf16 graph: the same casts of
 // the same values, so only fp32 summation order can differ (GEMMs of a few rows against GEMMs of

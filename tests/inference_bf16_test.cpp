@@ -21,6 +21,7 @@
 #include "model/gpt.h"
 #include "tests/export_test_util.h"
 #include "tests/fold_test_util.h"
+#include "tests/gpt_decode_test_util.h"
 #include "tests/run_command.h"
 
 namespace ft {
@@ -29,7 +30,7 @@ namespace {
 using test::run_fusiontrain;
 using namespace export_test;
 
-// A GPT checkpoint whose weights are drawn large (as in tests/gpt_decode_test.cpp): its next-byte
+// A GPT checkpoint whose weights are drawn large (tests/gpt_decode_test_util.h): its next-byte
 // predictions are peaked, so bf16 rounding moves no greedy choice (the decoder test bounds that
 // movement), where a freshly initialised or briefly trained model is all near-ties.
 const std::string& peaked_gpt_checkpoint() {
@@ -39,14 +40,7 @@ const std::string& peaked_gpt_checkpoint() {
     ParamStore params;
     register_gpt_params(gpt_shape(config.model), params);
     params.allocate();
-    Rng rng(12);
-    for (ParamId id = 0; id < params.size(); ++id) {
-      Param& param = params[id];
-      const float mean = param.init == ParamInit::kOnes ? 1.0f : 0.0f;
-      const float std = param.shape.size() >= 2 ? 0.25f : 0.2f;
-      for (int64_t i = 0; i < param.value.numel(); ++i)
-        param.value.data()[i] = mean + std * rng.normal();
-    }
+    decode_test::draw_peaked(params);
     const std::string file = temp_path("peaked_gpt.ckpt.safetensors");
     fold_test::write_checkpoint(file, config, params);
     return file;
@@ -110,28 +104,16 @@ TEST(InferenceBf16, InferPrecisionBf16StaysCloseToItsTwinAndToFp32) {
 // of the largest logit), and do move them, so the bf16 graph is the one that ran.
 TEST(InferenceBf16, ExportedResnetInBf16MovesTheLogitsByBf16Rounding) {
   const int count = 64;
-  const ImageBatch& images = fold_test::test_images(count);
   auto logits_of = [&](DType precision) {
     ExportedResnet model(resnet_export(), Device::kCpu, precision);
     EXPECT_EQ(model.precision(), precision);
-    ExportedResnet::Run& run = model.run(count);
-    std::memcpy(run.ws.values[run.graph.input].data(), images.images.data(),
-                images.images.size() * sizeof(float));
-    run.ws.targets = images.labels;
-    run.executor->forward(run.ws);
-    const Tensor& logits = run.ws.values[run.graph.output];
-    return std::vector<float>(logits.data(), logits.data() + logits.numel());
+    return test_image_logits(model, count).to_host_vector();
   };
-  const std::vector<float> fp32 = logits_of(DType::kF32), bf16 = logits_of(DType::kBF16);
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < fp32.size(); ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(bf16[i] - fp32[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(fp32[i])));
-  }
-  std::printf("  export in bf16 vs fp32: max relative logit difference %.2e (%s)\n", diff / scale,
+  const double moved = max_relative_logit_diff(logits_of(DType::kBF16), logits_of(DType::kF32));
+  std::printf("  export in bf16 vs fp32: max relative logit difference %.2e (%s)\n", moved,
               bf16_gemm_path());
-  EXPECT_LT(diff / scale, 5e-2);
-  EXPECT_GT(diff / scale, 1e-4) << "bf16 operands that round nothing";
+  EXPECT_LT(moved, 5e-2);
+  EXPECT_GT(moved, 1e-4) << "bf16 operands that round nothing";
 }
 
 void expect_usage_error(const std::string& args, const std::string& needle) {

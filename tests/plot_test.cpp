@@ -162,4 +162,18 @@ TEST_F(PlotTest, WrongJobIsAnError) {
   expect_error("nonsense " + train, "KIND one of");
 }
 
+// JSON of a job plot.py does not plot, such as `infer --json`, is named for what it is.
+TEST_F(PlotTest, JsonOfAnotherJobIsNamed) {
+  const std::string infer = temp_file(
+      "infer.json", R"({"type": "infer", "model": "r8.safetensors", "images": 256, "batch": 64,
+        "latency_median_ms": 4.2, "images_per_s": 15000, "accuracy": 0.8})");
+  for (const std::string& kind : {std::string(), std::string("train ")})
+    expect_error(kind + infer, "got 1 row: {\"type\": \"infer\"} (`fusiontrain infer --json`)");
+  const std::string mixed = temp_file(
+      "mixed.jsonl", "{\"type\": \"sample\", \"text\": \"a\"}\n{\"type\": \"profile\"}\n");
+  expect_error(mixed,
+               "got 2 rows: {\"type\": \"sample\"} (`fusiontrain sample --json`), "
+               "{\"type\": \"profile\"}; a train plot needs");
+}
+
 }  // namespace

@@ -17,21 +17,15 @@
 #include "model/gpt.h"
 #include "model/graph_edit.h"
 #include "model/ops/gelu.h"
+#include "tests/precision_test_util.h"
 
 namespace ft {
 namespace {
 
-struct StepResult {
-  float loss = 0;
-  std::vector<float> logits, grads;
-  int casts = 0;
-};
+using namespace precision_test;
 
-StepResult run_step(Graph graph, ParamStore& params, const FusionOptions& options) {
-  FusionPipeline::standard().run(graph, params, options);
-  Executor executor(graph, params);
-  executor.set_poison_fresh_gradients(true);
-  Workspace ws = executor.make_workspace();
+// The batch: random tokens and targets, and a fixed dropout seed.
+void fill_tokens(const Graph& graph, Workspace& ws) {
   Rng rng(4);
   const int rows = static_cast<int>(graph.numel(graph.output) / 256);
   for (int i = 0; i < rows; ++i) {
@@ -39,26 +33,10 @@ StepResult run_step(Graph graph, ParamStore& params, const FusionOptions& option
     ws.targets.push_back(static_cast<int32_t>(rng.next_u64() % 256));
   }
   ws.dropout_seed = 77;
-  params.zero_grads();
-  executor.forward(ws);
-  executor.backward(ws);
-  StepResult result;
-  result.loss = executor.loss(ws);
-  result.logits = ws.values[graph.output].to_host_vector();
-  result.grads = params.flat_grads().to_host_vector();
-  for (const auto& op : graph.ops) result.casts += op->op_kind() == OpKind::kCast;
-  return result;
 }
 
-// The largest |expected - actual| as a fraction of the largest |expected|.
-float relative_error(const std::vector<float>& expected, const std::vector<float>& actual) {
-  float largest = 1e-30f, worst = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    largest = std::max(largest, std::fabs(expected[i]));
-    const float error = std::fabs(expected[i] - actual[i]);
-    if (!(error <= worst)) worst = error;  // NaN counts as worst
-  }
-  return worst / largest;
+StepResult run_step(Graph graph, ParamStore& params, const FusionOptions& options) {
+  return precision_test::run_step(std::move(graph), params, options, fill_tokens);
 }
 
 class Bf16Gpt : public ::testing::Test {
@@ -118,9 +96,7 @@ TEST_F(Bf16Gpt, CastPassMatchesItsTwinBitForBit) {
     const StepResult fused = run_step(build(DType::kBF16), params_, c.fused);
     EXPECT_EQ(twin.casts, c.twin_casts) << c.name;
     EXPECT_EQ(fused.casts, c.casts_left) << c.name;
-    EXPECT_EQ(fused.loss, twin.loss) << c.name;
-    EXPECT_EQ(fused.logits, twin.logits) << c.name;
-    EXPECT_EQ(fused.grads, twin.grads) << c.name;
+    expect_same_bits(fused, twin, c.name);
   }
 }
 
@@ -193,10 +169,6 @@ TEST(Bf16Graph, ValidateRefusesABf16ValueIntoAnFp32OnlyOp) {
     EXPECT_NE(std::string(error.what()).find("reads the bf16 value 'x'"), std::string::npos)
         << error.what();
   }
-}
-
-std::string source_path(const std::string& relative) {
-  return std::string(FT_SOURCE_DIR) + "/" + relative;
 }
 
 Config gpt_config(const std::string& precision, const std::vector<std::string>& extra = {}) {

@@ -16,52 +16,25 @@
 #include "fusion/pipeline.h"
 #include "model/executor.h"
 #include "model/resnet.h"
+#include "tests/precision_test_util.h"
 
 namespace ft {
 namespace {
 
-struct StepResult {
-  float loss = 0;
-  std::vector<float> logits, grads;
-  int casts = 0;
-  std::vector<std::string> kinds;  // of the executed ops
-  FusionResult fusion;
-};
+using namespace precision_test;
 
 constexpr int kBatch = 4;
 
-StepResult run_step(Graph graph, ParamStore& params, const FusionOptions& options) {
-  StepResult result;
-  result.fusion = FusionPipeline::standard().run(graph, params, options);
-  Executor executor(graph, params);
-  executor.set_poison_fresh_gradients(true);
-  Workspace ws = executor.make_workspace();
+// The batch: kBatch random images and their targets.
+void fill_images(const Graph& graph, Workspace& ws) {
   Rng rng(8);
   Tensor& images = ws.values[graph.input];
   for (int64_t i = 0; i < images.numel(); ++i) images.data()[i] = rng.normal();
   for (int i = 0; i < kBatch; ++i) ws.targets.push_back(i % 10);
-  params.zero_grads();
-  executor.forward(ws);
-  if (graph.mode == GraphMode::kTrain) executor.backward(ws);
-  result.loss = executor.loss(ws);
-  result.logits = ws.values[graph.output].to_host_vector();
-  result.grads = params.flat_grads().to_host_vector();
-  for (const auto& op : graph.ops) {
-    result.casts += op->op_kind() == OpKind::kCast;
-    result.kinds.push_back(op->kind());
-  }
-  return result;
 }
 
-// The largest |expected - actual| as a fraction of the largest |expected|.
-float relative_error(const std::vector<float>& expected, const std::vector<float>& actual) {
-  float largest = 1e-30f, worst = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    largest = std::max(largest, std::fabs(expected[i]));
-    const float error = std::fabs(expected[i] - actual[i]);
-    if (!(error <= worst)) worst = error;  // NaN counts as worst
-  }
-  return worst / largest;
+StepResult run_step(Graph graph, ParamStore& params, const FusionOptions& options) {
+  return precision_test::run_step(std::move(graph), params, options, fill_images);
 }
 
 int count(const std::vector<std::string>& kinds, const std::string& kind) {
@@ -154,9 +127,7 @@ TEST_F(Bf16Resnet, CastPassMatchesItsTwinBitForBit) {
     // and the pooling's (writes fp32 only).
     EXPECT_EQ(fused.casts, 3) << c.name;
     EXPECT_EQ(absorbed_by(fused.fusion, c.producer), c.absorbed) << c.name;
-    EXPECT_EQ(fused.loss, twin.loss) << c.name;
-    EXPECT_EQ(fused.logits, twin.logits) << c.name;
-    EXPECT_EQ(fused.grads, twin.grads) << c.name;
+    expect_same_bits(fused, twin, c.name);
   }
 }
 
@@ -233,10 +204,6 @@ TEST_F(Bf16Resnet, Bf16TracksFp32) {
   EXPECT_LT(norm_error(fp32.grads, bf16.grads), 0.25);
   // ...but not equal: the convolutions really ran on rounded operands.
   EXPECT_GT(norm_error(fp32.grads, bf16.grads), 1e-3);
-}
-
-std::string source_path(const std::string& relative) {
-  return std::string(FT_SOURCE_DIR) + "/" + relative;
 }
 
 // resnet8 as configured (batch 64, lr 0.1 with momentum), 300 steps: bf16's final loss within 2%

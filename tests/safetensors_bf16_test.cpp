@@ -15,18 +15,12 @@
 #include "core/math/bf16_math.h"
 #include "core/rng.h"
 #include "core/safetensors.h"
+#include "tests/safetensors_test_util.h"
 
 namespace ft {
 namespace {
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no ft::Error thrown>";
-}
+using safetensors_test::error_of;
 
 std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "/safetensors_bf16_" + std::to_string(getpid()) + "_" + name;

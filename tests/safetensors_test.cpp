@@ -22,21 +22,14 @@
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "tests/fifo_test_util.h"
+#include "tests/safetensors_test_util.h"
 
 namespace ft {
 namespace {
 
 namespace fs = std::filesystem;
 
-// The message of the ft::Error thrown by `action`, or a marker that fails every substring check.
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no ft::Error thrown>";
-}
+using safetensors_test::error_of;
 
 void expect_error(const std::function<void()>& action, const std::vector<std::string>& parts) {
   std::string message = error_of(action);

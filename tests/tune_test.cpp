@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "app/bench.h"
@@ -66,6 +67,46 @@ TEST(TunePlan, CandidateTurnsOnOnlyTheNamedPasses) {
   EXPECT_FALSE(config.fusion.vertical.gemm_epilogue);
   EXPECT_FALSE(config.fusion.vertical.classifier);
   EXPECT_FALSE(config.fusion.horizontal.multi_tensor);
+}
+
+// A no-op switch measures equal timings in a shuffled order: never kept, nor a change that one
+// block found faster and the second did not; a real speedup in both blocks is kept.
+TEST(TuneDecision, KeepsOnlyAChangeFasterBeyondNoiseTwice) {
+  const TuneMeasurement same{{10, 11, 9, 10.5, 9.5, 10.2}, {9.5, 10, 10.5, 9, 11, 10.2}};
+  EXPECT_FALSE(tune_faster_beyond_noise(same));
+  EXPECT_FALSE(tune_keeps_change(same, same));
+  const TuneMeasurement faster{{10, 11, 9, 10.5, 9.5, 10.2}, {9, 10, 8, 9.5, 8.5, 9.2}};
+  EXPECT_TRUE(tune_faster_beyond_noise(faster));
+  EXPECT_TRUE(tune_keeps_change(faster, faster));
+  EXPECT_FALSE(tune_keeps_change(faster, same)) << "one lucky block is not enough";
+  EXPECT_FALSE(tune_keeps_change(same, faster));
+  EXPECT_FALSE(tune_keeps_change(faster, std::nullopt)) << "no second measurement, no change";
+  // The p10 of the ratios, not their median, must clear 1.0: two slower rounds in five are noise.
+  const TuneMeasurement mostly{{10, 10, 10, 10, 10}, {9, 9, 9, 10.5, 10.5}};
+  EXPECT_FALSE(tune_faster_beyond_noise(mostly));
+}
+
+TEST(TuneReport, WinnerLineNamesEachKeyOnce) {
+  EXPECT_EQ(
+      tune_unique_overrides({"fusion.enabled=true", "fusion.max_ops=3", "comm.bucket_mb=4",
+                             "fusion.max_ops=4", "comm.bucket_mb=1"}),
+      (std::vector<std::string>{"fusion.enabled=true", "fusion.max_ops=4", "comm.bucket_mb=1"}));
+  TuneReport report;
+  report.winner_median_ms = 12.5;
+  report.winner_overrides = {"fusion.enabled=true", "fusion.max_ops=3", "fusion.max_ops=4",
+                             "comm.first_bucket_mb=1", "comm.first_bucket_mb=0.5"};
+  const std::string text = format_tune_report(report);
+  EXPECT_NE(text.find("winner: 12.50 ms/step with fusion.enabled=true fusion.max_ops=4 "
+                      "comm.first_bucket_mb=0.5\n"),
+            std::string::npos)
+      << text;
+  const nlohmann::json json = tune_json(report);
+  EXPECT_EQ(json["winner"]["overrides"].size(), 3u) << json.dump(1);
+  EXPECT_FALSE(json.contains("machine_load"));
+  report.machine_load.measured = report.machine_load.busy = true;
+  report.machine_load.load_start = 5;
+  EXPECT_EQ(format_tune_report(report).find("warning: machine busy: load average 5.00"), 0u);
+  EXPECT_TRUE(tune_json(report)["machine_load"]["busy"].get<bool>());
 }
 
 using test::RunResult;

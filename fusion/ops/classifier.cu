@@ -97,6 +97,28 @@ __global__ void add_scaled_by_dloss_kernel(float* dx, const float* product, cons
   }
 }
 
+// The two weight-side GEMMs of backward, for fp32 and bf16 operands alike (G: dlogits, scaled):
+// logits = x wte^T  =>  dwte += G^T x   ([V, rows] · [rows, C])
+GemmArgs dwte_gemm_args(int64_t rows, int64_t channels, int64_t vocab) {
+  GemmArgs args;
+  args.m = vocab;
+  args.n = channels;
+  args.k = rows;
+  args.transpose_a = true;  // G stored [rows, V] = [K, M]
+  args.accumulate = true;
+  return args;
+}
+
+//                     dx (+|=) G wte   ([rows, V] · [V, C])
+GemmArgs dx_gemm_args(int64_t rows, int64_t channels, int64_t vocab, bool accumulate) {
+  GemmArgs args;
+  args.m = rows;
+  args.n = channels;
+  args.k = vocab;
+  args.accumulate = accumulate;
+  return args;
+}
+
 }  // namespace
 
 void classifier_forward_cuda(float* loss, float* logits, float* dlogits, float* row_losses,
@@ -126,20 +148,10 @@ void classifier_backward_cuda(float* dx, bool overwrite_dx, float* dwte, float* 
   scale_by_dloss_kernel<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(
       scratch, x, dloss, numel);
   FT_CUDA_CHECK_LAUNCH();
-  GemmArgs dwte_args;
-  dwte_args.m = vocab;
-  dwte_args.n = channels;
-  dwte_args.k = rows;
-  dwte_args.transpose_a = true;  // dlogits stored [rows, V] = [K, M]
-  dwte_args.accumulate = true;
-  gemm_cuda(dwte, dlogits, scratch, dwte_args, stream);
+  gemm_cuda(dwte, dlogits, scratch, dwte_gemm_args(rows, channels, vocab), stream);
   if (dx == nullptr) return;
   //                      dx (+|=) dloss dlogits wte   ([rows, V] · [V, C])
-  GemmArgs dx_args;
-  dx_args.m = rows;
-  dx_args.n = channels;
-  dx_args.k = vocab;
-  gemm_cuda(scratch, dlogits, wte, dx_args, stream);
+  gemm_cuda(scratch, dlogits, wte, dx_gemm_args(rows, channels, vocab, false), stream);
   add_scaled_by_dloss_kernel<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(
       dx, scratch, dloss, overwrite_dx, numel);
   FT_CUDA_CHECK_LAUNCH();
@@ -157,21 +169,10 @@ void classifier_backward_bf16_cuda(float* dx, bool overwrite_dx, float* dwte,
       dlogits_bf16, dlogits, dloss, numel);
   FT_CUDA_CHECK_LAUNCH();
   // logits = x wte^T  =>  dwte += dlogits^T x   ([V, rows] · [rows, C])
-  GemmArgs dwte_args;
-  dwte_args.m = vocab;
-  dwte_args.n = channels;
-  dwte_args.k = rows;
-  dwte_args.transpose_a = true;  // dlogits stored [rows, V] = [K, M]
-  dwte_args.accumulate = true;
-  gemm_cuda(dwte, dlogits_bf16, x, dwte_args, stream);
+  gemm_cuda(dwte, dlogits_bf16, x, dwte_gemm_args(rows, channels, vocab), stream);
   if (dx == nullptr) return;
   //                      dx (+|=) dlogits wte   ([rows, V] · [V, C])
-  GemmArgs dx_args;
-  dx_args.m = rows;
-  dx_args.n = channels;
-  dx_args.k = vocab;
-  dx_args.accumulate = !overwrite_dx;
-  gemm_cuda(dx, dlogits_bf16, wte, dx_args, stream);
+  gemm_cuda(dx, dlogits_bf16, wte, dx_gemm_args(rows, channels, vocab, !overwrite_dx), stream);
 }
 
 }  // namespace ft

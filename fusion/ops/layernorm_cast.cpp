@@ -54,23 +54,7 @@ void LayerNormCastOp::forward(Workspace& ws, ParamStore& params) {
 
 void LayerNormCastOp::backward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
-  FT_CHECK(mean_.numel() == rows_ && mean_.device() == ws.device, kind(), " '", name,
-           "': backward before forward");
-  float* dx = ws.grads[inputs[0]].data();
-  float* dweight = params[this->params[0]].grad.data();
-  float* dbias = params[this->params[1]].grad.data();
-  const float* dy = ws.grads[outputs[0]].data();
-  const float* x = ws.values[inputs[0]].data();
-  const float* weight = params[this->params[0]].value.data();
-  const int64_t dy_stride = ws.row_stride(outputs[0]), x_stride = ws.row_stride(inputs[0]);
-  if (ws.device == Device::kCuda)
-    reuse_or_allocate(param_grad_scratch_, layernorm_params_scratch_floats(1, rows_, channels_),
-                      ws.device);
-  FT_RUN_ON_CUDA(ws, layernorm_backward_cuda(dx, dweight, dbias, param_grad_scratch_.data(), dy, x,
-                                             weight, mean_.data(), rstd_.data(), rows_, channels_,
-                                             dy_stride, x_stride, ws.stream));
-  layernorm_backward(dx, dweight, dbias, dy, x, weight, mean_.data(), rstd_.data(), rows_,
-                     channels_, dy_stride, x_stride);
+  layernorm_op_backward(*this, ws, params, rows_, channels_, mean_, rstd_, param_grad_scratch_);
 }
 
 // LayerNorm's FLOPs; the fp32 output's write and the cast's read of it are gone.

@@ -60,25 +60,31 @@ void LayerNormOp::forward(Workspace& ws, ParamStore& params) {
                     x_stride);
 }
 
+void layernorm_op_backward(const Op& op, Workspace& ws, ParamStore& params, int64_t rows,
+                           int64_t channels, const Tensor& mean, const Tensor& rstd,
+                           Tensor& param_grad_scratch) {
+  FT_CHECK(mean.numel() == rows && mean.device() == ws.device, op.kind(), " '", op.name,
+           "': backward before forward");
+  float* dx = ws.grads[op.inputs[0]].data();
+  float* dweight = params[op.params[0]].grad.data();
+  float* dbias = params[op.params[1]].grad.data();
+  const float* dy = ws.grads[op.outputs[0]].data();
+  const float* x = ws.values[op.inputs[0]].data();
+  const float* weight = params[op.params[0]].value.data();
+  const int64_t dy_stride = ws.row_stride(op.outputs[0]), x_stride = ws.row_stride(op.inputs[0]);
+  if (ws.device == Device::kCuda)
+    reuse_or_allocate(param_grad_scratch, layernorm_params_scratch_floats(1, rows, channels),
+                      ws.device);
+  FT_RUN_ON_CUDA(ws, layernorm_backward_cuda(dx, dweight, dbias, param_grad_scratch.data(), dy, x,
+                                             weight, mean.data(), rstd.data(), rows, channels,
+                                             dy_stride, x_stride, ws.stream));
+  layernorm_backward(dx, dweight, dbias, dy, x, weight, mean.data(), rstd.data(), rows, channels,
+                     dy_stride, x_stride);
+}
+
 void LayerNormOp::backward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
-  FT_CHECK(mean_.numel() == rows_ && mean_.device() == ws.device, "layernorm '", name,
-           "': backward before forward");
-  float* dx = ws.grads[inputs[0]].data();
-  float* dweight = params[this->params[0]].grad.data();
-  float* dbias = params[this->params[1]].grad.data();
-  const float* dy = ws.grads[outputs[0]].data();
-  const float* x = ws.values[inputs[0]].data();
-  const float* weight = params[this->params[0]].value.data();
-  const int64_t dy_stride = ws.row_stride(outputs[0]), x_stride = ws.row_stride(inputs[0]);
-  if (ws.device == Device::kCuda)
-    reuse_or_allocate(param_grad_scratch_, layernorm_params_scratch_floats(1, rows_, channels_),
-                      ws.device);
-  FT_RUN_ON_CUDA(ws, layernorm_backward_cuda(dx, dweight, dbias, param_grad_scratch_.data(), dy, x,
-                                             weight, mean_.data(), rstd_.data(), rows_, channels_,
-                                             dy_stride, x_stride, ws.stream));
-  layernorm_backward(dx, dweight, dbias, dy, x, weight, mean_.data(), rstd_.data(), rows_,
-                     channels_, dy_stride, x_stride);
+  layernorm_op_backward(*this, ws, params, rows_, channels_, mean_, rstd_, param_grad_scratch_);
 }
 
 OpCost LayerNormOp::cost(const Graph& graph) const {

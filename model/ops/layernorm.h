@@ -24,6 +24,15 @@ void layernorm_backward(float* dx, float* dweight, float* dbias, const float* dy
                         const float* weight, const float* mean, const float* rstd, int64_t rows,
                         int64_t channels, int64_t dy_stride = 0, int64_t x_stride = 0);
 
+// The backward of an op whose output is LayerNorm(inputs[0]) with params {weight, bias}: dx,
+// dweight and dbias += from the fp32 gradient of outputs[0], x and the statistics its forward
+// saved, on ws.device (param_grad_scratch is sized here on cuda). LayerNormOp's backward, and
+// LayerNormCastOp's (fusion/ops/layernorm_cast.h), whose output is the same row rounded to bf16.
+// REQUIRES: op's wiring checked (1 input, 1 output, 2 params of rows x channels).
+void layernorm_op_backward(const Op& op, Workspace& ws, ParamStore& params, int64_t rows,
+                           int64_t channels, const Tensor& mean, const Tensor& rstd,
+                           Tensor& param_grad_scratch);
+
 // CUDA (layernorm.cu; CUDA builds only), on device pointers, enqueued on `stream`: the tensors of
 // one LayerNorm in a launch of `count` of them, all [rows, channels] (BatchedLayerNormOp launches
 // many, LayerNormOp one). Forward reads x, weight, bias and writes y; backward reads dy, x, weight

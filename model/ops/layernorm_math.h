@@ -128,11 +128,14 @@ __device__ inline float layernorm_warp_sum(float value) {
   return value;
 }
 
-// layernorm_row_forward for one warp; every lane returns with the row's mean and rstd.
-__device__ inline void layernorm_warp_row_forward(float* y, float* mean_out, float* rstd_out,
-                                                  const float* x, const float* weight,
-                                                  const float* bias, int64_t n, float eps,
-                                                  int lane) {
+// layernorm_row_forward for one warp, each output handed to store(i, value) (a plain write here,
+// a bf16 rounding in fusion/ops/layernorm_bf16_row.cuh); every lane returns with the row's mean
+// and rstd.
+template <typename Store>
+__device__ inline void layernorm_warp_row_forward_with(Store store, float* mean_out,
+                                                       float* rstd_out, const float* x,
+                                                       const float* weight, const float* bias,
+                                                       int64_t n, float eps, int lane) {
   float sum = 0.0f;
   for (int64_t i = lane; i < n; i += kLayerNormWarp) sum += x[i];
   const float mean = layernorm_mean(layernorm_warp_sum(sum), n);
@@ -141,9 +144,18 @@ __device__ inline void layernorm_warp_row_forward(float* y, float* mean_out, flo
     square_sum += layernorm_squared_deviation(x[i], mean);
   const float rstd = layernorm_rstd(layernorm_warp_sum(square_sum), n, eps);
   for (int64_t i = lane; i < n; i += kLayerNormWarp)
-    y[i] = layernorm_output(x[i], mean, rstd, weight[i], bias[i]);
+    store(i, layernorm_output(x[i], mean, rstd, weight[i], bias[i]));
   *mean_out = mean;
   *rstd_out = rstd;
+}
+
+// layernorm_row_forward for one warp; every lane returns with the row's mean and rstd.
+__device__ inline void layernorm_warp_row_forward(float* y, float* mean_out, float* rstd_out,
+                                                  const float* x, const float* weight,
+                                                  const float* bias, int64_t n, float eps,
+                                                  int lane) {
+  layernorm_warp_row_forward_with([y](int64_t i, float value) { y[i] = value; }, mean_out, rstd_out,
+                                  x, weight, bias, n, eps, lane);
 }
 
 // layernorm_row_backward_means for one warp; every lane gets both means.

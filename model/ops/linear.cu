@@ -20,21 +20,37 @@ void linear_forward_cuda(float* y, GemmOperand x, GemmOperand weight, const floa
             linear_forward_gemm(rows, in_features, out_features, bias, y_stride, x_stride), stream);
 }
 
+namespace {
+
+// dx (=|+=) dy_gemm W and dW += dy_gemm^T x, where dy_gemm is dy itself (fp32) or its packed bf16
+// copy (row stride dy_gemm_stride); db += the column sums of the fp32 dy.
+void linear_backward_gemms(float* dx, bool overwrite_dx, float* dweight, float* dbias,
+                           const float* dy, int64_t dy_stride, GemmOperand dy_gemm,
+                           int64_t dy_gemm_stride, GemmOperand x, GemmOperand weight, int64_t rows,
+                           int64_t in_features, int64_t out_features, int64_t x_stride,
+                           CudaStream stream) {
+  if (dx != nullptr)
+    gemm_cuda(
+        dx, dy_gemm, weight,
+        linear_dx_gemm(rows, in_features, out_features, dy_gemm_stride, x_stride, overwrite_dx),
+        stream);
+  gemm_cuda(dweight, dy_gemm, x,
+            linear_dweight_gemm(rows, in_features, out_features, dy_gemm_stride, x_stride), stream);
+  // y = ... + b broadcast over rows  =>  db += sum over rows of dy
+  if (dbias != nullptr)
+    column_sums_cuda(dbias, true, nullptr, dy, nullptr, rows, out_features, 0, dy_stride, 0,
+                     stream);
+}
+
+}  // namespace
+
 void linear_backward_cuda(float* dx, bool overwrite_dx, float* dweight, float* dbias,
                           const float* dy, const float* x, const float* weight, int64_t rows,
                           int64_t in_features, int64_t out_features, int64_t dy_stride,
                           int64_t x_stride, CudaStream stream) {
   if (dy_stride == 0) dy_stride = out_features;
-  if (dx != nullptr)
-    gemm_cuda(dx, dy, weight,
-              linear_dx_gemm(rows, in_features, out_features, dy_stride, x_stride, overwrite_dx),
-              stream);
-  gemm_cuda(dweight, dy, x,
-            linear_dweight_gemm(rows, in_features, out_features, dy_stride, x_stride), stream);
-  // y = ... + b broadcast over rows  =>  db += sum over rows of dy
-  if (dbias != nullptr)
-    column_sums_cuda(dbias, true, nullptr, dy, nullptr, rows, out_features, 0, dy_stride, 0,
-                     stream);
+  linear_backward_gemms(dx, overwrite_dx, dweight, dbias, dy, dy_stride, dy, dy_stride, x, weight,
+                        rows, in_features, out_features, x_stride, stream);
 }
 
 const bf16_bits* bf16_gradient_copy_cuda(const float* dy, int64_t rows, int64_t cols,
@@ -58,15 +74,8 @@ void linear_backward_bf16_cuda(float* dx, bool overwrite_dx, float* dweight, flo
   if (dy_stride == 0) dy_stride = out_features;
   // The packed copy has row stride out_features; dx and dW read it, db sums the fp32 dy.
   const bf16_bits* dy_bf16 = bf16_gradient_copy_cuda(dy, rows, out_features, dy_stride, stream);
-  if (dx != nullptr)
-    gemm_cuda(dx, dy_bf16, weight,
-              linear_dx_gemm(rows, in_features, out_features, out_features, x_stride, overwrite_dx),
-              stream);
-  gemm_cuda(dweight, dy_bf16, x,
-            linear_dweight_gemm(rows, in_features, out_features, out_features, x_stride), stream);
-  if (dbias != nullptr)
-    column_sums_cuda(dbias, true, nullptr, dy, nullptr, rows, out_features, 0, dy_stride, 0,
-                     stream);
+  linear_backward_gemms(dx, overwrite_dx, dweight, dbias, dy, dy_stride, dy_bf16, out_features, x,
+                        weight, rows, in_features, out_features, x_stride, stream);
 }
 
 }  // namespace ft
