@@ -168,7 +168,7 @@ int run_train(const TrainArgs& args, Communicator* comm) {
     // Once per run: whether bf16 pays on this CPU, so a slow bf16 run is never a mystery.
     if (config.train.precision == "bf16")
       say("precision bf16: GEMM operands in bf16, fp32 masters and reductions; %s\n",
-          bf16_gemm_path());
+          config.train.device == "cuda" ? "cuBLASLt bf16 GEMMs on the GPU" : bf16_gemm_path());
   }
   // Every JSON row goes to metrics.jsonl and, with --json, to that file too, flushed at once: a
   // run that is killed keeps every finished step's row, whole.
