@@ -303,7 +303,23 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     FT_FAIL(path, ": config file is larger than ", kMaxConfigBytes / (1024 * 1024),
             " MiB (the limit for a config); is it the right file?");
   text.resize(static_cast<size_t>(in.gcount()));
-  return parse_config(text, path, overrides);
+  Config config = parse_config(text, path, overrides);
+  config.data.path = find_data_file(config.data.path, path);
+  return config;
+}
+
+std::string find_data_file(const std::string& data_path, const std::string& config_path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (data_path.empty() || fs::path(data_path).is_absolute() || fs::exists(data_path, error))
+    return data_path;
+  for (fs::path folder = fs::absolute(config_path, error).parent_path(); !folder.empty();
+       folder = folder.parent_path()) {
+    const fs::path candidate = folder / data_path;
+    if (fs::exists(candidate, error)) return candidate.lexically_normal().string();
+    if (folder == folder.root_path()) break;
+  }
+  return data_path;  // the loader says it is missing, and where relative paths are looked up
 }
 
 }  // namespace ft

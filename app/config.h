@@ -127,6 +127,12 @@ inline constexpr uint64_t kMaxConfigBytes = uint64_t{4} << 20;
 // one-line note on stdout; a warmup the file or an override set stays an error.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
+// A relative `data_path` that is not there from the working directory is looked up from the
+// folder of `config_path` and each folder above it, so configs/x.yaml of a checkout finds the
+// checkout's data/ from anywhere; the first hit, or `data_path` unchanged. load_config applies it
+// to data.path.
+std::string find_data_file(const std::string& data_path, const std::string& config_path);
+
 // Same, from YAML text (for tests); `origin` is used as the file name in messages.
 Config parse_config(const std::string& yaml_text, const std::string& origin,
                     const std::vector<std::string>& overrides = {});

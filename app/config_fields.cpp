@@ -87,7 +87,8 @@ std::vector<Field> build_fields() {
        "several ranks, communication details"},
       {FT_KEY(train.checkpoint_every), at_least(0),
        "steps between checkpoints; 0 = only at the end"},
-      {FT_KEY(train.resume), any_text(), "checkpoint to resume from; empty = fresh start"},
+      {FT_KEY(train.resume), any_text(),
+       "run dir or checkpoint to resume from (as train --resume); empty = fresh start"},
       {FT_KEY(train.grad_accum), in(1, 1024), "micro-batches accumulated per optimizer step"},
       {FT_KEY(train.device), one_of({"cpu", "cuda"}),
        "where parameters, activations and every kernel live; cuda needs a CUDA build and a GPU "

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "app/checkpoint_model.h"
 #include "app/device_setup.h"
 #include "app/jobs.h"
 #include "app/trainer.h"
@@ -23,20 +24,8 @@ int run_eval(const EvalArgs& args) {
                             ? checkpoint_config(checkpoint, args.checkpoint_path, args.overrides)
                             : load_config(args.config_path, args.overrides);
   // Before building a model of the wrong kind, whose errors would only list missing tensors.
-  auto arch = checkpoint.metadata.find("arch");
-  const bool arch_set =
-      std::any_of(args.overrides.begin(), args.overrides.end(),
-                  [](const std::string& set) { return set.rfind("model.arch=", 0) == 0; });
-  const std::string arch_source = arch_set ? std::string("--set")
-                                  : !args.config_path.empty()
-                                      ? "--config " + args.config_path
-                                      : std::string("its embedded config (metadata 'config')");
-  if (arch != checkpoint.metadata.end())
-    FT_REQUIRE(arch->second == config.model.arch, args.checkpoint_path, ": the checkpoint is a '",
-               arch->second, "' model (metadata 'arch'), but ", arch_source, " says model.arch '",
-               config.model.arch,
-               "'; pass the config the checkpoint was trained with, or no --config to use the "
-               "one stored in it");
+  require_same_model(checkpoint, args.checkpoint_path, config,
+                     model_config_source(args.overrides, args.config_path));
   omp_set_num_threads(resolve_threads(config.train.threads));
   std::unique_ptr<Task> task = make_task(config, 0, 1);
   const Device device = setup_device(config, 0);

@@ -3,6 +3,7 @@
 // bf16; see app/inference_model.h.
 #include <cstdio>
 
+#include "app/checkpoint_model.h"
 #include "app/flag_checks.h"
 #include "app/inference_model.h"
 #include "app/jobs.h"
@@ -32,9 +33,12 @@ int run_export(const ExportArgs& args) {
       !same_file(args.checkpoint_path, args.out_path), "--out '", args.out_path,
       "' is the --checkpoint file; writing the export there would replace the checkpoint, ",
       "so choose another --out");
+  const SafetensorsFile checkpoint = load_checkpoint_file(args.checkpoint_path);
   const Config config = args.config_path.empty()
-                            ? checkpoint_config(args.checkpoint_path, args.overrides)
+                            ? checkpoint_config(checkpoint, args.checkpoint_path, args.overrides)
                             : load_config(args.config_path, args.overrides);
+  require_same_model(checkpoint, args.checkpoint_path, config,
+                     model_config_source(args.overrides, args.config_path));
   // An export is the folded model by definition: it holds no BatchNorm tensors and infer rebuilds
   // the folded graph, so inference.fold_bn false could only be ignored here.
   FT_REQUIRE(

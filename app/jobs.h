@@ -11,9 +11,12 @@
 namespace ft {
 
 struct TrainArgs {
-  std::string config_path;
+  std::string config_path;          // "" when --config is not given
+  std::string default_config_path;  // used when neither --config nor a resume names one
   std::vector<std::string> overrides;
-  std::string json_path;  // per-step JSON Lines plus a summary; empty = none
+  std::string json_path;                // per-step JSON Lines plus a summary; empty = none
+  std::string resume_path;              // --resume RUN_DIR or CHECKPOINT; "" = train.resume decides
+  std::string program = "fusiontrain";  // argv[0], for the resume hint
 };
 // `comm` is null for a single process.
 int run_train(const TrainArgs& args, Communicator* comm);

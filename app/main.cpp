@@ -39,11 +39,15 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   ft::TrainArgs train_args;
-  train_args.config_path = kDefaultConfig;
+  train_args.default_config_path = kDefaultConfig;
+  train_args.program = argv[0];
   CLI::App* train =
       app.add_subcommand("train", "train a model (run under mpirun for data parallel)");
   add_config_flags(train, &train_args.config_path, &train_args.overrides);
   train->add_option("--json", train_args.json_path, "write per-step metrics as JSON Lines");
+  train->add_option("--resume", train_args.resume_path,
+                    "continue a run: its run dir (its config.yaml and newest checkpoint, log and "
+                    "metrics appended) or a checkpoint (its embedded config unless --config)");
 
   ft::EvalArgs eval_args;
   CLI::App* eval = app.add_subcommand("eval", "evaluate a checkpoint");

@@ -258,16 +258,29 @@ void write_all(int fd, const char* text, size_t bytes) {
   }
 }
 
+std::atomic<int> interrupt_requested{0};  // the first SIGINT or SIGTERM, 0 before one
+
+void write_to_outputs(const char* text) {
+  for (const int fd : {STDERR_FILENO, interrupt_log_fd.load()})
+    if (fd >= 0) write_all(fd, text, std::strlen(text));
+}
+
 extern "C" void on_interrupt(int signo) {
-  const int current = interrupt_current.load();
-  if (current >= 0) {
-    const char* name = signo == SIGINT ? "interrupted by SIGINT" : "interrupted by SIGTERM";
-    const char* rest = interrupt_messages[current];
-    for (const int fd : {STDERR_FILENO, interrupt_log_fd.load()}) {
-      if (fd < 0) continue;
-      write_all(fd, name, std::strlen(name));
-      write_all(fd, rest, std::strlen(rest));
-    }
+  const bool printing = interrupt_current.load() >= 0;
+  int none = 0;
+  if (interrupt_requested.compare_exchange_strong(none, signo)) {
+    if (printing)
+      write_to_outputs(signo == SIGINT
+                           ? "SIGINT: stopping after this step and saving a checkpoint (send it "
+                             "again to stop at once)\n"
+                           : "SIGTERM: stopping after this step and saving a checkpoint (send it "
+                             "again to stop at once)\n");
+    return;
+  }
+  if (printing) {
+    write_to_outputs(signo == SIGINT ? "interrupted by SIGINT again"
+                                     : "interrupted by SIGTERM again");
+    write_to_outputs(interrupt_messages[interrupt_current.load()]);
   }
   remove_temp_files_in_progress();  // a checkpoint cut short leaves no temp file behind
   ::_exit(128 + signo);
@@ -276,11 +289,13 @@ extern "C" void on_interrupt(int signo) {
 
 InterruptHandlers::InterruptHandlers(bool print, int log_fd) {
   interrupt_log_fd.store(print ? log_fd : -1);
+  interrupt_requested.store(0);
+  print_ = print;
+  if (print) update(0, "", "");
   struct sigaction action {};
   action.sa_handler = on_interrupt;
   sigemptyset(&action.sa_mask);
   for (const int signo : {SIGINT, SIGTERM}) ::sigaction(signo, &action, nullptr);
-  print_ = print;
 }
 
 InterruptHandlers::~InterruptHandlers() {
@@ -289,7 +304,12 @@ InterruptHandlers::~InterruptHandlers() {
   interrupt_log_fd.store(-1);
 }
 
-void InterruptHandlers::update(int step, const std::string& last_checkpoint) {
+int InterruptHandlers::requested() {
+  return interrupt_requested.load();
+}
+
+void InterruptHandlers::update(int step, const std::string& last_checkpoint,
+                               const std::string& resume_hint) {
   if (!print_) return;
   const int next = interrupt_current.load() == 0 ? 1 : 0;
   if (last_checkpoint.empty())
@@ -297,8 +317,8 @@ void InterruptHandlers::update(int step, const std::string& last_checkpoint) {
                   " at step %d; no checkpoint written yet\n", step);
   else
     std::snprintf(interrupt_messages[next], kInterruptMessageBytes,
-                  " at step %d; last checkpoint %s (resume with --set train.resume=%s)\n", step,
-                  last_checkpoint.c_str(), last_checkpoint.c_str());
+                  " at step %d; last checkpoint %s\nresume with: %s\n", step,
+                  last_checkpoint.c_str(), resume_hint.c_str());
   interrupt_current.store(next);
 }
 

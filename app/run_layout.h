@@ -44,19 +44,25 @@ std::string checkpoint_path(const Config& config, int step);
 // into <checkpoint_dir>/replaced-<time>/, so the new run's never mix with them.
 void refuse_to_overwrite(const Config& config, Communicator* comm, bool is_root);
 
-// SIGINT and SIGTERM end the process at once with exit status 128 + signo; with `print` (rank 0)
-// first writing "interrupted by SIGINT at step N; last checkpoint PATH (resume with --set
-// train.resume=PATH)" to stderr and to `log_fd` (when >= 0). Nothing is saved from the handler:
-// the newest checkpoint is the one to resume from, so metrics and log rows must be flushed as
-// they are written. One instance at a time; the destructor restores the default actions.
+// SIGINT and SIGTERM ask the run to stop: the first only sets requested(), which the training
+// loop reads after each step (it then saves a checkpoint and says how to resume), and with
+// `print` (rank 0) says so on stderr and `log_fd` (when >= 0). A second one ends the process at
+// once with exit status 128 + signo, removing any temp file in progress, after (with `print`)
+// "interrupted by SIGINT again at step N; last checkpoint PATH" and the resume hint. The handler
+// may run on any thread, so it only writes messages prepared by update(); metrics and log rows
+// must be flushed as they are written. One instance at a time; the destructor restores the
+// default actions.
 class InterruptHandlers {
  public:
   InterruptHandlers(bool print, int log_fd);
   ~InterruptHandlers();
   InterruptHandlers(const InterruptHandlers&) = delete;
   InterruptHandlers& operator=(const InterruptHandlers&) = delete;
-  // The step last finished and the newest checkpoint ("" when none yet), for the message.
-  void update(int step, const std::string& last_checkpoint);
+  // The step last finished, the newest checkpoint ("" when none yet) and the command that
+  // resumes from it, for the message of a second signal.
+  void update(int step, const std::string& last_checkpoint, const std::string& resume_hint);
+  // The first SIGINT or SIGTERM received since construction, or 0.
+  static int requested();
 
  private:
   bool print_ = false;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "app/checkpoint_model.h"
 #include "app/flag_checks.h"
 #include "app/inference_model.h"
 #include "app/jobs.h"
@@ -227,6 +228,8 @@ int run_sample(const SampleArgs& args) {
   ParamStore params;
   const GptParamIds ids = register_gpt_params(shape, params);
   if (!weights) weights = load_gpt_weights(args);
+  require_same_model(weights->file, weights->path, config,
+                     model_config_source(args.overrides, args.config_path));
   // A bf16 export's tensors arrive widened to fp32 (exactly), so either precision runs either file.
   const DType stored = args.model_path.empty()
                            ? DType::kF32

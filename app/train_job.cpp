@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "app/fusion_advice.h"
 #include "app/jobs.h"
 #include "app/profiler.h"
+#include "app/resume.h"
 #include "app/run_layout.h"
 #include "app/throughput.h"
 #include "app/trace.h"
@@ -85,6 +87,16 @@ void print_eval(const EvalResult& result, int step) {
   std::fflush(stdout);
 }
 
+// The signal that asked the run to stop on any rank (SIGINT when ranks got different ones), or
+// 0. Collective: every rank stops after the same step.
+int agreed_interrupt(Communicator* comm) {
+  const int local = InterruptHandlers::requested();
+  if (comm == nullptr) return local;
+  float votes[2] = {local == SIGINT ? 1.0f : 0.0f, local == SIGTERM ? 1.0f : 0.0f};
+  comm->allreduce(votes, 2, ReduceOp::kSum);
+  return votes[0] > 0 ? SIGINT : votes[1] > 0 ? SIGTERM : 0;
+}
+
 }  // namespace
 
 int resolve_threads(int configured_threads) {
@@ -96,9 +108,13 @@ int resolve_threads(int configured_threads) {
 }
 
 int run_train(const TrainArgs& args, Communicator* comm) {
-  const Config loaded = load_config(args.config_path, args.overrides);
   const bool is_root = comm == nullptr || comm->rank() == 0;
   const int world_size = comm ? comm->size() : 1;
+  const ResolvedTrainConfig request = resolve_train_config(
+      {args.config_path, args.default_config_path, args.overrides, args.resume_path}, world_size);
+  const Config& loaded = request.config;
+  if (is_root)
+    for (const std::string& note : request.notes) std::printf("%s\n", note.c_str());
   omp_set_num_threads(resolve_threads(loaded.train.threads));
   // A config that differs across ranks is the first thing to report (the Trainer checks again).
   if (comm != nullptr) check_same_config(*comm, flatten_config(loaded), loaded.source_path);
@@ -203,9 +219,10 @@ int run_train(const TrainArgs& args, Communicator* comm) {
     emit(eval_json(last_eval, step));
   };
   std::string last_checkpoint;
-  // SIGINT/SIGTERM: rank 0 says where the run stopped and what to resume from.
+  // SIGINT/SIGTERM: the run stops after the step in progress, saves it and says how to resume.
   InterruptHandlers interrupt(is_root, log_file ? fileno(log_file.get()) : -1);
-  interrupt.update(first_step, config.train.resume);
+  const std::string resume_hint = resume_command(args.program, config.train.run_dir, world_size);
+  interrupt.update(first_step, config.train.resume, resume_hint);
   double interval_ms = 0;  // steps since the last progress line
   int interval_steps = 0;
   const double start_ms = now_ms();
@@ -213,7 +230,14 @@ int run_train(const TrainArgs& args, Communicator* comm) {
   while (trainer.step() < total_steps) {
     trace.before_step();
     if (profiler) profiler->begin_step();
-    const StepStats stats = trainer.train_step();
+    StepStats stats;
+    try {
+      stats = trainer.train_step();
+    } catch (const CollectiveError& error) {
+      // A run stopped by divergence goes on from its newest checkpoint, the last good one.
+      if (newest_checkpoint(config.train.checkpoint_dir).empty()) throw;
+      throw CollectiveError(std::string(error.what()) + "; resume with: " + resume_hint);
+    }
     if (profiler) profiler->end_step(stats.step_ms);
     trace.after_step(stats.comm);
     train_ms += stats.step_ms;
@@ -227,7 +251,8 @@ int run_train(const TrainArgs& args, Communicator* comm) {
     comm_totals.extra_memory_bytes = stats.comm.extra_memory_bytes;
     const int step = stats.step;
     if (is_root) emit(step_json(stats, items_per_step));
-    interrupt.update(step, last_checkpoint.empty() ? config.train.resume : last_checkpoint);
+    interrupt.update(step, last_checkpoint.empty() ? config.train.resume : last_checkpoint,
+                     resume_hint);
     if (is_root && stats.skipped)
       say("step %d/%d | loss %g, gradient norm %g: update skipped (%d skipped so far, "
           "train.max_skipped_steps %d)\n",
@@ -264,7 +289,18 @@ int run_train(const TrainArgs& args, Communicator* comm) {
         step != total_steps) {
       last_checkpoint = checkpoint_path(config, step);
       trainer.save_checkpoint(last_checkpoint);
-      interrupt.update(step, last_checkpoint);
+      interrupt.update(step, last_checkpoint, resume_hint);
+    }
+    if (const int signo = agreed_interrupt(comm); signo != 0 && step != total_steps) {
+      if (last_checkpoint != checkpoint_path(config, step)) {
+        last_checkpoint = checkpoint_path(config, step);
+        trainer.save_checkpoint(last_checkpoint);
+      }
+      if (is_root)
+        say("interrupted by %s after step %d of %d: saved checkpoint %s\nresume with: %s\n",
+            signo == SIGINT ? "SIGINT" : "SIGTERM", step, total_steps, last_checkpoint.c_str(),
+            resume_hint.c_str());
+      return 128 + signo;
     }
   }
   evaluate(trainer.step());

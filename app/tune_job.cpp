@@ -227,11 +227,12 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
   for (size_t k = 0; k < recommended.size(); ++k)
     if (recommended[k] > 0.5f) report.recommended_keys.push_back(bench_ablation_keys()[k]);
 
-  // Plan the rest: 2 points per pass, 2 for the input's own fusion, up to 4 pairs of max_ops,
+  // Plan the rest: a change is 2 points, and 2 more when it is faster beyond noise and measured
+  // again (try_change), so 4 per pass, 4 for the input's own fusion, up to 4 changes of max_ops;
   // 2 x (5 + 3) bucket points.
   const bool sweep_buckets = world_size > 1 && base.comm.bucketing;
   const int planned =
-      2 * static_cast<int>(report.recommended_keys.size()) + 2 + 8 + (sweep_buckets ? 16 : 0);
+      4 * static_cast<int>(report.recommended_keys.size()) + 4 + 16 + (sweep_buckets ? 16 : 0);
   const TuneMeasureSize size =
       plan_tune_measure(args.budget_steps - report.steps_used, std::max(1, planned));
 

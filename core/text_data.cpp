@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "core/atomic_file.h"
@@ -35,8 +36,17 @@ std::vector<uint8_t> read_whole_file(const std::string& path) {
   // check below could refuse it.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
-    FT_FAIL("text data file ", path, ": cannot open (", std::strerror(errno),
-            "); run scripts/bootstrap.sh to fetch the datasets");
+    const int open_errno = errno;
+    std::error_code error;
+    const std::string working_dir = std::filesystem::current_path(error).string();
+    const bool relative = std::filesystem::path(path).is_relative();
+    // Only the project's own corpus is one that scripts/bootstrap.sh can fetch.
+    const bool ours = std::filesystem::path(path).filename() == "moby_dick.txt";
+    FT_FAIL("text data file ", path, ": cannot open (", std::strerror(open_errno), ")",
+            relative ? "; a relative data.path is looked up from the working directory (" +
+                           working_dir + ") and from the config file's folder and those above it"
+                     : std::string(),
+            ours ? "; run scripts/bootstrap.sh to fetch the corpus" : "");
   }
   FdCloser closer{fd};
   struct stat info {};

@@ -90,8 +90,9 @@ TEST_F(AtomicOutput, InterruptRemovesTheTempFileInProgress) {
       InterruptHandlers handlers(false, -1);
       AtomicFileWriter writer(path);
       writer.append("partial", 7);
+      ::raise(signo);  // the first only asks the training loop to stop after its step
       ::raise(signo);
-      ::_exit(0);  // not reached: the handler exits
+      ::_exit(0);  // not reached: the second signal's handler exits
     }
     int status = 0;
     ASSERT_EQ(::waitpid(child, &status, 0), child);

@@ -178,6 +178,29 @@ TEST(ExportInput, EvalNamesTheEmbeddedConfigAsTheSourceOfTheArch) {
                   "(metadata 'config') says model.arch 'resnet'"});
 }
 
+// A config of another size or architecture is named as the mistake, before any tensor check
+// could say only "no tensor 'wte.weight'" or a shape.
+TEST(ExportInput, AConfigOfAnotherModelIsNamedBeforeAnyTensor) {
+  const std::string exported = gpt_export();  // and its 1-layer checkpoint
+  const std::string checkpoint = temp_path("gpt.ckpt.safetensors");
+  const std::string other_size =
+      "the checkpoint holds a model with model.n_layer '1', but "
+      "--config configs/gpt_tiny.yaml says model.n_layer '4'";
+  expect_refused("export --checkpoint " + checkpoint + " --config configs/gpt_tiny.yaml --out " +
+                     temp_path("other_size.safetensors"),
+                 {other_size});
+  expect_refused(
+      "sample --checkpoint " + checkpoint + " --config configs/gpt_tiny.yaml --max-new-tokens 2",
+      {other_size});
+  expect_refused(
+      "sample --model " + exported + " --config configs/gpt_tiny.yaml --max-new-tokens 2",
+      {"the export holds a model with model.n_layer '1', but --config configs/gpt_tiny.yaml"});
+  expect_refused("export --checkpoint " + checkpoint + " --config configs/resnet8.yaml --out " +
+                     temp_path("other_arch.safetensors"),
+                 {"the checkpoint is a 'gpt' model (metadata 'arch'), but --config "
+                  "configs/resnet8.yaml says model.arch 'resnet'"});
+}
+
 }  // namespace
 }  // namespace ft
 

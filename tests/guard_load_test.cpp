@@ -53,8 +53,24 @@ TEST(GuardLoad, EvalOfAModelThatOverflowsIsAnError) {
 TEST(GuardLoad, ExtraTensorsAreListed) {
   const std::string dir = fresh_dir("extra");
   const std::string two_layers = trained_checkpoint(dir, 3, "--set model.n_layer=2");
-  const RunResult eval =
+  // A config of another size is named first (its embedded config says so) ...
+  const RunResult named =
       run_fusiontrain("eval --checkpoint " + two_layers + " --set model.n_layer=1", kTimeout);
+  EXPECT_NE(named.exit_code, 0) << named.output;
+  EXPECT_TRUE(contains(named.output,
+                       "holds a model with model.n_layer '2', but --set says "
+                       "model.n_layer '1'"))
+      << named.output;
+  // ... and without an embedded config the tensors the model lacks are listed.
+  SafetensorsFile file = load_safetensors(two_layers);
+  file.metadata.erase("config");
+  const std::string bare = dir + "/bare.safetensors";
+  save_safetensors(bare, file);
+  const RunResult eval =
+      run_fusiontrain("eval --checkpoint " + bare +
+                          " --config configs/gpt_tiny.yaml --set model.n_layer=1 "
+                          "--set model.d_model=16 --set model.n_head=2 --set model.seq_len=16",
+                      kTimeout);
   EXPECT_NE(eval.exit_code, 0) << eval.output;
   EXPECT_TRUE(contains(eval.output, "the model does not have")) << eval.output;
   EXPECT_TRUE(contains(eval.output, "h.1.mlp.c_fc.weight")) << eval.output;

@@ -65,6 +65,10 @@ TEST(GuardDivergence, NanStopsWithNonZeroExitAndNoNonFiniteCheckpoint) {
   EXPECT_TRUE(contains(run.output, "stopping the run (train.nan_policy: stop")) << run.output;
   EXPECT_TRUE(contains(run.output, "nan")) << run.output;
   EXPECT_TRUE(contains(run.output, "last good checkpoint: " + dir + "/ck/step_")) << run.output;
+  // The hint continues the run in its folder (from its newest, the last good, checkpoint).
+  EXPECT_TRUE(contains(run.output,
+                       "resume with: " + std::string(FT_BINARY) + " train --resume " + dir + "\n"))
+      << run.output;
   EXPECT_FALSE(fs::exists(dir + "/ck/step_000030.safetensors")) << "no final checkpoint";
   const std::vector<std::string> files = checkpoints_in(dir + "/ck");
   EXPECT_FALSE(files.empty()) << "the steps before divergence were checkpointed";
@@ -77,6 +81,7 @@ TEST(GuardDivergence, StopBeforeAnyCheckpointSaysSo) {
   const RunResult run = run_fusiontrain(tiny_train(dir, kDiverge), kTimeout);
   EXPECT_NE(run.exit_code, 0) << run.output;
   EXPECT_TRUE(contains(run.output, "no checkpoint written yet")) << run.output;
+  EXPECT_FALSE(contains(run.output, "resume with")) << "nothing to resume from";
   EXPECT_TRUE(checkpoints_in(dir + "/ck").empty());
 }
 

@@ -29,8 +29,10 @@ inline std::string fresh_dir(const std::string& name) {
 }
 
 // A one-layer GPT that trains a step in milliseconds, writing under `dir`.
-inline std::string tiny_train(const std::string& dir, const std::string& extra = "") {
-  return "train --config configs/gpt_tiny.yaml --set model.n_layer=1 --set model.d_model=16 "
+inline std::string tiny_train(const std::string& dir, const std::string& extra = "",
+                              const std::string& config = "configs/gpt_tiny.yaml") {
+  return "train --config " + config +
+         " --set model.n_layer=1 --set model.d_model=16 "
          "--set model.n_head=2 --set model.seq_len=16 --set train.batch_size=2 "
          "--set train.threads=1 --set train.eval_every=0 --set train.eval_batches=1 "
          "--set optim.warmup_steps=0 --set train.steps=3 --set train.run_dir=" +

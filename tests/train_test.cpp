@@ -260,46 +260,5 @@ TEST(RunHistory, LatestThatIsNotASymlinkIsLeftAloneWithANote) {
   EXPECT_FALSE(fs::is_symlink(dir + "/runs/latest"));
 }
 
-// SIGINT and SIGTERM once the first step is logged: a message naming the step and the newest
-// checkpoint, exit 128 + signo, and every metrics row written whole up to that step.
-TEST(RunHistory, InterruptSaysWhereItStoppedAndKeepsMetricsWhole) {
-  for (const auto& [signal_name, status] : {std::pair{"INT", 130}, std::pair{"TERM", 143}}) {
-    const std::string dir = fresh_dir(std::string("signal_") + signal_name);
-    const RunResult run = test::run_shell(
-        "timeout 60 sh -c '" +
-        tiny_flags("--set train.steps=200000 --set train.checkpoint_every=5 "
-                   "--set train.run_dir=" +
-                   dir) +
-        " > " + dir + "/out.txt 2>&1 & pid=$!; i=0; until grep -q \"step 1/\" " + dir +
-        "/out.txt || [ $i -ge 600 ]; do sleep 0.05; i=$((i+1)); done; sleep 0.2; kill -" +
-        signal_name + " $pid; wait $pid; echo status=$?'");
-    const std::string out = text_of(dir + "/out.txt");
-    EXPECT_TRUE(has(run.output, "status=" + std::to_string(status))) << run.output << out;
-    const std::string said = std::string("interrupted by SIG") + signal_name + " at step ";
-    const size_t at = out.find(said);
-    ASSERT_NE(at, std::string::npos) << out;
-    const int step = std::atoi(out.c_str() + at + said.size());
-    EXPECT_GT(step, 0) << out;
-    EXPECT_TRUE(has(text_of(dir + "/log.txt"), said + std::to_string(step))) << out;
-    const size_t named = out.find("; last checkpoint ", at);
-    if (named != std::string::npos) {  // a slow machine may stop before the first checkpoint
-      const size_t path_at = named + 18;
-      const std::string path = out.substr(path_at, out.find(' ', path_at) - path_at);
-      EXPECT_TRUE(fs::exists(path)) << out;
-      EXPECT_TRUE(has(out, "(resume with --set train.resume=" + path + ")")) << out;
-    } else {
-      EXPECT_TRUE(has(out, said + std::to_string(step) + "; no checkpoint written yet")) << out;
-    }
-    // The signal may land between a step's row and the message's update: one row more at most.
-    const std::string metrics = text_of(dir + "/metrics.jsonl");
-    ASSERT_FALSE(metrics.empty());
-    EXPECT_EQ(metrics.back(), '\n') << "the last metrics row is cut off";
-    const std::vector<int> steps = step_rows(dir + "/metrics.jsonl");
-    ASSERT_FALSE(steps.empty());
-    EXPECT_GE(steps.back(), step) << out;
-    EXPECT_LE(steps.back(), step + 1) << out;
-  }
-}
-
 }  // namespace
 }  // namespace ft
