@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/math/bf16_math.h"
 #include "core/math/fast_exp.h"
 #include "core/math/online_softmax.h"
 #include "fusion/ops/attention_tile_gemm.h"
@@ -160,7 +161,7 @@ void causal_mix_transposed(MutableRows out, const float* weights, int64_t ld, Co
 
 void flash_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v,
                              const AttentionStrides& strides, int batch, int seq_len, int channels,
-                             int n_head, int tile) {
+                             int n_head, int tile, TileRounding rounding) {
   const int64_t T = seq_len, hd = channels / n_head, heads = static_cast<int64_t>(batch) * n_head;
   const int64_t width = round_up(hd, kLanes);
   const int64_t tile_rows = std::min<int64_t>(tile, T), ld = round_up(tile_rows, kColumnBlock);
@@ -217,6 +218,11 @@ void flash_attention_forward(float* y, float* lse, const float* q, const float* 
               row[s] = row[s] == kMasked ? 0.0f : online_softmax_weight(row[s], new_max);
               sum += row[s];
             }
+            // The sum above is of the unrounded weights, as in the bf16 kernels.
+            if (rounding == TileRounding::kBf16) {
+#pragma omp simd
+              for (int64_t s = 0; s < lanes; ++s) row[s] = round_to_bf16(row[s]);
+            }
             // Keys the row cannot see weigh 0 in its row block's product below.
             if (lanes < pair.keys) std::fill(row + lanes, row + pair.keys, 0.0f);
             online_softmax_accumulate(state, rescale, sum);
@@ -242,21 +248,24 @@ void flash_attention_forward(float* y, float* lse, const float* q, const float* 
 void flash_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* y,
                               const float* lse, const float* q, const float* k, const float* v,
                               const AttentionStrides& strides, int batch, int seq_len, int channels,
-                              int n_head, int tile) {
+                              int n_head, int tile, TileRounding rounding) {
   const int64_t T = seq_len, hd = channels / n_head, heads = static_cast<int64_t>(batch) * n_head;
   const int64_t width = round_up(hd, kLanes);
   const int64_t tile_rows = std::min<int64_t>(tile, T), ld = round_up(tile_rows, kColumnBlock);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool round_products = rounding == TileRounding::kBf16;
 #pragma omp parallel if (heads > 1)
   {
-    // Packed copies and gradient buffers, unless the head is read in place.
-    const bool in_place = reads_in_place(T, hd, width);
+    // Packed copies and gradient buffers, unless the head is read in place; dY is rounded in its
+    // packed copy.
+    const bool in_place = reads_in_place(T, hd, width), dy_in_place = in_place && !round_products;
     std::vector<float> q_buffer, k_buffer, v_buffer, dy_buffer, dq_buffer, dk_buffer, dv_buffer;
     if (!in_place) {
-      for (std::vector<float>* buffer : {&q_buffer, &k_buffer, &v_buffer, &dy_buffer, &dq_buffer})
+      for (std::vector<float>* buffer : {&q_buffer, &k_buffer, &v_buffer, &dq_buffer})
         buffer->resize(T * width);
       dk_buffer.resize(tile_rows * width), dv_buffer.resize(tile_rows * width);
     }
+    if (!dy_in_place) dy_buffer.resize(T * width);
     std::vector<float> dot_dy_y(T), kt(width * ld), vt(width * ld);
     VectorBuffer probs(tile_rows * ld), dscores(tile_rows * ld);
 #pragma omp for schedule(static)
@@ -267,13 +276,17 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dy, 
       const ConstRows q_rows = head_rows(q_buffer, in_place, q + q_at, strides.q, T, hd, width);
       const ConstRows k_rows = head_rows(k_buffer, in_place, k + k_at, strides.k, T, hd, width);
       const ConstRows v_rows = head_rows(v_buffer, in_place, v + v_at, strides.v, T, hd, width);
-      const ConstRows dy_rows = head_rows(dy_buffer, in_place, dy + y_at, strides.y, T, hd, width);
+      const ConstRows dy_rows =
+          head_rows(dy_buffer, dy_in_place, dy + y_at, strides.y, T, hd, width);
+      if (round_products)
+        for (float& value : dy_buffer) value = round_to_bf16(value);
       const MutableRows dq_rows = gradient_rows(dq_buffer, in_place, dq + q_at, strides.q, width);
       const float* lse_h = lse + bh * T;
       // D_t = sum_s P_ts dP_ts = sum_s P_ts <dY_t, V_s> = <dY_t, Y_t>: one dot per row instead
       // of a second pass over the key tiles.
       for (int64_t t = 0; t < T; ++t) {
-        const float* dy_row = dy + y_at + t * strides.y;
+        const float* dy_row =
+            round_products ? dy_rows.data + t * dy_rows.ld : dy + y_at + t * strides.y;
         const float* y_row = y + y_at + t * strides.y;
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
@@ -303,10 +316,20 @@ void flash_attention_backward(float* dq, float* dk, float* dv, const float* dy, 
             const int64_t count = pair.visible(r);
             const float row_lse = lse_h[i0 + r], row_dot = dot_dy_y[i0 + r];
             const int64_t lanes = mask_invisible(p_row, count);  // as in forward
+            if (round_products) {
+              // dS from the unrounded P, then rounded before the scale (the eager GEMMs' alpha).
 #pragma omp simd
-            for (int64_t s = 0; s < lanes; ++s) {
-              p_row[s] = p_row[s] == kMasked ? 0.0f : fast_exp(p_row[s] - row_lse);
-              ds_row[s] = scale * p_row[s] * (ds_row[s] - row_dot);
+              for (int64_t s = 0; s < lanes; ++s) {
+                const float p = p_row[s] == kMasked ? 0.0f : fast_exp(p_row[s] - row_lse);
+                ds_row[s] = scale * round_to_bf16(p * (ds_row[s] - row_dot));
+                p_row[s] = round_to_bf16(p);
+              }
+            } else {
+#pragma omp simd
+              for (int64_t s = 0; s < lanes; ++s) {
+                p_row[s] = p_row[s] == kMasked ? 0.0f : fast_exp(p_row[s] - row_lse);
+                ds_row[s] = scale * p_row[s] * (ds_row[s] - row_dot);
+              }
             }
             if (lanes < keys) {
               std::fill(p_row + lanes, p_row + keys, 0.0f);

@@ -28,15 +28,20 @@ struct AttentionStrides {
   int64_t q = 0, k = 0, v = 0, y = 0;
 };
 
+// What the fp32 CPU kernels round to bf16 inside the tiles: nothing (fp32 precision), or, on q, k,
+// v widened from bf16, what the bf16 kernels (flash_attention_bf16.h) and the eager twin round:
+// P and dS before their products, dY once.
+enum class TileRounding { kNone, kBf16 };
+
 // Writes y and lse [B, NH, T]. REQUIRES: tile >= 1.
 void flash_attention_forward(float* y, float* lse, const float* q, const float* k, const float* v,
                              const AttentionStrides& strides, int batch, int seq_len, int channels,
-                             int n_head, int tile);
+                             int n_head, int tile, TileRounding rounding = TileRounding::kNone);
 // dq, dk, dv += their gradients, recomputing the probabilities from q, k and lse.
 void flash_attention_backward(float* dq, float* dk, float* dv, const float* dy, const float* y,
                               const float* lse, const float* q, const float* k, const float* v,
                               const AttentionStrides& strides, int batch, int seq_len, int channels,
-                              int n_head, int tile);
+                              int n_head, int tile, TileRounding rounding = TileRounding::kNone);
 
 // The same on device pointers, enqueued on `stream` (flash_attention.cu; CUDA builds only).
 // `delta` is scratch for D_t, [B, NH, T]. REQUIRES: channels / n_head <= 128 (checked).
@@ -73,12 +78,17 @@ class FlashAttentionOp : public Op {
     const float *q, *k, *v;
   };
   Operands operands(const Workspace& ws, bool widen);
+  // Whether the bf16 tile kernels (flash_attention_bf16.h) run this op: bf16 operands on a CPU
+  // that has them.
+  bool runs_bf16_tiles(const Workspace& ws) const;
+  // What the fp32 CPU kernels round: kBf16 for widened bf16 operands.
+  TileRounding tile_rounding(const Workspace& ws) const;
   // The CUDA backward's D_t = <dY_t, Y_t>, [B, NH, T], allocated on `device` on first use.
   float* delta_scratch(Device device);
   int batch_, seq_len_, channels_, n_head_, tile_;
   Tensor lse_;         // saved by forward, on the workspace's device
   Tensor delta_;       // cuda only
-  Tensor widened_[3];  // train.precision: bf16: q, k, v widened to fp32 by forward for backward
+  Tensor widened_[3];  // bf16 operands without the bf16 kernels: q, k, v widened by forward
 };
 
 }  // namespace ft

@@ -1,8 +1,9 @@
 // FlashAttentionOp (see flash_attention.h): wiring checks, the saved log-sum-exp, and the bf16
-// operands of train.precision: bf16. There the eager twin's two GEMMs read bf16 q, k, v (cast
-// ops' outputs); the fused kernels read them widened once to fp32 (exact), so their products are
-// those of the same bf16-rounded values, while P and dS stay fp32 inside the tiles (the eager
-// twin rounds them to bf16 for its GEMMs: tests/precision_test.cpp states the tolerance).
+// operands of train.precision: bf16. There the eager twin's GEMMs read bf16 q, k, v (cast ops'
+// outputs) and bf16 P, dS and dY. On a CPU with AVX512-BF16 the fused kernels do the same
+// (flash_attention_bf16.h); elsewhere (and on cuda) they read q, k, v widened once to fp32
+// (exact), and the CPU kernels round P, dS and dY to bf16 inside the tiles as the bf16 kernels do
+// (TileRounding::kBf16), so both CPU paths agree to fp32 accumulation order.
 #include <vector>
 
 #include "core/bf16_cast.h"
@@ -11,6 +12,7 @@
 #include "core/cuda/bf16_kernels.h"
 #endif
 #include "fusion/ops/flash_attention.h"
+#include "fusion/ops/flash_attention_bf16.h"
 #include "model/ops/attention_heads.h"
 #include "model/ops/op_checks.h"
 
@@ -61,6 +63,15 @@ FlashAttentionOp::Operands FlashAttentionOp::operands(const Workspace& ws, bool 
   return {widened_[0].data(), widened_[1].data(), widened_[2].data()};
 }
 
+bool FlashAttentionOp::runs_bf16_tiles(const Workspace& ws) const {
+  return ws.device == Device::kCpu && ws.values[inputs[0]].dtype() == DType::kBF16 &&
+         flash_attention_bf16_native();
+}
+
+TileRounding FlashAttentionOp::tile_rounding(const Workspace& ws) const {
+  return ws.values[inputs[0]].dtype() == DType::kBF16 ? TileRounding::kBf16 : TileRounding::kNone;
+}
+
 float* FlashAttentionOp::delta_scratch(Device device) {
   if (delta_.numel() != lse_.numel() || delta_.device() != device)
     delta_ = Tensor::empty({batch_, n_head_, seq_len_}, device);
@@ -72,12 +83,19 @@ void FlashAttentionOp::forward(Workspace& ws, ParamStore&) {
   const int64_t lse_numel = static_cast<int64_t>(batch_) * n_head_ * seq_len_;
   if (lse_.numel() != lse_numel || lse_.device() != ws.device)
     lse_ = Tensor::empty({batch_, n_head_, seq_len_}, ws.device);
+  if (runs_bf16_tiles(ws)) {
+    const Tensor &q = ws.values[inputs[0]], &k = ws.values[inputs[1]], &v = ws.values[inputs[2]];
+    flash_attention_forward_bf16(ws.values[outputs[0]].data(), lse_.data(), q.bf16_data(),
+                                 k.bf16_data(), v.bf16_data(), strides(ws), batch_, seq_len_,
+                                 channels_, n_head_, tile_);
+    return;
+  }
   const Operands in = operands(ws, /*widen=*/true);
   FT_RUN_ON_CUDA(ws, flash_attention_forward_cuda(ws.values[outputs[0]].data(), lse_.data(), in.q,
                                                   in.k, in.v, strides(ws), batch_, seq_len_,
                                                   channels_, n_head_, ws.stream));
   flash_attention_forward(ws.values[outputs[0]].data(), lse_.data(), in.q, in.k, in.v, strides(ws),
-                          batch_, seq_len_, channels_, n_head_, tile_);
+                          batch_, seq_len_, channels_, n_head_, tile_, tile_rounding(ws));
 }
 
 void FlashAttentionOp::backward(Workspace& ws, ParamStore&) {
@@ -89,6 +107,14 @@ void FlashAttentionOp::backward(Workspace& ws, ParamStore&) {
   // fresh), so zeroing it whole here is the overwrite, at B*T*C floats against O(T^2) work.
   for (ValueId id : inputs)
     if (ws.grad_is_fresh(id)) ws.grads[id].fill(0.0f);
+  if (runs_bf16_tiles(ws)) {
+    const Tensor &q = ws.values[inputs[0]], &k = ws.values[inputs[1]], &v = ws.values[inputs[2]];
+    flash_attention_backward_bf16(
+        ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(), ws.grads[inputs[2]].data(),
+        ws.grads[outputs[0]].data(), ws.values[outputs[0]].data(), lse_.data(), q.bf16_data(),
+        k.bf16_data(), v.bf16_data(), strides(ws), batch_, seq_len_, channels_, n_head_, tile_);
+    return;
+  }
   // The widened copies of forward still hold q, k and v: nothing writes a value in between.
   const Operands in = operands(ws, /*widen=*/false);
   FT_RUN_ON_CUDA(
@@ -100,7 +126,7 @@ void FlashAttentionOp::backward(Workspace& ws, ParamStore&) {
   flash_attention_backward(ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
                            ws.grads[inputs[2]].data(), ws.grads[outputs[0]].data(),
                            ws.values[outputs[0]].data(), lse_.data(), in.q, in.k, in.v, strides(ws),
-                           batch_, seq_len_, channels_, n_head_, tile_);
+                           batch_, seq_len_, channels_, n_head_, tile_, tile_rounding(ws));
 }
 
 OpCost FlashAttentionOp::cost(const Graph& graph) const {
@@ -111,8 +137,9 @@ OpCost FlashAttentionOp::cost(const Graph& graph) const {
   cost.forward_flops = pairs * (4 * hd + 4);             // S = QK^T, Y += PV, online softmax
   cost.backward_flops = pairs * (10 * hd + 6);           // S again, dP, dV, dQ, dK, dS
   cost.saved_bytes = 4.0 * batch_ * n_head_ * seq_len_;  // the log-sum-exp
-  // bf16 operands are kept widened for backward: three [B*T, C] fp32 copies.
-  if (graph.values[inputs[0]].dtype == DType::kBF16)
+  // bf16 operands are kept widened for backward, three [B*T, C] fp32 copies, unless the bf16
+  // kernels read them as they are.
+  if (graph.values[inputs[0]].dtype == DType::kBF16 && !flash_attention_bf16_native())
     cost.saved_bytes += 3.0 * 4.0 * batch_ * seq_len_ * channels_;
   return cost;
 }

@@ -1,0 +1,177 @@
+// The pieces of FlashAttentionOp's AVX512-BF16 tiles (flash_attention_bf16_tiles.cpp): packing
+// bf16 rows into vdpbf16ps operand layouts, the register-blocked dot-product GEMM, and rounding
+// fp32 weight rows to bf16. Include only from a file compiled with AVX512-BF16 enabled, and only
+// from one: these inline functions, compiled with other flags elsewhere, would be one symbol to
+// the linker.
+// Thread safety: pure functions on caller-owned buffers.
+#pragma once
+#if !defined(__AVX512BF16__)
+#error "attention_tile_dot_bf16.h needs AVX512-BF16 enabled (-mavx512bf16)"
+#endif
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/math/bf16_math.h"
+
+namespace ft::attention_bf16::tile {
+
+constexpr int64_t kLanes = 16;  // floats (or bf16 pairs) per vector
+// Rows of C per register block, two vectors each: 8 accumulators, each B vector loaded feeding 4
+// products (8 rows measured slower at gpt_small: its causal blocks compute more masked pairs).
+constexpr int kRowBlock = 4;
+
+using word = uint32_t;
+
+inline int64_t lesser(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+inline int64_t greater(int64_t a, int64_t b) {
+  return a < b ? b : a;
+}
+inline int64_t round_up(int64_t n, int64_t multiple) {
+  return (n + multiple - 1) / multiple * multiple;
+}
+
+// Rows ahead that the packing loops prefetch: a head's rows lie a whole row of the [B*T, C]
+// activation apart, each a new line from L3 or memory, and the loops do too little per row to
+// hide that wait.
+constexpr int64_t kPrefetchRows = 8;
+
+// out[t][0, width) = rows[t][0, hd) zero padded, for t < count.
+inline void pack_rows(bf16_bits* out, const bf16_bits* rows, int64_t stride, int64_t count,
+                      int64_t hd, int64_t width) {
+  for (int64_t t = 0; t < count; ++t) {
+    // A loop, not memcpy: a library call per 64-byte row cost more than the copy.
+#pragma omp simd
+    for (int64_t d = 0; d < hd; ++d) out[t * width + d] = rows[t * stride + d];
+    for (int64_t d = hd; d < width; ++d) out[t * width + d] = 0;
+  }
+}
+
+// out[p][d] = (rows[2p][d], rows[2p+1][d]) for the pairs covering `count` rows; rows past count
+// and columns past hd are 0.
+inline void pack_row_pairs(word* out, const bf16_bits* rows, int64_t stride, int64_t count,
+                           int64_t hd, int64_t width) {
+  for (int64_t p = 0; 2 * p < count; ++p) {
+    const bf16_bits* even = rows + 2 * p * stride;
+    word* pair = out + p * width;
+    if (2 * p + 1 < count) {
+      const bf16_bits* odd = even + stride;
+#pragma omp simd
+      for (int64_t d = 0; d < hd; ++d) pair[d] = even[d] | static_cast<word>(odd[d]) << 16;
+    } else {
+#pragma omp simd
+      for (int64_t d = 0; d < hd; ++d) pair[d] = even[d];
+    }
+    for (int64_t d = hd; d < width; ++d) pair[d] = 0;
+  }
+}
+
+// out[p][s] = (rows[s][2p], rows[s][2p+1]) for s < count, 0 for count <= s < ld and for the
+// elements past hd.
+inline void pack_transposed(word* out, int64_t ld, const bf16_bits* rows, int64_t stride,
+                            int64_t count, int64_t hd, int64_t width) {
+  const int64_t whole_words = hd / 2;
+  // Contiguous loads, one row at a time; the stores spread over width / 2 lines that stay in L1.
+  for (int64_t s = 0; s < count; ++s) {
+    const bf16_bits* row = rows + s * stride;
+    __builtin_prefetch(row + kPrefetchRows * stride);
+    for (int64_t p = 0; p < whole_words; ++p) {
+      word pair;
+      std::memcpy(&pair, row + 2 * p, sizeof(pair));
+      out[p * ld + s] = pair;
+    }
+    if (hd % 2) out[whole_words * ld + s] = row[hd - 1];
+  }
+  for (int64_t p = 0; p < width / 2; ++p)
+    for (int64_t s = p < (hd + 1) / 2 ? count : 0; s < ld; ++s) out[p * ld + s] = 0;
+}
+
+inline __m512bh as_bf16(__m512i bits) {
+  return reinterpret_cast<__m512bh&>(bits);
+}
+
+// C[r][0, kVectors * kLanes) (+)= sum over word steps p in [p_begin, p_end) of the pair products
+// A(r, p) . B[p][.], A(r, p) at a[r * lda + p] (rows) or a[p * lda + r] (kColumns).
+template <int kRows, int kVectors, bool kColumns>
+inline __attribute__((always_inline)) void dot_block(float* c, int64_t ldc, const word* a,
+                                                     int64_t lda, const word* b, int64_t ldb,
+                                                     int64_t p_begin, int64_t p_end,
+                                                     bool accumulate) {
+  __m512 acc[kRows][kVectors];
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < kVectors; ++v)
+      acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + v * kLanes) : _mm512_setzero_ps();
+  for (int64_t p = p_begin; p < p_end; ++p) {
+    __m512bh b_row[kVectors];
+    for (int v = 0; v < kVectors; ++v)
+      b_row[v] = as_bf16(_mm512_loadu_si512(b + p * ldb + v * kLanes));
+    for (int r = 0; r < kRows; ++r) {
+      const word a_rp = kColumns ? a[p * lda + r] : a[r * lda + p];
+      const __m512bh a_pair = as_bf16(_mm512_set1_epi32(static_cast<int>(a_rp)));
+      for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a_pair, b_row[v]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int v = 0; v < kVectors; ++v) _mm512_storeu_ps(c + r * ldc + v * kLanes, acc[r][v]);
+}
+
+template <int kRows, bool kColumns>
+inline void dot_rows(float* c, int64_t ldc, const word* a, int64_t lda, const word* b, int64_t ldb,
+                     int64_t columns, int64_t p_begin, int64_t p_end, bool accumulate) {
+  int64_t n = 0;
+  for (; n + 2 * kLanes <= columns; n += 2 * kLanes)
+    dot_block<kRows, 2, kColumns>(c + n, ldc, a, lda, b + n, ldb, p_begin, p_end, accumulate);
+  if (n < columns)
+    dot_block<kRows, 1, kColumns>(c + n, ldc, a, lda, b + n, ldb, p_begin, p_end, accumulate);
+}
+
+// C[rows x columns] (+)= A B for one block of 1..kRowBlock rows; columns a multiple of kLanes.
+template <bool kColumns, int kRows = kRowBlock>
+inline void dot_row_block(float* c, int64_t ldc, const word* a, int64_t lda, const word* b,
+                          int64_t ldb, int64_t rows, int64_t columns, int64_t p_begin,
+                          int64_t p_end, bool accumulate) {
+  if constexpr (kRows > 1)
+    if (rows < kRows)
+      return dot_row_block<kColumns, kRows - 1>(c, ldc, a, lda, b, ldb, rows, columns, p_begin,
+                                                p_end, accumulate);
+  dot_rows<kRows, kColumns>(c, ldc, a, lda, b, ldb, columns, p_begin, p_end, accumulate);
+}
+
+// Rounds rows `even` and `odd` (null: a row of zeros) of a score tile, columns [0, count) with
+// count a multiple of kLanes, to bf16: into their bf16 row forms (where not null) and row-pair
+// form `pairs` (if not null).
+inline void round_row_pair(bf16_bits* even_out, bf16_bits* odd_out, word* pairs, const float* even,
+                           const float* odd, int64_t count) {
+  // Word i of the pair form takes bf16 element i (even row, low half) and 16 + i (odd row).
+  alignas(64) static const uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                       21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                       11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i interleave = _mm512_load_si512(kInterleave);
+  for (int64_t s = 0; s < count; s += kLanes) {
+    const __m512 odd_values = odd ? _mm512_loadu_ps(odd + s) : _mm512_setzero_ps();
+    const __m512bh both = _mm512_cvtne2ps_pbh(odd_values, _mm512_loadu_ps(even + s));
+    __m512i bits;
+    std::memcpy(&bits, &both, sizeof(bits));
+    // A masked store, as GCC 12's _mm512_castsi512_si256 warns of an uninitialised value.
+    if (even_out) _mm512_mask_storeu_epi16(even_out + s, 0xFFFF, bits);
+    if (odd_out)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(odd_out + s),
+                          _mm512_maskz_extracti64x4_epi64(0xF, bits, 1));
+    if (pairs) _mm512_storeu_si512(pairs + s, _mm512_permutexvar_epi16(interleave, bits));
+  }
+}
+
+// out[0, width) = row[0, count) rounded to bf16, zero padded. REQUIRES: width a multiple of kLanes.
+inline void round_row(bf16_bits* out, const float* row, int64_t count, int64_t width) {
+  for (int64_t d = 0; d < width; d += kLanes) {
+    const int64_t left = lesser(kLanes, greater(0, count - d));
+    const __m512 values = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << left) - 1), row + d);
+    const __m256bh rounded = _mm512_cvtneps_pbh(values);
+    std::memcpy(out + d, &rounded, sizeof(rounded));
+  }
+}
+
+}  // namespace ft::attention_bf16::tile

@@ -1,0 +1,155 @@
+// The drivers of FlashAttentionOp's bf16 tile kernels (see flash_attention_bf16.h): the run-time
+// choice and the OpenMP loop over (b, h), compiled for the build's own target so that their
+// library code (std::vector) stays runnable on any CPU the build supports.
+#include "fusion/ops/flash_attention_bf16.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/check.h"
+#include "core/gemm.h"
+
+namespace ft {
+
+bool flash_attention_bf16_native() {
+#if FT_FLASH_ATTENTION_BF16
+  static const bool native = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && bf16_gemm_native();
+  }();
+  return native;
+#else
+  return false;
+#endif
+}
+
+namespace attention_bf16 {
+
+HeadGeometry head_geometry(int seq_len, int channels, int n_head, int tile) {
+  HeadGeometry g;
+  g.seq_len = seq_len;
+  g.hd = channels / n_head;
+  g.width = (g.hd + 15) / 16 * 16;
+  // Even, so every tile starts on a row pair (one tile may then reach one row past seq_len).
+  g.tile_rows = (std::min<int64_t>(tile, seq_len) + 1) / 2 * 2;
+  g.ld = (g.tile_rows + 31) / 32 * 32;
+  // A key tile at j0 reads up to 15 columns past the head's last key (whole vectors).
+  g.head_ld = (g.seq_len + 15) / 16 * 16 + 16;
+  g.scale = 1.0f / std::sqrt(static_cast<float>(g.hd));
+  return g;
+}
+
+}  // namespace attention_bf16
+
+#if FT_FLASH_ATTENTION_BF16
+namespace {
+
+// The calling thread's scratch for the tile kernels, kept for the thread's life and grown to the
+// largest shape seen: a fresh ~0.4 MB buffer per call (gpt_small) cost its zeroing and page
+// faults every step.
+unsigned char* thread_scratch(const attention_bf16::HeadGeometry& geometry) {
+  static thread_local std::vector<unsigned char> scratch;
+  const size_t bytes = static_cast<size_t>(attention_bf16::scratch_bytes(geometry));
+  if (scratch.size() < bytes) scratch.resize(bytes);
+  return scratch.data();
+}
+
+// Asks for a head's rows in L2 before its turn: each row of a head is its own line or two, a
+// whole activation row apart, and the packing loops that read them first stalled on every one
+// (~10% of the kernels' time at gpt_small). A head's work (~100 us) hides the fetch.
+template <typename Element>
+void prefetch_rows(const Element* rows, int64_t stride, int64_t count, int64_t hd) {
+  const int64_t bytes = hd * static_cast<int64_t>(sizeof(Element));
+  for (int64_t t = 0; t < count; ++t) {
+    const char* row = reinterpret_cast<const char*>(rows + t * stride);
+    for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(row + at, 0, 2);
+  }
+}
+
+void require_native(const char* what) {
+  FT_CHECK(flash_attention_bf16_native(), what,
+           ": the AVX512-BF16 kernels do not run here (check flash_attention_bf16_native())");
+}
+
+}  // namespace
+
+void flash_attention_forward_bf16(float* y, float* lse, const bf16_bits* q, const bf16_bits* k,
+                                  const bf16_bits* v, const AttentionStrides& strides, int batch,
+                                  int seq_len, int channels, int n_head, int tile) {
+  require_native("flash_attention_forward_bf16");
+  FT_CHECK(tile >= 1, "flash_attention_forward_bf16: tile ", tile, " must be at least 1");
+  const attention_bf16::HeadGeometry g =
+      attention_bf16::head_geometry(seq_len, channels, n_head, tile);
+  const int64_t T = seq_len, hd = g.hd, heads = static_cast<int64_t>(batch) * n_head;
+#pragma omp parallel if (heads > 1)
+  {
+    unsigned char* scratch = thread_scratch(g);
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < heads; ++bh) {
+      const int64_t b = bh / n_head, h = bh % n_head;
+      if (bh + 1 < heads) {
+        const int64_t next_b = (bh + 1) / n_head, next_h = (bh + 1) % n_head;
+        prefetch_rows(q + next_b * T * strides.q + next_h * hd, strides.q, T, hd);
+        prefetch_rows(k + next_b * T * strides.k + next_h * hd, strides.k, T, hd);
+        prefetch_rows(v + next_b * T * strides.v + next_h * hd, strides.v, T, hd);
+      }
+      attention_bf16::forward_head(y + b * T * strides.y + h * hd, lse + bh * T,
+                                   q + b * T * strides.q + h * hd, k + b * T * strides.k + h * hd,
+                                   v + b * T * strides.v + h * hd, strides, g, scratch);
+    }
+  }
+}
+
+void flash_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, const float* y,
+                                   const float* lse, const bf16_bits* q, const bf16_bits* k,
+                                   const bf16_bits* v, const AttentionStrides& strides, int batch,
+                                   int seq_len, int channels, int n_head, int tile) {
+  require_native("flash_attention_backward_bf16");
+  FT_CHECK(tile >= 1, "flash_attention_backward_bf16: tile ", tile, " must be at least 1");
+  const attention_bf16::HeadGeometry g =
+      attention_bf16::head_geometry(seq_len, channels, n_head, tile);
+  const int64_t T = seq_len, hd = g.hd, heads = static_cast<int64_t>(batch) * n_head;
+#pragma omp parallel if (heads > 1)
+  {
+    unsigned char* scratch = thread_scratch(g);
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < heads; ++bh) {
+      const int64_t b = bh / n_head, h = bh % n_head;
+      const int64_t q_at = b * T * strides.q + h * hd, k_at = b * T * strides.k + h * hd;
+      const int64_t v_at = b * T * strides.v + h * hd, y_at = b * T * strides.y + h * hd;
+      if (bh + 1 < heads) {
+        const int64_t next_b = (bh + 1) / n_head, next_h = (bh + 1) % n_head;
+        const int64_t next_q = next_b * T * strides.q + next_h * hd;
+        const int64_t next_k = next_b * T * strides.k + next_h * hd;
+        const int64_t next_v = next_b * T * strides.v + next_h * hd;
+        const int64_t next_y = next_b * T * strides.y + next_h * hd;
+        prefetch_rows(q + next_q, strides.q, T, hd);
+        prefetch_rows(k + next_k, strides.k, T, hd);
+        prefetch_rows(v + next_v, strides.v, T, hd);
+        prefetch_rows(dy + next_y, strides.y, T, hd);
+        prefetch_rows(y + next_y, strides.y, T, hd);
+        prefetch_rows(dq + next_q, strides.q, T, hd);
+        prefetch_rows(dk + next_k, strides.k, T, hd);
+        prefetch_rows(dv + next_v, strides.v, T, hd);
+      }
+      attention_bf16::backward_head(dq + q_at, dk + k_at, dv + v_at, dy + y_at, y + y_at,
+                                    lse + bh * T, q + q_at, k + k_at, v + v_at, strides, g,
+                                    scratch);
+    }
+  }
+}
+#else
+void flash_attention_forward_bf16(float*, float*, const bf16_bits*, const bf16_bits*,
+                                  const bf16_bits*, const AttentionStrides&, int, int, int, int,
+                                  int) {
+  FT_CHECK(false, "flash_attention_forward_bf16: this build has no AVX512-BF16 kernels");
+}
+void flash_attention_backward_bf16(float*, float*, float*, const float*, const float*, const float*,
+                                   const bf16_bits*, const bf16_bits*, const bf16_bits*,
+                                   const AttentionStrides&, int, int, int, int, int) {
+  FT_CHECK(false, "flash_attention_backward_bf16: this build has no AVX512-BF16 kernels");
+}
+#endif
+
+}  // namespace ft

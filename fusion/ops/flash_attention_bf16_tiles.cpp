@@ -1,0 +1,344 @@
+// The AVX512-BF16 tile kernels of FlashAttentionOp's bf16 path (see flash_attention_bf16.h),
+// compiled with AVX512-BF16 enabled for this file alone (CMakeLists.txt); the driver calls them
+// only on CPUs that run them. Nothing here instantiates a library template (no std::vector, no
+// <algorithm>): a weak copy compiled with AVX-512 could be picked by the linker for the rest of
+// an AVX2 build. Scratch comes from the caller.
+//
+// vdpbf16ps multiplies pairs along the depth: acc[n] += a[2i] b[2i][n] + a[2i+1] b[2i+1][n]. So
+// every B operand is packed as 32-bit words holding two depth steps of one column:
+//   row pairs  X2[p][d] = (X[2p][d], X[2p+1][d])  for V, dY, Q, K as B of Y += P V, dV += P^T dY,
+//                                                  dK += dS^T Q and dQ += dS K;
+//   transposed Xt[p][s] = (X[s][2p], X[s][2p+1])  for K and V as B of S = Q K^T and dP = dY V^T.
+// A row's own bf16 elements are already pairs along the depth (Q, dY, P and dS as A); the
+// transposed A of dV and dK is P and dS in row-pair form. Tiles start on even rows, so a pair
+// never straddles two tiles; the odd row a pair may add is padding whose weight is 0.
+// Rounding: P (forward after the exp, backward the normalised P for dV) and dS (before the scale,
+// which is applied to the fp32 sums as the eager GEMMs' alpha is) with vcvtneps2bf16, nearest
+// even (fp32 denormals become 0, far below what a probability contributes); dY once, in packing.
+#if defined(__AVX512BF16__)
+#include <cmath>
+
+#include "core/math/online_softmax.h"
+#include "fusion/ops/attention_tile_dot_bf16.h"
+#include "fusion/ops/flash_attention_bf16.h"
+
+namespace ft::attention_bf16 {
+namespace {
+
+using tile::dot_row_block;
+using tile::greater;
+using tile::kLanes;
+using tile::kRowBlock;
+using tile::lesser;
+using tile::pack_row_pairs;
+using tile::pack_rows;
+using tile::pack_transposed;
+using tile::round_row;
+using tile::round_row_pair;
+using tile::round_up;
+using tile::word;
+
+constexpr float kMasked = -INFINITY;
+
+// Carves 64-byte aligned arrays out of the caller's scratch; with a null base it only counts.
+class Arena {
+ public:
+  explicit Arena(unsigned char* base) : base_(base) {}
+  template <typename T>
+  T* take(int64_t count) {
+    used_ = round_up(used_, 64);
+    T* at = base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + used_);
+    used_ += count * static_cast<int64_t>(sizeof(T));
+    return at;
+  }
+  int64_t used() const { return used_ + 64; }  // the caller's base may sit up to 63 bytes early
+
+ private:
+  unsigned char* base_;
+  int64_t used_ = 0;
+};
+
+unsigned char* aligned(unsigned char* scratch) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(scratch);
+  return scratch + (round_up(static_cast<int64_t>(at), 64) - static_cast<int64_t>(at));
+}
+
+// As flash_attention.cpp's TilePair: query rows [i0, i0 + rows) against keys [j0, j0 + keys).
+struct TilePair {
+  int64_t i0, rows, j0, keys;
+  int64_t visible(int64_t r) const { return lesser(keys, i0 + r + 1 - j0); }
+};
+
+// Rows [begin, end) of a tile pair's query rows.
+struct RowRange {
+  int64_t begin, end;
+};
+
+// out[r][s] = <a row r, b column s> over the whole head dim, for the columns each row block sees.
+void causal_scores(float* out, int64_t ld, const word* a, int64_t lda, const word* bt, int64_t ldb,
+                   const TilePair& pair, const RowRange& range) {
+  for (int64_t r0 = range.begin; r0 < range.end; r0 += kRowBlock) {
+    const int64_t block_rows = lesser(int64_t{kRowBlock}, range.end - r0);
+    const int64_t columns = round_up(pair.visible(r0 + block_rows - 1), kLanes);
+    dot_row_block<false>(out + r0 * ld, ld, a + r0 * lda, lda, bt, ldb, block_rows, columns, 0, lda,
+                         false);
+  }
+}
+
+// out[r][.] += sum_{s visible to r} weights[r][s] rows[s][.]  (Y += P V, dQ += dS K); weights
+// rows are bf16, `lda` words apart; row_pairs is the key tile's row-pair form.
+void causal_mix(float* out, int64_t ldo, const word* weights, int64_t lda, const word* row_pairs,
+                int64_t width, const TilePair& pair, const RowRange& range) {
+  for (int64_t r0 = range.begin; r0 < range.end; r0 += kRowBlock) {
+    const int64_t block_rows = lesser(int64_t{kRowBlock}, range.end - r0);
+    const int64_t pairs = (pair.visible(r0 + block_rows - 1) + 1) / 2;
+    dot_row_block<false>(out + r0 * ldo, ldo, weights + r0 * lda, lda, row_pairs, width, block_rows,
+                         width, 0, pairs, true);
+  }
+}
+
+// out[s][.] += sum_{r that sees s} weights[r][s] rows[r][.]  (dV += P^T dY, dK += dS^T Q);
+// weight_pairs[p][s] = (weights[2p][s], weights[2p+1][s]), ld words apart. A key block starting
+// at s0 skips the rows before j0 + s0 - i0, from the pair that holds it.
+void causal_mix_transposed(float* out, int64_t ldo, const word* weight_pairs, int64_t ld,
+                           const word* row_pairs, int64_t width, const TilePair& pair) {
+  for (int64_t s0 = 0; s0 < pair.keys; s0 += kRowBlock) {
+    const int64_t block_keys = lesser(int64_t{kRowBlock}, pair.keys - s0);
+    const int64_t first_row = greater(0, pair.j0 + s0 - pair.i0);
+    dot_row_block<true>(out + s0 * ldo, ldo, weight_pairs + s0, ld, row_pairs, width, block_keys,
+                        width, first_row / 2, (pair.rows + 1) / 2, true);
+  }
+}
+
+// Columns of a weight row (P or dS) of a key tile of `keys` that the products read when the row
+// sees `count` keys: its row block's last row sees up to kRowBlock - 1 more keys (Y += P V,
+// dQ += dS K), and the transposed products read key blocks of kRowBlock from the row pair's
+// first row on (dV += P^T dY, dK += dS^T Q). Past count they hold zeros; the rest of the row is
+// never read, so neither filled nor rounded.
+int64_t read_extent(int64_t count, int64_t keys) {
+  return lesser(round_up(keys, kLanes), round_up(count + 2 * kRowBlock, kLanes));
+}
+
+// Sets row[s] = kMasked for count <= s < round_up(count, kLanes) and returns that bound.
+int64_t mask_invisible(float* row, int64_t count) {
+  const int64_t lanes = round_up(count, kLanes);
+  for (int64_t s = count; s < lanes; ++s) row[s] = kMasked;
+  return lanes;
+}
+
+void fill(float* row, int64_t begin, int64_t end, float value) {
+  for (int64_t s = begin; s < end; ++s) row[s] = value;
+}
+
+// The packed copies of one head and the tile buffers, carved from a thread's scratch.
+struct HeadBuffers {
+  bf16_bits *q_rows, *dy_rows;                   // [T][width]
+  word *kt, *vt;                                 // [width / 2][head_ld], transposed
+  word *q_pairs, *k_pairs, *v_pairs, *dy_pairs;  // [T / 2][width], row pairs
+  float *probs, *dscores;                        // [tile_rows][ld] fp32 tiles
+  bf16_bits *probs_bf16, *dscores_bf16;          // [tile_rows][ld] rounded rows
+  word *probs_pairs, *dscores_pairs;             // [tile_rows / 2][ld] rounded row pairs
+  float *out, *dk_sum, *dv_sum;                  // [tile_rows][width]
+  float *dq_sum, *dot_dy_y;                      // [T][width], [T]
+  OnlineSoftmax* row_state;                      // [tile_rows]
+};
+
+HeadBuffers carve(Arena& arena, const HeadGeometry& g) {
+  const int64_t T = g.seq_len, pairs = (T + 1) / 2, tile_cells = g.tile_rows * g.ld;
+  HeadBuffers buffers;
+  buffers.q_rows = arena.take<bf16_bits>(T * g.width);
+  buffers.dy_rows = arena.take<bf16_bits>(T * g.width);
+  buffers.kt = arena.take<word>(g.width / 2 * g.head_ld);
+  buffers.vt = arena.take<word>(g.width / 2 * g.head_ld);
+  buffers.q_pairs = arena.take<word>(pairs * g.width);
+  buffers.k_pairs = arena.take<word>(pairs * g.width);
+  buffers.v_pairs = arena.take<word>(pairs * g.width);
+  buffers.dy_pairs = arena.take<word>(pairs * g.width);
+  buffers.probs = arena.take<float>(tile_cells);
+  buffers.dscores = arena.take<float>(tile_cells);
+  buffers.probs_bf16 = arena.take<bf16_bits>(tile_cells);
+  buffers.dscores_bf16 = arena.take<bf16_bits>(tile_cells);
+  buffers.probs_pairs = arena.take<word>(tile_cells / 2);
+  buffers.dscores_pairs = arena.take<word>(tile_cells / 2);
+  buffers.out = arena.take<float>(g.tile_rows * g.width);
+  buffers.dk_sum = arena.take<float>(g.tile_rows * g.width);
+  buffers.dv_sum = arena.take<float>(g.tile_rows * g.width);
+  buffers.dq_sum = arena.take<float>(T * g.width);
+  buffers.dot_dy_y = arena.take<float>(T);
+  buffers.row_state = arena.take<OnlineSoftmax>(g.tile_rows);
+  return buffers;
+}
+
+}  // namespace
+
+int64_t scratch_bytes(const HeadGeometry& geometry) {
+  Arena counter(nullptr);
+  carve(counter, geometry);
+  return counter.used();
+}
+
+namespace {
+
+// One score row of a key tile (`count` of its keys visible) through the online softmax
+// (flash_attention.cpp's forward): whole vectors, the invisible keys masked to -inf, the weights
+// exp(S - m') rounded into `weights`, and the row's output rescaled to the new max.
+void online_weights(bf16_bits* weights, float* out_row, OnlineSoftmax& state, float* row,
+                    int64_t width, int64_t count, int64_t keys, float scale) {
+  const int64_t lanes = mask_invisible(row, count), extent = read_extent(count, keys);
+  float tile_max = kMasked;
+#pragma omp simd reduction(max : tile_max)
+  for (int64_t s = 0; s < lanes; ++s) {
+    row[s] *= scale;
+    tile_max = row[s] > tile_max ? row[s] : tile_max;
+  }
+  const float rescale = online_softmax_rescale(state, tile_max);
+  const float new_max = state.max;
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t s = 0; s < lanes; ++s) {
+    row[s] = row[s] == kMasked ? 0.0f : online_softmax_weight(row[s], new_max);
+    sum += row[s];
+  }
+  fill(row, lanes, extent, 0.0f);
+  online_softmax_accumulate(state, rescale, sum);
+#pragma omp simd
+  for (int64_t d = 0; d < width; ++d) out_row[d] *= rescale;
+  round_row_pair(weights, nullptr, nullptr, row, nullptr, extent);
+}
+
+}  // namespace
+
+void forward_head(float* y, float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+                  const AttentionStrides& strides, const HeadGeometry& g, unsigned char* scratch) {
+  Arena arena(aligned(scratch));
+  const HeadBuffers b = carve(arena, g);
+  const int64_t T = g.seq_len, width = g.width, words = width / 2, ld = g.ld;
+  const float scale = g.scale;  // a local, or GCC keeps the simd loops below scalar
+  pack_rows(b.q_rows, q, strides.q, T, g.hd, width);
+  pack_transposed(b.kt, g.head_ld, k, strides.k, T, g.hd, width);
+  pack_row_pairs(b.v_pairs, v, strides.v, T, g.hd, width);
+  const word* q_words = reinterpret_cast<const word*>(b.q_rows);
+  const word* probs_words = reinterpret_cast<const word*>(b.probs_bf16);
+  for (int64_t i0 = 0; i0 < T; i0 += g.tile_rows) {
+    const int64_t rows = lesser(i0 + g.tile_rows, T) - i0;
+    for (int64_t r = 0; r < rows; ++r) b.row_state[r] = OnlineSoftmax{};
+    fill(b.out, 0, rows * width, 0.0f);
+    for (int64_t j0 = 0; j0 < i0 + rows; j0 += g.tile_rows) {
+      const TilePair pair{i0, rows, j0, lesser(j0 + g.tile_rows, T) - j0};
+      // A row block at a time, scores to output, so that its rows of the tile stay in L1.
+      for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+        const RowRange block{r0, lesser(r0 + kRowBlock, rows)};
+        causal_scores(b.probs, ld, q_words + i0 * words, words, b.kt + j0, g.head_ld, pair, block);
+        for (int64_t r = block.begin; r < block.end; ++r)
+          online_weights(b.probs_bf16 + r * ld, b.out + r * width, b.row_state[r], b.probs + r * ld,
+                         width, pair.visible(r), pair.keys, scale);
+        causal_mix(b.out, width, probs_words, ld / 2, b.v_pairs + j0 / 2 * width, width, pair,
+                   block);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float inv_sum = 1.0f / b.row_state[r].sum;
+      const float* out_row = b.out + r * width;
+      float* y_row = y + (i0 + r) * strides.y;
+#pragma omp simd
+      for (int64_t d = 0; d < g.hd; ++d) y_row[d] = out_row[d] * inv_sum;
+      lse[i0 + r] = online_softmax_log_sum_exp(b.row_state[r]);
+    }
+  }
+}
+
+namespace {
+
+// rows[t][0, hd) += factor * sums[t][0, hd) for t < count.
+void add_scaled(float* rows, int64_t stride, const float* sums, int64_t width, int64_t count,
+                int64_t hd, float factor) {
+  for (int64_t t = 0; t < count; ++t) {
+#pragma omp simd
+    for (int64_t d = 0; d < hd; ++d) rows[t * stride + d] += factor * sums[t * width + d];
+  }
+}
+
+}  // namespace
+
+void backward_head(float* dq, float* dk, float* dv, const float* dy, const float* y,
+                   const float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+                   const AttentionStrides& strides, const HeadGeometry& g, unsigned char* scratch) {
+  Arena arena(aligned(scratch));
+  const HeadBuffers b = carve(arena, g);
+  const int64_t T = g.seq_len, hd = g.hd, width = g.width, words = width / 2, ld = g.ld;
+  const float scale = g.scale;  // a local, or GCC keeps the simd loops below scalar
+  pack_rows(b.q_rows, q, strides.q, T, hd, width);
+  pack_row_pairs(b.q_pairs, q, strides.q, T, hd, width);
+  pack_transposed(b.kt, g.head_ld, k, strides.k, T, hd, width);
+  pack_row_pairs(b.k_pairs, k, strides.k, T, hd, width);
+  pack_transposed(b.vt, g.head_ld, v, strides.v, T, hd, width);
+  // dY rounded once, as the eager chain's bf16_gradient_copy; D_t = <dY_t, Y_t> on that dY (see
+  // flash_attention.cpp's backward for why one dot per row replaces sum_s P_ts dP_ts).
+  for (int64_t t = 0; t < T; ++t) {
+    const float* dy_row = dy + t * strides.y;
+    const float* y_row = y + t * strides.y;
+    bf16_bits* rounded = b.dy_rows + t * width;
+    round_row(rounded, dy_row, hd, width);
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t d = 0; d < hd; ++d) dot += bf16_to_float(rounded[d]) * y_row[d];
+    b.dot_dy_y[t] = dot;
+  }
+  pack_row_pairs(b.dy_pairs, b.dy_rows, width, T, width, width);
+  fill(b.dq_sum, 0, T * width, 0.0f);
+  const word* q_words = reinterpret_cast<const word*>(b.q_rows);
+  const word* dy_words = reinterpret_cast<const word*>(b.dy_rows);
+  const word* dscores_words = reinterpret_cast<const word*>(b.dscores_bf16);
+  for (int64_t j0 = 0; j0 < T; j0 += g.tile_rows) {
+    const int64_t keys = lesser(j0 + g.tile_rows, T) - j0;
+    fill(b.dk_sum, 0, keys * width, 0.0f);
+    fill(b.dv_sum, 0, keys * width, 0.0f);
+    for (int64_t i0 = j0; i0 < T; i0 += g.tile_rows) {
+      const TilePair pair{i0, lesser(i0 + g.tile_rows, T) - i0, j0, keys};
+      // P = exp(scale Q K^T - L), dP = dY V^T, dS = P (dP - D) unscaled (the scale multiplies
+      // the fp32 sums of dQ and dK), so that dV += P^T dY, dK += dS^T Q, dQ += dS K.
+      const RowRange all_rows{0, pair.rows};
+      causal_scores(b.probs, ld, q_words + i0 * words, words, b.kt + j0, g.head_ld, pair, all_rows);
+      causal_scores(b.dscores, ld, dy_words + i0 * words, words, b.vt + j0, g.head_ld, pair,
+                    all_rows);
+      for (int64_t r = 0; r < pair.rows; ++r) {
+        float* p_row = b.probs + r * ld;
+        float* ds_row = b.dscores + r * ld;
+        const float row_lse = lse[i0 + r], row_dot = b.dot_dy_y[i0 + r];
+        const int64_t lanes = mask_invisible(p_row, pair.visible(r));
+        const int64_t extent = read_extent(pair.visible(r), keys);
+#pragma omp simd
+        for (int64_t s = 0; s < lanes; ++s) {
+          p_row[s] = p_row[s] == kMasked ? 0.0f : fast_exp(scale * p_row[s] - row_lse);
+          ds_row[s] = p_row[s] * (ds_row[s] - row_dot);
+        }
+        fill(p_row, lanes, extent, 0.0f);
+        fill(ds_row, lanes, extent, 0.0f);
+      }
+      for (int64_t r = 0; r < pair.rows; r += 2) {
+        // The even row's extent: the odd row sees one key more, and zeros up to its own.
+        const bool odd = r + 1 < pair.rows;
+        const int64_t extent = read_extent(pair.visible(r), keys);
+        const float* p_row = b.probs + r * ld;
+        const float* ds_row = b.dscores + r * ld;
+        round_row_pair(nullptr, nullptr, b.probs_pairs + r / 2 * ld, p_row,
+                       odd ? p_row + ld : nullptr, extent);
+        bf16_bits* ds_rounded = b.dscores_bf16 + r * ld;
+        round_row_pair(ds_rounded, odd ? ds_rounded + ld : nullptr, b.dscores_pairs + r / 2 * ld,
+                       ds_row, odd ? ds_row + ld : nullptr, extent);
+      }
+      causal_mix_transposed(b.dv_sum, width, b.probs_pairs, ld, b.dy_pairs + i0 / 2 * width, width,
+                            pair);
+      causal_mix_transposed(b.dk_sum, width, b.dscores_pairs, ld, b.q_pairs + i0 / 2 * width, width,
+                            pair);
+      causal_mix(b.dq_sum + i0 * width, width, dscores_words, ld / 2, b.k_pairs + j0 / 2 * width,
+                 width, pair, all_rows);
+    }
+    add_scaled(dk + j0 * strides.k, strides.k, b.dk_sum, width, keys, hd, scale);
+    add_scaled(dv + j0 * strides.v, strides.v, b.dv_sum, width, keys, hd, 1.0f);
+  }
+  add_scaled(dq, strides.q, b.dq_sum, width, T, hd, scale);
+}
+
+}  // namespace ft::attention_bf16
+#endif  // __AVX512BF16__
