@@ -10,14 +10,6 @@ const char* device_name(Device device) {
   return device == Device::kCuda ? "cuda" : "cpu";
 }
 
-bool cuda_built() {
-#if defined(FT_HAVE_CUDA)
-  return true;
-#else
-  return false;
-#endif
-}
-
 std::string cuda_unusable_reason(const std::string& setting) {
 #if defined(FT_HAVE_CUDA)
   if (cuda_device_available()) return "";

@@ -18,9 +18,6 @@ using CudaStream = CUstream_st*;  // == cudaStream_t
 
 const char* device_name(Device device);
 
-// True when this binary was built with the CUDA path (FT_CUDA=ON or AUTO with nvcc found).
-bool cuda_built();
-
 // Empty when a CUDA device can be used; otherwise a sentence a user can act on, naming `setting`
 // (e.g. "train.device: cuda"): the build has no CUDA path, or the runtime found no device. The
 // caller appends what to do instead.

@@ -9,7 +9,7 @@
 #include "core/bf16_cast.h"
 #include "core/check.h"
 #include "core/dnnl_context.h"
-#include "core/math/gelu.h"
+#include "core/math/gelu_math.h"
 #include "core/timer.h"
 
 namespace ft {
@@ -307,10 +307,6 @@ void gemm(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args) {
   const double start_ms = now_ms();
   gemm_dispatch(c, a, b, args);
   timed_ms += now_ms() - start_ms;
-}
-
-int64_t gemm_primitive_count() {
-  return static_cast<int64_t>(cache().size());
 }
 
 }  // namespace ft

@@ -17,7 +17,7 @@ namespace ft {
 // What happens to the product P = alpha op(A) op(B) (+ C when accumulate) before it lands in C.
 // A non-null `bias` adds bias[N] to every row of P first in the forward epilogues (kNone, kRelu,
 // kGeluTanh, kGeluTanhAux): that is cuBLASLt's BIAS / RELU_BIAS / GELU_BIAS / GELU_AUX_BIAS.
-// The gradient epilogues take no bias. GELU is the tanh form of core/math/gelu.h.
+// The gradient epilogues take no bias. GELU is the tanh form of core/math/gelu_math.h.
 enum class Epilogue {
   kNone,      // C = P (+ bias)
   kRelu,      // C = max(P (+ bias), 0)
@@ -111,8 +111,5 @@ bool gemm_tf32();
 // Off by default (two clock reads per call); not synchronised: the training thread only.
 void set_gemm_timing(bool on);
 double gemm_timed_ms();
-
-// Number of distinct primitives created so far (tests check the cache works).
-int64_t gemm_primitive_count();
 
 }  // namespace ft

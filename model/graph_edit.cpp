@@ -2,7 +2,6 @@
 #include "model/graph_edit.h"
 
 #include <algorithm>
-#include <sstream>
 
 #include "core/check.h"
 
@@ -165,23 +164,6 @@ void validate(const Graph& graph) {
   FT_CHECK(written[graph.loss], "no op writes the loss '", graph.values[graph.loss].name, "'");
   FT_CHECK(written[graph.output], "no op writes the output '", graph.values[graph.output].name,
            "'");
-}
-
-std::string describe_op(const Graph& graph, const Op& op) {
-  std::ostringstream out;
-  out << op.name << " (" << op.kind() << "): ";
-  auto list = [&](const std::vector<ValueId>& ids) {
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const Value& value = graph.values[ids[i]];
-      out << (i ? ", " : "") << value.name << shape_str(value.shape);
-      if (value.is_view())
-        out << "@" << graph.values[value.view_of].name << "+" << value.column_offset;
-    }
-  };
-  list(op.inputs);
-  out << " -> ";
-  list(op.outputs);
-  return out.str();
 }
 
 }  // namespace ft

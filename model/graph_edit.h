@@ -51,7 +51,4 @@ int remove_dead_values(Graph& graph);
 // supports_views(); a view exceeds its root; output/loss are missing.
 void validate(const Graph& graph);
 
-// One line per op for `plan` and error messages: name, kind, inputs -> outputs with shapes.
-std::string describe_op(const Graph& graph, const Op& op);
-
 }  // namespace ft

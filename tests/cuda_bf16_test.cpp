@@ -6,7 +6,7 @@
 // multi-tensor AdamW and SGD writing them as they update the masters (both bit for bit the
 // rounding of core/math/bf16_math.h). The ops' bf16 paths are tests/cuda_bf16_ops_test.cpp.
 // Tolerance: 1e-4 of max(1, |expected|), as tests/cuda_kernels_test.cpp's fp32 GEMMs (K <= 128;
-// cuBLASLt's fused GELU uses tanhf where core/math/gelu.h uses an exp form, far below that).
+// cuBLASLt's fused GELU uses tanhf where core/math/gelu_math.h uses an exp form, far below that).
 // Skips without a usable device.
 #include <gtest/gtest.h>
 

@@ -28,7 +28,7 @@ TEST(Cuda, Skipped) {
 #include "core/cuda/cuda_context.h"
 #include "core/cuda/cudnn_handle.h"
 #include "core/gemm.h"
-#include "core/math/gelu.h"
+#include "core/math/gelu_math.h"
 #include "gemm_test_util.h"
 #include "model/ops/gelu.h"
 
@@ -217,7 +217,7 @@ std::vector<double> as_double(const std::vector<float>& values) {
 // Tolerance 1e-4 (scaled by max(1, |C|)) holds for true FP32 accumulation over K <= 256; TF32
 // (10-bit mantissa, ~1e-3 relative per product) would fail it, which is the point: the default
 // must be CUBLAS_COMPUTE_32F, not CUBLAS_COMPUTE_32F_FAST_TF32. cuBLASLt's fused GELU and dGELU
-// use tanhf where core/math/gelu.h uses an exp form; they agree far below 1e-4.
+// use tanhf where core/math/gelu_math.h uses an exp form; they agree far below 1e-4.
 constexpr double kGemmTolerance = 1e-4;
 
 void expect_matches_cpu(const GemmData& got, const GemmData& want, double tolerance) {

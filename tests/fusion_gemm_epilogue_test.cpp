@@ -150,7 +150,8 @@ TEST(LinearGeluOpTest, GeluPostOpMatchesTheEagerEvalPair) {
   build(fused, true, {30, 16, 48}, options);
   unfused.g.forward();
   fused.g.forward();
-  // oneDNN evaluates tanh exactly where core/math/gelu.h uses a polynomial exp: a few ulp apart.
+  // oneDNN evaluates tanh exactly where core/math/gelu_math.h uses a polynomial exp: a few ulp
+  // apart.
   EXPECT_LT(rel_diff(fused.g.ws.values[fused.y], unfused.g.ws.values[unfused.y]), 1e-5f);
   EXPECT_GT(max_abs(unfused.g.ws.values[unfused.y]), 1e-1f);
   Op& op = *fused.g.op_under_test;

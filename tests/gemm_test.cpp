@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "core/math/gelu.h"
+#include "core/math/gelu_math.h"
 #include "gemm_test_util.h"
 
 namespace ft {

@@ -12,9 +12,9 @@
 
 #include "app/bandwidth.h"
 #include "comm/mpi/mpi_communicator.h"
-#include "comm/mpi/mpi_test_main.h"
 #include "core/check.h"
 #include "core/device.h"
+#include "tests/mpi_test_main.h"
 
 namespace ft {
 namespace {

@@ -13,7 +13,7 @@
 #include "comm/mpi/bf16_reduction.h"
 #include "comm/mpi/fold_allreduce.h"
 #include "comm/mpi/mpi_communicator.h"
-#include "comm/mpi/mpi_test_main.h"
+#include "tests/mpi_test_main.h"
 
 namespace ft {
 namespace {

@@ -10,9 +10,9 @@
 
 #include "comm/mpi/fold_allreduce.h"
 #include "comm/mpi/mpi_communicator.h"
-#include "comm/mpi/mpi_test_main.h"
 #include "comm/startup.h"
 #include "core/check.h"
+#include "tests/mpi_test_main.h"
 
 namespace ft {
 namespace {

@@ -22,9 +22,9 @@
 #include "app/trainer.h"
 #include "comm/communicator.h"
 #include "comm/mpi/mpi_communicator.h"
-#include "comm/mpi/mpi_test_main.h"
 #include "core/image_data.h"
 #include "model/optimizer.h"
+#include "tests/mpi_test_main.h"
 
 namespace ft {
 namespace {

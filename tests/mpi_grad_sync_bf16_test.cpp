@@ -15,8 +15,8 @@
 
 #include "comm/grad_sync.h"
 #include "comm/mpi/mpi_communicator.h"
-#include "comm/mpi/mpi_test_main.h"
 #include "core/check.h"
+#include "tests/mpi_test_main.h"
 
 namespace ft {
 namespace {

@@ -12,9 +12,9 @@
 
 #include "comm/grad_sync.h"
 #include "comm/mpi/mpi_communicator.h"
-#include "comm/mpi/mpi_test_main.h"
 #include "core/check.h"
 #include "core/timer.h"
+#include "tests/mpi_test_main.h"
 
 namespace ft {
 namespace {

@@ -15,7 +15,7 @@
 
 #include "app/jobs.h"
 #include "comm/mpi/mpi_communicator.h"
-#include "comm/mpi/mpi_test_main.h"
+#include "tests/mpi_test_main.h"
 #include "tests/trace_test_util.h"
 
 namespace ft {

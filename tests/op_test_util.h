@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "core/check.h"
-#include "core/math/gelu.h"
+#include "core/math/gelu_math.h"
 #include "core/rng.h"
 #include "fusion/ops/batched_layernorm.h"
 #include "model/executor.h"

@@ -1,10 +1,10 @@
 // The unfused epilogue kernels and the bias-gradient reductions (see bias_activation_kernel.h),
-// over the GELU helpers of core/math/gelu.h that the CPU gemm() also calls.
+// over the GELU helpers of core/math/gelu_math.h that the CPU gemm() also calls.
 #include "core/check.h"
 #include "core/cuda/bias_activation_kernel.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
-#include "core/math/gelu.h"
+#include "core/math/gelu_math.h"
 
 namespace ft {
 namespace {

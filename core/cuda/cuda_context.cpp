@@ -1,6 +1,5 @@
 #include "core/cuda/cuda_context.h"
 
-#include "core/capture_guard.h"
 #include "core/cuda/cuda_check.h"
 
 namespace ft {
@@ -14,7 +13,6 @@ CudaContext::CudaContext(int device_index) : device_index_(device_index) {
   FT_CHECK(cuda_device_available(), "no usable CUDA device: ", cuda_unavailable_reason());
   FT_CUDA_CHECK(cudaSetDevice(device_index));
   FT_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_stream_, cudaStreamNonBlocking));
-  FT_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<CublasLtGemm>();
 }
 
@@ -30,13 +28,7 @@ CudnnHandle& CudaContext::cudnn() {
 CudaContext::~CudaContext() {
   gemm_.reset();
   cudnn_.reset();
-  if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
   if (compute_stream_ != nullptr) cudaStreamDestroy(compute_stream_);
-}
-
-void CudaContext::synchronize_compute() {
-  require_not_capturing("CudaContext::synchronize_compute");
-  FT_CUDA_CHECK(cudaStreamSynchronize(compute_stream_));
 }
 
 void select_cuda_device(int local_rank) {

@@ -1,10 +1,9 @@
 // CudaContext: the process's CUDA state for training, made once on first use: the selected
-// device, a compute stream (every op kernel, fill and copy), a communication stream (NCCL bucket
-// reductions, so they overlap the backward kernels), the cuBLASLt GEMM and, on first use, the
-// cuDNN handle.
-// Ops reach it through cuda_context(); nothing else creates streams or handles.
-// Thread safety: the training thread owns it; the communication stream is only enqueued on from
-// the training thread too (GradSync), ordered against compute by events.
+// device, a compute stream (every op kernel, fill and copy), the cuBLASLt GEMM and, on first use,
+// the cuDNN handle. NCCL's bucket reductions run on the communicator's own stream
+// (comm/nccl/nccl_communicator.cpp), ordered against compute by events.
+// Ops reach it through cuda_context(); nothing else creates compute streams or handles.
+// Thread safety: the training thread owns it.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -18,7 +17,7 @@ namespace ft {
 class CudaContext {
  public:
   // Selects `device_index` (local rank modulo device count, see select_cuda_device) and creates
-  // both streams and the cuBLASLt handle. Throws ft::Error when no device can be used.
+  // the compute stream and the cuBLASLt handle. Throws ft::Error when no device can be used.
   explicit CudaContext(int device_index);
   ~CudaContext();
   CudaContext(const CudaContext&) = delete;
@@ -26,19 +25,15 @@ class CudaContext {
 
   int device_index() const { return device_index_; }
   cudaStream_t compute_stream() const { return compute_stream_; }
-  cudaStream_t comm_stream() const { return comm_stream_; }
   CublasLtGemm& gemm() { return *gemm_; }
   // Created on first use (the first convolution), so a GPT run never initialises cuDNN: its
   // engine libraries load only when a handle is made, and a GPU image with a broken or missing
   // cuDNN piece still trains the GPT.
   CudnnHandle& cudnn();
-  // Blocks until every kernel on the compute stream is done (checkpoints, tests, timing).
-  void synchronize_compute();
 
  private:
   int device_index_;
   cudaStream_t compute_stream_ = nullptr;
-  cudaStream_t comm_stream_ = nullptr;
   std::unique_ptr<CublasLtGemm> gemm_;
   std::unique_ptr<CudnnHandle> cudnn_;
 };

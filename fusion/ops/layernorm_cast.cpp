@@ -4,7 +4,7 @@
 
 #include "core/bf16_cast.h"
 #include "core/check.h"
-#include "core/math/gelu.h"
+#include "core/math/gelu_math.h"
 #include "model/ops/gelu.h"
 #include "model/ops/layernorm.h"
 #include "model/ops/layernorm_math.h"

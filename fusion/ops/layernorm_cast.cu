@@ -1,12 +1,12 @@
 // LayerNorm -> cast and GELU -> cast on CUDA: the kernels, then their launchers. LayerNorm is one
 // warp per row (8 rows per block), as model/ops/layernorm.cu and residual_layernorm.cu, through
 // the bf16 row helper of fusion/ops/layernorm_bf16_row.cuh; GELU is a grid-stride loop over
-// core/math/gelu.h. Both round with core/math/bf16_math.h, so they write the bits their CPU
+// core/math/gelu_math.h. Both round with core/math/bf16_math.h, so they write the bits their CPU
 // twins in layernorm_cast.cpp write from the same fp32 values.
 #include "core/check.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
-#include "core/math/gelu.h"
+#include "core/math/gelu_math.h"
 #include "fusion/ops/layernorm_bf16_row.cuh"
 #include "fusion/ops/layernorm_cast.h"
 

@@ -49,7 +49,7 @@ class LayerNormCastOp : public Op {
   Tensor param_grad_scratch_;  // cuda: the column partials of the weight and bias gradients
 };
 
-// Vertical fusion of GELU -> cast: y = bf16(gelu_tanh(x)) in one pass (core/math/gelu.h). The
+// Vertical fusion of GELU -> cast: y = bf16(gelu_tanh(x)) in one pass (core/math/gelu_math.h). The
 // twin is GeluOp -> CastOp; backward is GELU's (dx += dy gelu'(x), reading x and the fp32 dy),
 // on cuda its kernel (model/ops/gelu.h).
 // Inputs {x fp32}, outputs {y bf16}, no params.

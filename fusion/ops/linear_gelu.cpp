@@ -8,7 +8,7 @@
 #include "core/bf16_cast.h"
 #include "core/check.h"
 #include "core/gemm.h"
-#include "core/math/gelu.h"
+#include "core/math/gelu_math.h"
 #include "model/ops/linear.h"
 
 namespace ft {
@@ -76,7 +76,7 @@ void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* d
     float* dpre_tile = dpre + first * out_features;
     const float* pre_tile = pre + first * out_features;
     const float* dy_tile = dy + first * dy_stride;
-    // y = gelu(pre)  =>  dpre = dy gelu'(pre); gelu' is derived in core/math/gelu.h.
+    // y = gelu(pre)  =>  dpre = dy gelu'(pre); gelu' is derived in core/math/gelu_math.h.
 #pragma omp parallel for if (tile * out_features >= kThreadedElements)
     for (int64_t row = 0; row < tile; ++row) {
       const float* pre_row = pre_tile + row * out_features;

@@ -1,7 +1,7 @@
 // Linear + GELU on CUDA: forward is one GEMM with the GELU_AUX(_BIAS) epilogue of gemm_cuda (or,
 // writing bf16, the GEMM then GeluCastOp's kernel); backward is the fused dGELU + bias-gradient
-// column kernel of core/cuda/bias_activation_kernel.h (which computes with core/math/gelu.h, like
-// linear_gelu.cpp), then the dx and dW GEMMs.
+// column kernel of core/cuda/bias_activation_kernel.h (which computes with core/math/gelu_math.h,
+// like linear_gelu.cpp), then the dx and dW GEMMs.
 #include "core/check.h"
 #include "core/cuda/bias_activation_kernel.h"
 #include "core/gemm.h"

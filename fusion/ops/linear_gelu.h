@@ -1,6 +1,6 @@
 // Vertical fusion of a Linear and the GELU reading its output (the MLP's c_fc -> gelu):
 //   pre[rows, out] = x[rows, in] · W[offset : offset + out, :]^T + b[offset : offset + out]
-//   y = gelu_tanh(pre)                                              (core/math/gelu.h)
+//   y = gelu_tanh(pre)                                              (core/math/gelu_math.h)
 // The unfused twin is LinearOp (model/ops/linear.h) -> GeluOp (model/ops/gelu.h);
 // fusion/gemm_epilogue_pass.cpp builds this op and tests/fusion_gemm_epilogue_test.cpp checks
 // the two agree.

@@ -9,7 +9,7 @@
 
 #include "core/bf16_cast.h"
 #include "core/check.h"
-#include "core/math/dropout.h"
+#include "core/math/dropout_math.h"
 #include "model/ops/layernorm.h"
 #include "model/ops/layernorm_math.h"
 #include "model/ops/op_checks.h"

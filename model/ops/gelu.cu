@@ -1,8 +1,8 @@
-// GELU on CUDA: the kernels, then their launchers, over the helpers of core/math/gelu.h that the
-// CPU loops in gelu.cpp also call, so CPU tests cover the math.
+// GELU on CUDA: the kernels, then their launchers, over the helpers of core/math/gelu_math.h that
+// the CPU loops in gelu.cpp also call, so CPU tests cover the math.
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
-#include "core/math/gelu.h"
+#include "core/math/gelu_math.h"
 #include "model/ops/gelu.h"
 
 namespace ft {

@@ -1,5 +1,5 @@
 // GELU activation, tanh approximation (GPT-2), elementwise over `numel` floats:
-//   y = 0.5 x (1 + tanh(s (x + 0.044715 x^3))),  s = sqrt(2/pi)    (core/math/gelu.h)
+//   y = 0.5 x (1 + tanh(s (x + 0.044715 x^3))),  s = sqrt(2/pi)    (core/math/gelu_math.h)
 // Inputs {x}, outputs {y}. Backward reads x again, so nothing is saved.
 // The CPU loops (gelu.cpp) and the CUDA kernels (gelu.cu) call the same helpers; they use a
 // vectorisable exp (libm's scalar tanhf cost 4-30 ns per call and made GELU the most expensive op

@@ -72,7 +72,7 @@ void winograd_transform_weights(float* transformed, const float* weight, int out
 void winograd_conv(float* y, const float* x, const float* transformed, const WinogradShape& shape,
                    WinogradWrite write);
 
-// What the inference convolution (FoldedConvOp, fusion/ops/folded_conv.h) applies to each output
+// What the inference convolution (ConvBiasOp, fusion/ops/conv_bias.h) applies to each output
 // inside the output transform, while the block is still in registers:
 //   y = act(conv(x, w) + bias[o] + residual)
 // so a folded BatchNorm's shift, a block's residual add and its ReLU cost no pass over memory.

@@ -1,8 +1,7 @@
-// main() for the MPI test binaries (tests/mpi_*_test.cpp), header-only so ft_comm never links
-// GoogleTest. Every rank runs every test; only rank 0 prints the usual report, other ranks print
-// just their failures (tagged with the rank); the exit status is non-zero on every rank when any
-// rank failed, so mpirun and ctest see the failure whichever rank hit it.
-// Thread safety: call once, from main().
+// main() for the MPI test binaries (tests/mpi_*_test.cpp). Every rank runs every test; only rank 0
+// prints the usual report, other ranks print just their failures (tagged with the rank); the exit
+// status is non-zero on every rank when any rank failed, so mpirun and ctest see the failure
+// whichever rank hit it. Thread safety: call once, from main().
 #pragma once
 #include <gtest/gtest.h>
 #include <mpi.h>
