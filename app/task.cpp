@@ -176,6 +176,11 @@ class GptTask : public Task {
     return static_cast<int64_t>(config_.train.batch_size) * config_.model.seq_len;
   }
   const char* item_unit() const override { return "tokens"; }
+  std::string describe() const override {
+    return "gpt " + std::to_string(config_.model.n_layer) + "x" +
+           std::to_string(config_.model.d_model) + ", seq_len " +
+           std::to_string(config_.model.seq_len);
+  }
 
  private:
   Config config_;
@@ -272,6 +277,10 @@ class ResnetTask : public Task {
 
   int64_t items_per_batch() const override { return config_.train.batch_size; }
   const char* item_unit() const override { return "images"; }
+  std::string describe() const override {
+    return "resnet" + std::to_string(6 * config_.model.resnet_blocks + 2) + " width " +
+           std::to_string(config_.model.resnet_width);
+  }
 
  private:
   static void load_images(const ImageBatch& batch, Workspace& ws, const Graph& graph) {

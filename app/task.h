@@ -73,6 +73,8 @@ class Task {
   // Tokens (GPT) or images (ResNet) in one training batch of this rank.
   virtual int64_t items_per_batch() const = 0;
   virtual const char* item_unit() const = 0;
+  // The model in a few words for the start line: "gpt 6x256, seq_len 128", "resnet20 width 16".
+  virtual std::string describe() const = 0;
 };
 
 // The model.* keys as the builders take them.
