@@ -67,6 +67,17 @@ void prefetch_rows(const Element* rows, int64_t stride, int64_t count, int64_t h
   }
 }
 
+// Where head bh = b * n_head + h starts in each strided [B * T, C] tensor.
+struct HeadOffsets {
+  int64_t q, k, v, y;
+};
+HeadOffsets head_offsets(int64_t bh, int n_head, int64_t T, int64_t hd,
+                         const AttentionStrides& strides) {
+  const int64_t b = bh / n_head, h = bh % n_head;
+  return {b * T * strides.q + h * hd, b * T * strides.k + h * hd, b * T * strides.v + h * hd,
+          b * T * strides.y + h * hd};
+}
+
 void require_native(const char* what) {
   FT_CHECK(flash_attention_bf16_native(), what,
            ": the AVX512-BF16 kernels do not run here (check flash_attention_bf16_native())");
@@ -87,16 +98,15 @@ void flash_attention_forward_bf16(float* y, float* lse, const bf16_bits* q, cons
     unsigned char* scratch = thread_scratch(g);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh) {
-      const int64_t b = bh / n_head, h = bh % n_head;
+      const HeadOffsets at = head_offsets(bh, n_head, T, hd, strides);
       if (bh + 1 < heads) {
-        const int64_t next_b = (bh + 1) / n_head, next_h = (bh + 1) % n_head;
-        prefetch_rows(q + next_b * T * strides.q + next_h * hd, strides.q, T, hd);
-        prefetch_rows(k + next_b * T * strides.k + next_h * hd, strides.k, T, hd);
-        prefetch_rows(v + next_b * T * strides.v + next_h * hd, strides.v, T, hd);
+        const HeadOffsets next = head_offsets(bh + 1, n_head, T, hd, strides);
+        prefetch_rows(q + next.q, strides.q, T, hd);
+        prefetch_rows(k + next.k, strides.k, T, hd);
+        prefetch_rows(v + next.v, strides.v, T, hd);
       }
-      attention_bf16::forward_head(y + b * T * strides.y + h * hd, lse + bh * T,
-                                   q + b * T * strides.q + h * hd, k + b * T * strides.k + h * hd,
-                                   v + b * T * strides.v + h * hd, strides, g, scratch);
+      attention_bf16::forward_head(y + at.y, lse + bh * T, q + at.q, k + at.k, v + at.v, strides, g,
+                                   scratch);
     }
   }
 }
@@ -115,26 +125,20 @@ void flash_attention_backward_bf16(float* dq, float* dk, float* dv, const float*
     unsigned char* scratch = thread_scratch(g);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh) {
-      const int64_t b = bh / n_head, h = bh % n_head;
-      const int64_t q_at = b * T * strides.q + h * hd, k_at = b * T * strides.k + h * hd;
-      const int64_t v_at = b * T * strides.v + h * hd, y_at = b * T * strides.y + h * hd;
+      const HeadOffsets at = head_offsets(bh, n_head, T, hd, strides);
       if (bh + 1 < heads) {
-        const int64_t next_b = (bh + 1) / n_head, next_h = (bh + 1) % n_head;
-        const int64_t next_q = next_b * T * strides.q + next_h * hd;
-        const int64_t next_k = next_b * T * strides.k + next_h * hd;
-        const int64_t next_v = next_b * T * strides.v + next_h * hd;
-        const int64_t next_y = next_b * T * strides.y + next_h * hd;
-        prefetch_rows(q + next_q, strides.q, T, hd);
-        prefetch_rows(k + next_k, strides.k, T, hd);
-        prefetch_rows(v + next_v, strides.v, T, hd);
-        prefetch_rows(dy + next_y, strides.y, T, hd);
-        prefetch_rows(y + next_y, strides.y, T, hd);
-        prefetch_rows(dq + next_q, strides.q, T, hd);
-        prefetch_rows(dk + next_k, strides.k, T, hd);
-        prefetch_rows(dv + next_v, strides.v, T, hd);
+        const HeadOffsets next = head_offsets(bh + 1, n_head, T, hd, strides);
+        prefetch_rows(q + next.q, strides.q, T, hd);
+        prefetch_rows(k + next.k, strides.k, T, hd);
+        prefetch_rows(v + next.v, strides.v, T, hd);
+        prefetch_rows(dy + next.y, strides.y, T, hd);
+        prefetch_rows(y + next.y, strides.y, T, hd);
+        prefetch_rows(dq + next.q, strides.q, T, hd);
+        prefetch_rows(dk + next.k, strides.k, T, hd);
+        prefetch_rows(dv + next.v, strides.v, T, hd);
       }
-      attention_bf16::backward_head(dq + q_at, dk + k_at, dv + v_at, dy + y_at, y + y_at,
-                                    lse + bh * T, q + q_at, k + k_at, v + v_at, strides, g,
+      attention_bf16::backward_head(dq + at.q, dk + at.k, dv + at.v, dy + at.y, y + at.y,
+                                    lse + bh * T, q + at.q, k + at.k, v + at.v, strides, g,
                                     scratch);
     }
   }
