@@ -5,6 +5,7 @@
 #include "app/trace.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
@@ -41,8 +42,11 @@ std::vector<std::string> tiny_overrides(const std::string& dir, int steps) {
 class TraceTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    // One folder per process: ctest runs the cases as parallel processes, and gtest's random
+    // seed (the time in ms) named two of them alike once.
     dir_ = (std::filesystem::temp_directory_path() /
-            ("ft_trace_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed())))
+            ("ft_trace_test_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name()))
                .string();
     std::filesystem::remove_all(dir_);
   }
