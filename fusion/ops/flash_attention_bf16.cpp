@@ -83,65 +83,70 @@ void require_native(const char* what) {
            ": the AVX512-BF16 kernels do not run here (check flash_attention_bf16_native())");
 }
 
-}  // namespace
-
-void flash_attention_forward_bf16(float* y, float* lse, const bf16_bits* q, const bf16_bits* k,
-                                  const bf16_bits* v, const AttentionStrides& strides, int batch,
-                                  int seq_len, int channels, int n_head, int tile) {
-  require_native("flash_attention_forward_bf16");
-  FT_CHECK(tile >= 1, "flash_attention_forward_bf16: tile ", tile, " must be at least 1");
+// Calls head(bh, at, next, geometry, scratch) for every head bh = b * n_head + h, spread over the
+// OpenMP threads, each with its own scratch; `next` is the following head's offsets (null for
+// the last), whose rows `head` asks for ahead of its turn.
+template <typename Head>
+void for_each_head(const char* what, const AttentionStrides& strides, int batch, int seq_len,
+                   int channels, int n_head, int tile, Head head) {
+  require_native(what);
+  FT_CHECK(tile >= 1, what, ": tile ", tile, " must be at least 1");
   const attention_bf16::HeadGeometry g =
       attention_bf16::head_geometry(seq_len, channels, n_head, tile);
-  const int64_t T = seq_len, hd = g.hd, heads = static_cast<int64_t>(batch) * n_head;
+  const int64_t heads = static_cast<int64_t>(batch) * n_head;
 #pragma omp parallel if (heads > 1)
   {
     unsigned char* scratch = thread_scratch(g);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < heads; ++bh) {
-      const HeadOffsets at = head_offsets(bh, n_head, T, hd, strides);
-      if (bh + 1 < heads) {
-        const HeadOffsets next = head_offsets(bh + 1, n_head, T, hd, strides);
-        prefetch_rows(q + next.q, strides.q, T, hd);
-        prefetch_rows(k + next.k, strides.k, T, hd);
-        prefetch_rows(v + next.v, strides.v, T, hd);
-      }
-      attention_bf16::forward_head(y + at.y, lse + bh * T, q + at.q, k + at.k, v + at.v, strides, g,
-                                   scratch);
+      const HeadOffsets at = head_offsets(bh, n_head, seq_len, g.hd, strides);
+      const HeadOffsets next = head_offsets(bh + 1, n_head, seq_len, g.hd, strides);
+      head(bh, at, bh + 1 < heads ? &next : nullptr, g, scratch);
     }
   }
+}
+
+}  // namespace
+
+void flash_attention_forward_bf16(float* y, float* lse, const bf16_bits* q, const bf16_bits* k,
+                                  const bf16_bits* v, const AttentionStrides& strides, int batch,
+                                  int seq_len, int channels, int n_head, int tile) {
+  const int64_t T = seq_len;
+  for_each_head("flash_attention_forward_bf16", strides, batch, seq_len, channels, n_head, tile,
+                [&](int64_t bh, const HeadOffsets& at, const HeadOffsets* next,
+                    const attention_bf16::HeadGeometry& g, unsigned char* scratch) {
+                  if (next != nullptr) {
+                    prefetch_rows(q + next->q, strides.q, T, g.hd);
+                    prefetch_rows(k + next->k, strides.k, T, g.hd);
+                    prefetch_rows(v + next->v, strides.v, T, g.hd);
+                  }
+                  attention_bf16::forward_head(y + at.y, lse + bh * T, q + at.q, k + at.k, v + at.v,
+                                               strides, g, scratch);
+                });
 }
 
 void flash_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, const float* y,
                                    const float* lse, const bf16_bits* q, const bf16_bits* k,
                                    const bf16_bits* v, const AttentionStrides& strides, int batch,
                                    int seq_len, int channels, int n_head, int tile) {
-  require_native("flash_attention_backward_bf16");
-  FT_CHECK(tile >= 1, "flash_attention_backward_bf16: tile ", tile, " must be at least 1");
-  const attention_bf16::HeadGeometry g =
-      attention_bf16::head_geometry(seq_len, channels, n_head, tile);
-  const int64_t T = seq_len, hd = g.hd, heads = static_cast<int64_t>(batch) * n_head;
-#pragma omp parallel if (heads > 1)
-  {
-    unsigned char* scratch = thread_scratch(g);
-#pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < heads; ++bh) {
-      const HeadOffsets at = head_offsets(bh, n_head, T, hd, strides);
-      if (bh + 1 < heads) {
-        const HeadOffsets next = head_offsets(bh + 1, n_head, T, hd, strides);
-        prefetch_rows(q + next.q, strides.q, T, hd);
-        prefetch_rows(k + next.k, strides.k, T, hd);
-        prefetch_rows(v + next.v, strides.v, T, hd);
-        prefetch_rows(dy + next.y, strides.y, T, hd);
-        prefetch_rows(y + next.y, strides.y, T, hd);
-        prefetch_rows(dq + next.q, strides.q, T, hd);
-        prefetch_rows(dk + next.k, strides.k, T, hd);
-        prefetch_rows(dv + next.v, strides.v, T, hd);
-      }
-      attention_bf16::backward_head(dq + at.q, dk + at.k, dv + at.v, dy + at.y, y + at.y,
-                                    lse + bh * T, q + at.q, k + at.k, v + at.v, strides, g,
-                                    scratch);
-    }
-  }
+  const int64_t T = seq_len;
+  for_each_head("flash_attention_backward_bf16", strides, batch, seq_len, channels, n_head, tile,
+                [&](int64_t bh, const HeadOffsets& at, const HeadOffsets* next,
+                    const attention_bf16::HeadGeometry& g, unsigned char* scratch) {
+                  if (next != nullptr) {
+                    prefetch_rows(q + next->q, strides.q, T, g.hd);
+                    prefetch_rows(k + next->k, strides.k, T, g.hd);
+                    prefetch_rows(v + next->v, strides.v, T, g.hd);
+                    prefetch_rows(dy + next->y, strides.y, T, g.hd);
+                    prefetch_rows(y + next->y, strides.y, T, g.hd);
+                    prefetch_rows(dq + next->q, strides.q, T, g.hd);
+                    prefetch_rows(dk + next->k, strides.k, T, g.hd);
+                    prefetch_rows(dv + next->v, strides.v, T, g.hd);
+                  }
+                  attention_bf16::backward_head(dq + at.q, dk + at.k, dv + at.v, dy + at.y,
+                                                y + at.y, lse + bh * T, q + at.q, k + at.k,
+                                                v + at.v, strides, g, scratch);
+                });
 }
 #else
 void flash_attention_forward_bf16(float*, float*, const bf16_bits*, const bf16_bits*,
