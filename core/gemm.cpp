@@ -78,18 +78,36 @@ void check_gemm_args(const GemmArgs& args, const char* who) {
            epilogue_name(epilogue), " epilogue needs batch 1, got ", args.batch);
 }
 
-namespace {
+GemmShapeKey GemmShapeKey::of(const GemmArgs& resolved, DType operands) {
+  const GemmArgs& r = resolved;
+  return {r.m,
+          r.n,
+          r.k,
+          r.batch,
+          r.transpose_a,
+          r.transpose_b,
+          r.lda,
+          r.ldb,
+          r.ldc,
+          r.batch_stride_a,
+          r.batch_stride_b,
+          r.batch_stride_c,
+          r.alpha,
+          r.accumulate,
+          r.bias != nullptr,
+          r.epilogue,
+          operands};
+}
 
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t,
-                       int64_t, int64_t, int64_t, float, bool, bool, int, DType>;
+namespace {
 
 struct CachedGemm {
   dnnl::matmul primitive;
   dnnl::memory src, weights, bias, dst;
 };
 
-std::map<Key, CachedGemm>& cache() {
-  static std::map<Key, CachedGemm> gemms;
+std::map<GemmShapeKey, CachedGemm>& cache() {
+  static std::map<GemmShapeKey, CachedGemm> gemms;
   return gemms;
 }
 
@@ -140,23 +158,7 @@ CachedGemm make_gemm(const GemmArgs& r, DType operands) {
 }
 
 void run_onednn(float* c, GemmOperand a, GemmOperand b, const GemmArgs& r) {
-  const Key key{r.m,
-                r.n,
-                r.k,
-                r.batch,
-                r.transpose_a,
-                r.transpose_b,
-                r.lda,
-                r.ldb,
-                r.ldc,
-                r.batch_stride_a,
-                r.batch_stride_b,
-                r.batch_stride_c,
-                r.alpha,
-                r.accumulate,
-                r.bias != nullptr,
-                static_cast<int>(r.epilogue),
-                a.dtype};
+  const GemmShapeKey key = GemmShapeKey::of(r, a.dtype);
   auto it = cache().find(key);
   if (it == cache().end()) it = cache().emplace(key, make_gemm(r, a.dtype)).first;
   CachedGemm& cached = it->second;

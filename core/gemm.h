@@ -8,6 +8,7 @@
 // Thread safety: call from one thread (the training thread); oneDNN parallelises inside.
 #pragma once
 #include <cstdint>
+#include <tuple>
 
 #include "core/device.h"
 #include "core/tensor.h"
@@ -64,6 +65,27 @@ struct GemmArgs {
 void check_gemm_args(const GemmArgs& args, const char* who);
 // `args` with every 0 (= packed) leading dimension and batch stride replaced by its value.
 GemmArgs resolve_gemm_strides(const GemmArgs& args);
+
+// The shape, layout and epilogue that identify one GEMM plan, whatever the pointers: the key of
+// oneDNN's primitive cache (core/gemm.cpp) and the shared part of cuBLASLt's plan key
+// (core/cuda/cublaslt_gemm.cpp). REQUIRES: built from resolved strides.
+struct GemmShapeKey {
+  int64_t m, n, k, batch;
+  bool transpose_a, transpose_b;
+  int64_t lda, ldb, ldc, batch_stride_a, batch_stride_b, batch_stride_c;
+  float alpha;
+  bool accumulate, has_bias;
+  Epilogue epilogue;
+  DType operands;  // A's and B's elements; C is fp32 either way
+
+  static GemmShapeKey of(const GemmArgs& resolved, DType operands);
+  auto tie() const {
+    return std::tie(m, n, k, batch, transpose_a, transpose_b, lda, ldb, ldc, batch_stride_a,
+                    batch_stride_b, batch_stride_c, alpha, accumulate, has_bias, epilogue,
+                    operands);
+  }
+  bool operator<(const GemmShapeKey& other) const { return tie() < other.tie(); }
+};
 
 // A GEMM operand's elements: fp32, or bf16 (train.precision: bf16). Both operands of one GEMM
 // share a dtype; C, bias, aux and bias_grad are fp32 always, and products accumulate in fp32.

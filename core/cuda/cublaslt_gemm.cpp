@@ -46,22 +46,18 @@ bool refused_before_launch(cublasStatus_t status) {
   return status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE;
 }
 
+// The oneDNN cache's key (core/gemm.h) plus what only cuBLASLt's plan depends on.
 struct PlanKey {
-  int64_t m, n, k, batch;
-  bool transpose_a, transpose_b;
-  int64_t lda, ldb, ldc, ld_aux, batch_stride_a, batch_stride_b, batch_stride_c;
-  bool accumulate, has_bias;
-  Epilogue epilogue;
+  GemmShapeKey shape;
+  int64_t ld_aux;
   bool fuse;           // whether to try the fused epilogue at all
   bool tf32;           // fp32 operands only: bf16 ones always compute in CUBLAS_COMPUTE_32F
   bool deterministic;  // core/determinism.h: no split-K reduction offered
   uint32_t align_a, align_b, align_c;
-  DType operands;  // A's and B's elements; C is fp32 either way
 
   auto tie() const {
-    return std::tie(m, n, k, batch, transpose_a, transpose_b, lda, ldb, ldc, ld_aux, batch_stride_a,
-                    batch_stride_b, batch_stride_c, accumulate, has_bias, epilogue, fuse, tf32,
-                    deterministic, align_a, align_b, align_c, operands);
+    return std::tuple_cat(shape.tie(),
+                          std::tie(ld_aux, fuse, tf32, deterministic, align_a, align_b, align_c));
   }
   bool operator<(const PlanKey& other) const { return tie() < other.tie(); }
 };
@@ -152,12 +148,13 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, uint64_t rows, uint64_t 
 bool try_build_plan(Plan& plan, cublasLtHandle_t handle, const PlanKey& key,
                     cublasLtEpilogue_t epilogue, const GemmArgs& args, size_t workspace_bytes) {
   plan.release();
+  const GemmShapeKey& shape = key.shape;
   const cublasComputeType_t compute = key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   // Scale type fp32 (alpha, beta) for both operand types: the bf16 x bf16 -> fp32 combination
   // cuBLASLt lists with CUBLAS_COMPUTE_32F.
   FT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.matmul, compute, CUDA_R_32F));
-  const cublasOperation_t op_a = key.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = key.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = shape.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = shape.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   set_desc(plan.matmul, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a));
   set_desc(plan.matmul, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b));
   set_desc(plan.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
@@ -168,16 +165,18 @@ bool try_build_plan(Plan& plan, cublasLtHandle_t handle, const PlanKey& key,
   }
 
   // Stored shapes (before op) in cuBLASLt's column-major terms; see the comment at the file top.
-  const auto N = static_cast<uint64_t>(key.n), M = static_cast<uint64_t>(key.m),
-             K = static_cast<uint64_t>(key.k);
-  const cudaDataType_t operand_type = cuda_data_type(key.operands);
-  plan.layout_a = key.transpose_b
-                      ? make_layout(operand_type, K, N, key.ldb, key.batch, key.batch_stride_b)
-                      : make_layout(operand_type, N, K, key.ldb, key.batch, key.batch_stride_b);
-  plan.layout_b = key.transpose_a
-                      ? make_layout(operand_type, M, K, key.lda, key.batch, key.batch_stride_a)
-                      : make_layout(operand_type, K, M, key.lda, key.batch, key.batch_stride_a);
-  plan.layout_c = make_layout(CUDA_R_32F, N, M, key.ldc, key.batch, key.batch_stride_c);
+  const auto N = static_cast<uint64_t>(shape.n), M = static_cast<uint64_t>(shape.m),
+             K = static_cast<uint64_t>(shape.k);
+  const cudaDataType_t operand_type = cuda_data_type(shape.operands);
+  plan.layout_a =
+      shape.transpose_b
+          ? make_layout(operand_type, K, N, shape.ldb, shape.batch, shape.batch_stride_b)
+          : make_layout(operand_type, N, K, shape.ldb, shape.batch, shape.batch_stride_b);
+  plan.layout_b =
+      shape.transpose_a
+          ? make_layout(operand_type, M, K, shape.lda, shape.batch, shape.batch_stride_a)
+          : make_layout(operand_type, K, M, shape.lda, shape.batch, shape.batch_stride_a);
+  plan.layout_c = make_layout(CUDA_R_32F, N, M, shape.ldc, shape.batch, shape.batch_stride_c);
 
   cublasLtMatmulPreference_t preference = nullptr;
   FT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -312,29 +311,14 @@ void CublasLtGemm::run(float* c, GemmOperand a, GemmOperand b, const GemmArgs& a
   const bool fuse = fused_epilogue_enabled_ && (!has_bias || alignment_bytes(r.bias) == 16) &&
                     (r.bias_grad == nullptr || alignment_bytes(r.bias_grad) == 16) &&
                     (!uses_aux || (alignment_bytes(r.aux) == 16 && r.ld_aux % 8 == 0));
-  const PlanKey key{r.m,
-                    r.n,
-                    r.k,
-                    r.batch,
-                    r.transpose_a,
-                    r.transpose_b,
-                    r.lda,
-                    r.ldb,
-                    r.ldc,
+  const PlanKey key{GemmShapeKey::of(r, operands),
                     uses_aux ? r.ld_aux : 0,
-                    r.batch_stride_a,
-                    r.batch_stride_b,
-                    r.batch_stride_c,
-                    r.accumulate,
-                    has_bias,
-                    r.epilogue,
                     fuse,
                     gemm_tf32() && operands == DType::kF32,
                     deterministic_algorithms(),
                     alignment_bytes(a.data, operand_bytes, r.batch, r.batch_stride_a),
                     alignment_bytes(b.data, operand_bytes, r.batch, r.batch_stride_b),
-                    alignment_bytes(c, sizeof(float), r.batch, r.batch_stride_c),
-                    operands};
+                    alignment_bytes(c, sizeof(float), r.batch, r.batch_stride_c)};
 
   auto found = impl_->plans.find(key);
   if (found == impl_->plans.end()) {
