@@ -41,16 +41,13 @@ void attention_mix_backward(float* dprobs, float* dv, const float* dy, GemmOpera
 }
 
 AttentionMixOp::AttentionMixOp(int batch, int seq_len, int channels, int n_head)
-    : batch_(batch), seq_len_(seq_len), channels_(channels), n_head_(n_head) {
-  check_attention_shape("AttentionMixOp", batch, seq_len, channels, n_head);
-}
+    : AttentionHeadGemmOp("AttentionMixOp", batch, seq_len, channels, n_head) {}
 
 void AttentionMixOp::check_wiring(const Workspace& ws) const {
   expect_arity(*this, 2, 1, 0);
-  const int64_t tokens = static_cast<int64_t>(batch_) * seq_len_;
-  expect_numel(ws.values[inputs[0]], tokens * n_head_ * seq_len_, *this, "input probs");
-  expect_numel(ws.values[inputs[1]], tokens * channels_, *this, "input v");
-  expect_numel(ws.values[outputs[0]], tokens * channels_, *this, "output y");
+  expect_numel(ws.values[inputs[0]], scores_numel(), *this, "input probs");
+  expect_numel(ws.values[inputs[1]], tokens() * channels_, *this, "input v");
+  expect_numel(ws.values[outputs[0]], tokens() * channels_, *this, "output y");
   FT_CHECK(ws.row_stride(inputs[0]) == seq_len_, kind(), " '", name,
            "': input probs must not be a view");
   expect_gemm_operands(*this, ws.values[inputs[0]], ws.values[inputs[1]]);
@@ -81,14 +78,6 @@ void AttentionMixOp::backward(Workspace& ws, ParamStore&) {
                          value_operand(ws.values[inputs[1]]), ws.row_stride(outputs[0]),
                          ws.row_stride(inputs[1]), ws.grad_is_fresh(inputs[0]),
                          ws.grad_is_fresh(inputs[1]), batch_, seq_len_, channels_, n_head_);
-}
-
-OpCost AttentionMixOp::cost(const Graph& graph) const {
-  OpCost cost = Op::cost(graph);
-  const double macs = attention_head_macs(batch_, seq_len_, channels_, n_head_);
-  cost.forward_flops = 2 * macs;
-  cost.backward_flops = 4 * macs;  // dP and dV
-  return cost;
 }
 
 }  // namespace ft

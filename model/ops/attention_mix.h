@@ -10,6 +10,7 @@
 
 #include "core/gemm.h"
 #include "model/graph.h"
+#include "model/ops/attention_head_gemm_op.h"
 
 namespace ft {
 
@@ -33,25 +34,15 @@ void attention_mix_backward_cuda(float* dprobs, float* dv, const float* dy, Gemm
                                  bool overwrite_dprobs, bool overwrite_dv, int batch, int seq_len,
                                  int channels, int n_head, CudaStream stream);
 
-class AttentionMixOp : public Op {
+class AttentionMixOp : public AttentionHeadGemmOp {
  public:
   AttentionMixOp(int batch, int seq_len, int channels, int n_head);
   OpKind op_kind() const override { return OpKind::kAttentionMix; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
-  bool overwrites_fresh_input_grads() const override { return true; }
-  bool supports_views() const override { return true; }
-  bool handles_bf16() const override { return true; }
-  OpCost cost(const Graph& graph) const override;
-
-  int batch() const { return batch_; }
-  int seq_len() const { return seq_len_; }
-  int channels() const { return channels_; }
-  int n_head() const { return n_head_; }
 
  private:
   void check_wiring(const Workspace& ws) const;
-  int batch_, seq_len_, channels_, n_head_;
 };
 
 }  // namespace ft

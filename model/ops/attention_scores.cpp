@@ -39,16 +39,13 @@ void attention_scores_backward(float* dq, float* dk, const float* dscores, GemmO
 }
 
 AttentionScoresOp::AttentionScoresOp(int batch, int seq_len, int channels, int n_head)
-    : batch_(batch), seq_len_(seq_len), channels_(channels), n_head_(n_head) {
-  check_attention_shape("AttentionScoresOp", batch, seq_len, channels, n_head);
-}
+    : AttentionHeadGemmOp("AttentionScoresOp", batch, seq_len, channels, n_head) {}
 
 void AttentionScoresOp::check_wiring(const Workspace& ws) const {
   expect_arity(*this, 2, 1, 0);
-  const int64_t tokens = static_cast<int64_t>(batch_) * seq_len_;
-  expect_numel(ws.values[inputs[0]], tokens * channels_, *this, "input q");
-  expect_numel(ws.values[inputs[1]], tokens * channels_, *this, "input k");
-  expect_numel(ws.values[outputs[0]], tokens * n_head_ * seq_len_, *this, "output scores");
+  expect_numel(ws.values[inputs[0]], tokens() * channels_, *this, "input q");
+  expect_numel(ws.values[inputs[1]], tokens() * channels_, *this, "input k");
+  expect_numel(ws.values[outputs[0]], scores_numel(), *this, "output scores");
   expect_gemm_operands(*this, ws.values[inputs[0]], ws.values[inputs[1]]);
   FT_CHECK(ws.row_stride(outputs[0]) == seq_len_, kind(), " '", name,
            "': output scores must not be a view");
@@ -82,14 +79,6 @@ void AttentionScoresOp::backward(Workspace& ws, ParamStore&) {
       value_operand(ws.values[inputs[0]]), value_operand(ws.values[inputs[1]]),
       ws.row_stride(inputs[0]), ws.row_stride(inputs[1]), ws.grad_is_fresh(inputs[0]),
       ws.grad_is_fresh(inputs[1]) && !same, batch_, seq_len_, channels_, n_head_);
-}
-
-OpCost AttentionScoresOp::cost(const Graph& graph) const {
-  OpCost cost = Op::cost(graph);
-  const double macs = attention_head_macs(batch_, seq_len_, channels_, n_head_);
-  cost.forward_flops = 2 * macs;
-  cost.backward_flops = 4 * macs;  // dQ and dK
-  return cost;
 }
 
 }  // namespace ft

@@ -11,6 +11,7 @@
 
 #include "core/gemm.h"
 #include "model/graph.h"
+#include "model/ops/attention_head_gemm_op.h"
 
 namespace ft {
 
@@ -43,25 +44,15 @@ void attention_head_gemms_cuda(float* c, GemmOperand a, GemmOperand b, const Gem
                                int batch, int64_t seq_offset_a, int64_t seq_offset_b,
                                int64_t seq_offset_c, CudaStream stream);
 
-class AttentionScoresOp : public Op {
+class AttentionScoresOp : public AttentionHeadGemmOp {
  public:
   AttentionScoresOp(int batch, int seq_len, int channels, int n_head);
   OpKind op_kind() const override { return OpKind::kAttentionScores; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
-  bool overwrites_fresh_input_grads() const override { return true; }
-  bool supports_views() const override { return true; }
-  bool handles_bf16() const override { return true; }
-  OpCost cost(const Graph& graph) const override;
-
-  int batch() const { return batch_; }
-  int seq_len() const { return seq_len_; }
-  int channels() const { return channels_; }
-  int n_head() const { return n_head_; }
 
  private:
   void check_wiring(const Workspace& ws) const;
-  int batch_, seq_len_, channels_, n_head_;
 };
 
 }  // namespace ft
