@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "app/device_setup.h"
+#include "comm/backend_choice.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/timer.h"

@@ -1,6 +1,5 @@
 #include "app/device_setup.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -11,7 +10,6 @@
 #if defined(FT_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
-#include "comm/nccl/nccl_communicator.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/cuda_context.h"
 #endif
@@ -50,43 +48,6 @@ Device setup_device(const Config& config, int local_rank) {
   if (device == Device::kCuda) set_gemm_tf32(config.train.tf32);
 #endif
   return device;
-}
-
-std::string gradient_backend(const Config& config, Communicator& comm) {
-  if (config.train.device != "cuda" || config.comm.backend == "mpi") return "mpi";
-  // counts[0]: machines (ranks with local rank 0); counts[1]: ranks whose machine has fewer GPUs
-  // than ranks. Summed over every rank, so all of them decide alike.
-  float counts[2] = {comm.local_rank() == 0 ? 1.0f : 0.0f, 0.0f};
-  comm.allreduce(counts, 1, ReduceOp::kSum);
-  // No usable device counts as none: setup_device has refused cuda already in a real run.
-  int devices = 0;
-#if defined(FT_HAVE_CUDA)
-  if (cuda_device_available() && cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
-#endif
-  const int machines = std::max(1, static_cast<int>(counts[0]));
-  const int ranks_per_machine = (comm.size() + machines - 1) / machines;
-  counts[1] = ranks_per_machine > devices ? 1.0f : 0.0f;
-  comm.allreduce(counts + 1, 1, ReduceOp::kSum);
-  const bool gpus_shared = counts[1] > 0.0f;
-  if (config.comm.backend == "nccl") {
-    FT_REQUIRE(!gpus_shared, "comm.backend: nccl needs one GPU per rank, but ", ranks_per_machine,
-               " ranks share ", devices,
-               " GPU(s) on a machine (NCCL refuses two ranks on one "
-               "device); run fewer ranks per machine or use comm.backend: mpi");
-    FT_REQUIRE(!config.comm.deterministic,
-               "comm.deterministic: true needs comm.backend: mpi "
-               "(NCCL has no rank-order sum); set comm.backend: mpi or auto");
-    return "nccl";
-  }
-  return gpus_shared || config.comm.deterministic ? "mpi" : "nccl";
-}
-
-std::unique_ptr<Communicator> make_device_communicator() {
-#if defined(FT_HAVE_CUDA)
-  return make_nccl_communicator(cuda_context().compute_stream());
-#else
-  FT_FAIL("comm.backend: nccl needs a build with the CUDA path");
-#endif
 }
 
 }  // namespace ft

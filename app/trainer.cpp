@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "app/device_setup.h"
+#include "comm/backend_choice.h"
 #include "comm/startup.h"
 #include "core/check.h"
 #include "core/rng.h"
@@ -73,7 +74,9 @@ Trainer::Trainer(const Config& config, Communicator* comm) : config_(config), co
     check_same_config(*comm, flatten_config(config), config.source_path);
     broadcast_parameters(*comm, params_);
     Communicator* grad_comm = comm;
-    if (gradient_backend(config, *comm) == "nccl") {
+    const GradientBackendRequest request{config.train.device, config.comm.backend,
+                                         config.comm.deterministic};
+    if (choose_gradient_backend(request, *comm) == "nccl") {
       device_comm_ = make_device_communicator();
       grad_comm = device_comm_.get();
     }

@@ -1,6 +1,6 @@
-// The choices app/device_setup.h makes without touching a GPU: which backend reduces gradients
-// (checked here where no GPU is visible, so every machine "shares" zero GPUs) and the start-up
-// refusal of train.device: cuda.
+// The choices app/device_setup.h and comm/backend_choice.h make without touching a GPU: which
+// backend reduces gradients (checked here where no GPU is visible, so every machine "shares" zero
+// GPUs) and the start-up refusal of train.device: cuda.
 #include "app/device_setup.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "app/config.h"
+#include "comm/backend_choice.h"
 #include "core/check.h"
 
 namespace ft {
@@ -50,6 +51,12 @@ Config with(const std::string& device, const std::string& backend, bool determin
   config.comm.backend = backend;
   config.comm.deterministic = deterministic;
   return config;
+}
+
+// The choice as the trainer asks for it, from a config.
+std::string gradient_backend(const Config& config, Communicator& comm) {
+  return choose_gradient_backend(
+      {config.train.device, config.comm.backend, config.comm.deterministic}, comm);
 }
 
 TEST(DeviceSetup, CpuAlwaysReducesOverMpi) {
