@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "app/inference_model.h"
+#include "app/file_formats.h"
 #include "app/trainer.h"
 #include "comm/gather.h"
 #include "core/check.h"
@@ -20,7 +20,6 @@
 namespace ft {
 namespace {
 
-constexpr const char* kFormat = "fusiontrain-checkpoint-1";
 constexpr size_t kMaxListedTensors = 32;
 
 std::string slot_name(const std::string& slot, const std::string& param) {
@@ -200,8 +199,9 @@ void require_checkpoint(const SafetensorsFile& file, const std::string& path) {
             "exported from (metadata source_checkpoint: ",
             source == file.metadata.end() ? std::string("absent") : source->second, ")");
   }
-  if (format == file.metadata.end() || format->second != kFormat)
-    FT_FAIL(path, ": not a fusiontrain checkpoint (metadata 'format' should be '", kFormat, "')");
+  if (format == file.metadata.end() || format->second != kCheckpointFormat)
+    FT_FAIL(path, ": not a fusiontrain checkpoint (metadata 'format' should be '",
+            kCheckpointFormat, "')");
   require_finite_tensors(file, path);
 }
 
@@ -284,7 +284,7 @@ void Trainer::save_checkpoint(const std::string& path) {
         views.push_back({slot_name(slot, param.name), param.shape, state.data() + param.offset});
     }
   const std::map<std::string, std::string> metadata{
-      {"format", kFormat},
+      {"format", kCheckpointFormat},
       {"step", std::to_string(step_)},
       {"optimizer_steps", std::to_string(optimizer_->steps_taken())},
       {"skipped_steps", std::to_string(skipped_steps_)},

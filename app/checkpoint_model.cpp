@@ -5,7 +5,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "app/inference_model.h"
+#include "app/file_formats.h"
 #include "app/trainer.h"
 #include "core/check.h"
 

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "app/config.h"
+#include "app/file_formats.h"
 #include "core/image_data.h"
 #include "core/safetensors.h"
 #include "fusion/pipeline.h"
@@ -32,8 +33,6 @@
 #include "model/resnet.h"
 
 namespace ft {
-
-inline constexpr const char* kExportFormat = "fusiontrain-export-1";
 
 // The pipeline settings of every inference graph: defaults, BN folding on.
 FusionOptions inference_fusion_options();
