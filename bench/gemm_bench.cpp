@@ -8,11 +8,12 @@
 #include <vector>
 
 #include "bench/profiled_steps.h"
+#include "core/bf16_cast.h"
 #include "core/gemm.h"
 
 namespace {
 
-// Args: m, n, k, transpose_a, transpose_b, accumulate.
+// Args: m, n, k, transpose_a, transpose_b, accumulate, bf16 (0: fp32 operands, 1: bf16).
 void BM_Gemm(benchmark::State& state) {
   ft::bench::set_threads_from_env();
   ft::GemmArgs args;
@@ -23,7 +24,14 @@ void BM_Gemm(benchmark::State& state) {
   args.transpose_b = state.range(4) != 0;
   args.accumulate = state.range(5) != 0;
   std::vector<float> a(args.m * args.k, 0.5f), b(args.k * args.n, 0.25f), c(args.m * args.n, 0.0f);
-  for (auto _ : state) ft::gemm(c.data(), a.data(), b.data(), args);
+  if (state.range(6) != 0) {
+    std::vector<ft::bf16_bits> a16(a.size()), b16(b.size());
+    ft::cast_to_bf16(a16.data(), a.data(), static_cast<int64_t>(a.size()));
+    ft::cast_to_bf16(b16.data(), b.data(), static_cast<int64_t>(b.size()));
+    for (auto _ : state) ft::gemm(c.data(), a16.data(), b16.data(), args);
+  } else {
+    for (auto _ : state) ft::gemm(c.data(), a.data(), b.data(), args);
+  }
   state.counters["GFLOP/s"] = benchmark::Counter(
       2.0 * args.m * args.n * args.k * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
@@ -34,16 +42,27 @@ void linear_shapes(benchmark::internal::Benchmark* bench) {
   const int rows = 256;
   for (const auto& [in, out] :
        std::vector<std::pair<int, int>>{{128, 384}, {128, 128}, {128, 512}, {512, 128}}) {
-    bench->Args({rows, out, in, 0, 1, 0});  // forward
-    bench->Args({rows, in, out, 0, 0, 1});  // dx
-    bench->Args({out, in, rows, 1, 0, 1});  // dW
-    bench->Args({out, in, rows, 1, 0, 0});  // dW, no accumulate
-    bench->Args({out, in, rows, 0, 0, 1});  // dW with dy pre-transposed
+    bench->Args({rows, out, in, 0, 1, 0, 0});  // forward
+    bench->Args({rows, in, out, 0, 0, 1, 0});  // dx
+    bench->Args({out, in, rows, 1, 0, 1, 0});  // dW
+    bench->Args({out, in, rows, 1, 0, 0, 0});  // dW, no accumulate
+    bench->Args({out, in, rows, 0, 0, 1, 0});  // dW with dy pre-transposed
   }
 }
+// gpt_small's MLP c_fc (rows 1024, 256 -> 1024) in fp32 and bf16: forward and dx over all rows,
+// and over the row tiles Linear+GELU runs them in (64 rows at fusion.tile_kb 256, 256 at 1024),
+// which shows what tiling costs each precision's GEMM.
+void mlp_tile_shapes(benchmark::internal::Benchmark* bench) {
+  for (int bf16 : {0, 1})
+    for (int rows : {1024, 256, 64}) {
+      bench->Args({rows, 1024, 256, 0, 1, 0, bf16});  // forward
+      bench->Args({rows, 256, 1024, 0, 0, 0, bf16});  // dx
+    }
+}
 BENCHMARK(BM_Gemm)
-    ->ArgNames({"m", "n", "k", "ta", "tb", "acc"})
+    ->ArgNames({"m", "n", "k", "ta", "tb", "acc", "bf16"})
     ->Apply(linear_shapes)
+    ->Apply(mlp_tile_shapes)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
