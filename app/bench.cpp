@@ -5,14 +5,10 @@
 #include <set>
 
 #include "core/check.h"
+#include "fusion/pass_registry.h"
 
 namespace ft {
 namespace {
-
-const char* const kVerticalPasses[] = {
-    "gemm_epilogue", "residual_layernorm", "classifier", "attention", "bn_relu", "cast"};
-const char* const kHorizontalPasses[] = {"qkv", "batched_layernorm", "multi_tensor",
-                                         "conv_shortcut"};
 
 const std::vector<std::string> kNoComm = {"comm.bucketing=false", "comm.overlap=false"};
 
@@ -22,15 +18,10 @@ std::vector<std::string> concat(std::vector<std::string> first,
   return first;
 }
 
-std::vector<std::string> family_off(const char* family) {
+// Every key of `family` in `passes`, switched off.
+std::vector<std::string> family_off(const PassRegistry& passes, PassFamily family) {
   std::vector<std::string> overrides;
-  const bool vertical = std::string(family) == "vertical";
-  if (vertical)
-    for (const char* pass : kVerticalPasses)
-      overrides.push_back(std::string("fusion.vertical.") + pass + "=false");
-  else
-    for (const char* pass : kHorizontalPasses)
-      overrides.push_back(std::string("fusion.horizontal.") + pass + "=false");
+  for (const std::string& key : passes.keys(family)) overrides.push_back(key + "=false");
   return overrides;
 }
 
@@ -39,14 +30,16 @@ const std::vector<std::string> kAll = {"fusion.enabled=true", "comm.bucketing=tr
 
 // A family's passes stay as the config sets them (a preset may switch one off for speed); the
 // other family is switched off.
-bool named_variant(const std::string& name, BenchVariant* variant) {
+bool named_variant(const std::string& name, const PassRegistry& passes, BenchVariant* variant) {
   variant->name = name;
   if (name == "unfused")
     variant->overrides = concat({"fusion.enabled=false"}, kNoComm);
   else if (name == "horizontal")
-    variant->overrides = concat(concat({"fusion.enabled=true"}, kNoComm), family_off("vertical"));
+    variant->overrides =
+        concat(concat({"fusion.enabled=true"}, kNoComm), family_off(passes, PassFamily::kVertical));
   else if (name == "vertical")
-    variant->overrides = concat(concat({"fusion.enabled=true"}, kNoComm), family_off("horizontal"));
+    variant->overrides = concat(concat({"fusion.enabled=true"}, kNoComm),
+                                family_off(passes, PassFamily::kHorizontal));
   else if (name == "bucketing")
     variant->overrides = {"fusion.enabled=false", "comm.bucketing=true", "comm.overlap=false"};
   else if (name == "overlap")  // overlap launches buckets during backward: it needs bucketing
@@ -64,7 +57,7 @@ bool named_variant(const std::string& name, BenchVariant* variant) {
     variant->overrides = concat(kAll, {"comm.overlap=false"});
   else if (name.rfind("all-", 0) == 0) {
     const std::string pass = name.substr(4);
-    for (const std::string& key : bench_ablation_keys()) {
+    for (const std::string& key : bench_ablation_keys(passes)) {
       if (key.substr(key.rfind('.') + 1) != pass) continue;
       variant->overrides = concat(kAll, {key + "=false"});
       return true;
@@ -148,17 +141,13 @@ void note_single_rank_comm_variants(const std::vector<BenchVariantResult>& resul
       (*summaries)[v].note = "no communication on 1 rank";
 }
 
-std::vector<std::string> bench_ablation_keys() {
-  std::vector<std::string> keys;
-  for (const char* pass : kVerticalPasses) keys.push_back(std::string("fusion.vertical.") + pass);
-  for (const char* pass : kHorizontalPasses)
-    keys.push_back(std::string("fusion.horizontal.") + pass);
-  return keys;
+std::vector<std::string> bench_ablation_keys(const PassRegistry& passes) {
+  return concat(passes.keys(PassFamily::kVertical), passes.keys(PassFamily::kHorizontal));
 }
 
-std::vector<std::string> bench_variant_names() {
+std::vector<std::string> bench_variant_names(const PassRegistry& passes) {
   std::vector<std::string> names = split(kDefaultBenchVariants, ',');
-  for (const std::string& key : bench_ablation_keys())
+  for (const std::string& key : bench_ablation_keys(passes))
     names.push_back("all-" + key.substr(key.rfind('.') + 1));
   names.push_back("all-bucketing");
   names.push_back("all-overlap");
@@ -169,28 +158,30 @@ std::vector<std::string> bench_variant_names() {
   return names;
 }
 
-std::vector<BenchVariant> expand_bench_variants(const std::string& list, bool ablation) {
+std::vector<BenchVariant> expand_bench_variants(const std::string& list, bool ablation,
+                                                const PassRegistry& passes) {
   std::vector<BenchVariant> variants;
   for (const std::string& entry : split(list, ',')) {
     if (entry.empty())
       FT_USAGE_FAIL("--variants '", list,
-                    "': empty entry; allowed: ", joined(bench_variant_names()),
+                    "': empty entry; allowed: ", joined(bench_variant_names(passes)),
                     ", or name:key=value;key=value");
     if (entry.find(':') != std::string::npos) {
       variants.push_back(ad_hoc_variant(entry));
       continue;
     }
     BenchVariant variant;
-    if (!named_variant(entry, &variant))
+    if (!named_variant(entry, passes, &variant))
       FT_USAGE_FAIL("--variants: unknown variant '", entry,
-                    "'; allowed: ", joined(bench_variant_names()), ", or name:key=value;key=value");
+                    "'; allowed: ", joined(bench_variant_names(passes)),
+                    ", or name:key=value;key=value");
     variants.push_back(variant);
   }
   if (ablation) {
-    for (const std::string& name : bench_variant_names()) {
+    for (const std::string& name : bench_variant_names(passes)) {
       if (name.rfind("all-", 0) != 0) continue;
       BenchVariant variant;
-      named_variant(name, &variant);
+      named_variant(name, passes, &variant);
       variants.push_back(variant);
     }
   }

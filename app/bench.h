@@ -14,6 +14,7 @@
 
 #include "app/machine_load.h"
 #include "core/launch_counter.h"
+#include "fusion/pass_registry.h"
 
 namespace ft {
 
@@ -40,15 +41,20 @@ constexpr int kBenchMinRounds = 5;
 std::string bench_rounds_warning(int rounds);
 
 // Every named variant --variants accepts ("fused" names `all` and runs as "all"), and the fusion
-// pass keys --ablation removes one by one.
-std::vector<std::string> bench_variant_names();
-std::vector<std::string> bench_ablation_keys();  // "fusion.vertical.gemm_epilogue", ...
+// pass keys --ablation removes one by one. The pass keys come from `passes` (a test hands its own).
+std::vector<std::string> bench_variant_names(const PassRegistry& passes = PassRegistry::standard());
+// The vertical, then the horizontal keys of `passes`, each family in list order:
+// "fusion.vertical.gemm_epilogue", ..., "fusion.horizontal.qkv", ...
+std::vector<std::string> bench_ablation_keys(const PassRegistry& passes = PassRegistry::standard());
 
 // Expands --variants (comma-separated names or `name:key=value;key=value` ad-hoc variants, which
 // apply on top of the config as given) and, with `ablation`, appends `all-<pass>` for every
-// fusion pass and `all-bucketing`, `all-overlap`. Throws ft::Error naming --variants and the
-// allowed names for an unknown name, an empty entry, a duplicate, or an override without '='.
-std::vector<BenchVariant> expand_bench_variants(const std::string& list, bool ablation);
+// fusion pass key of `passes` and `all-bucketing`, `all-overlap`. The named variants "horizontal"
+// and "vertical" switch off every key of `passes` of the other family. Throws ft::Error naming
+// --variants and the allowed names for an unknown name, an empty entry, a duplicate, or an
+// override without '='.
+std::vector<BenchVariant> expand_bench_variants(
+    const std::string& list, bool ablation, const PassRegistry& passes = PassRegistry::standard());
 
 // --sweep key=v1,v2,...: one variant per value, named "key=value", on top of the config. Throws
 // ft::Error naming --sweep for a missing '=', an empty key or an empty value.

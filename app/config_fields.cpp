@@ -1,5 +1,9 @@
 // The config schema's table: every key, its type, its allowed values and its one-line doc.
-// app/config_schema.cpp generates parsing, printing, flattening and the reference from it.
+// app/config_schema.cpp generates parsing, printing, flattening and the reference from it. The
+// keys of fusion passes (and of switches like multi_tensor) come from the pass registry,
+// PassRegistry::standard() (fusion/pass_registry.h), with the doc each pass declares in its
+// PassInfo.
+#include <algorithm>
 #include <limits>
 
 #include "app/config_schema.h"
@@ -48,8 +52,16 @@ Allowed true_or_false() {
 
 }  // namespace
 
-std::vector<Field> build_fields() {
-  return {
+std::vector<Field> pass_fields(const PassRegistry& passes, PassFamily family) {
+  std::vector<Field> fields;
+  for (const PassInfo* pass : passes.entries())
+    if (pass->family == family)
+      fields.push_back({pass->key(), PassFlagRef{pass->flag}, true_or_false(), pass->doc});
+  return fields;
+}
+
+std::vector<Field> build_fields(const PassRegistry& passes) {
+  std::vector<Field> table = {
       {FT_KEY(model.arch), one_of({"gpt", "resnet"}),
        "network: byte-level GPT-2 or CIFAR-style ResNet-(6n+2)"},
       {FT_KEY(model.n_layer), in(1, 64), "transformer blocks (gpt)"},
@@ -138,30 +150,7 @@ std::vector<Field> build_fields() {
 
       {FT_KEY(fusion.enabled), true_or_false(),
        "compute fusion at all; false runs the eager graph exactly as model/ builds it"},
-      {FT_KEY(fusion.vertical.gemm_epilogue), true_or_false(),
-       "Linear -> GELU as one op: the GELU runs on row tiles of the GEMM output (gpt)"},
-      {FT_KEY(fusion.vertical.residual_layernorm), true_or_false(),
-       "dropout -> residual add -> next LayerNorm as one op (gpt)"},
-      {FT_KEY(fusion.vertical.classifier), true_or_false(),
-       "LM head -> softmax -> cross-entropy row block by row block, no probability tensor (gpt)"},
-      {FT_KEY(fusion.vertical.attention), true_or_false(),
-       "scores -> causal softmax -> weighted sum as one tiled op with an online softmax (gpt)"},
-      {FT_KEY(fusion.vertical.bn_relu), true_or_false(),
-       "BatchNorm -> ReLU and [BatchNorm(s) ->] residual add -> ReLU as one op each (resnet)"},
-      {FT_KEY(fusion.vertical.cast), true_or_false(),
-       "train.precision bf16: the op producing a GEMM or convolution operand (LayerNorm, "
-       "residual+LayerNorm, GELU, Linear+GELU; ReLU, BatchNorm+ReLU, BatchNorm+add+ReLU) writes "
-       "it in bf16, absorbing the cast op after it"},
-      {FT_KEY(fusion.horizontal.qkv), true_or_false(),
-       "the q, k and v Linears as one GEMM into a [rows, 3C] buffer (gpt)"},
-      {FT_KEY(fusion.horizontal.batched_layernorm), true_or_false(),
-       "the per-head q/k LayerNorms of qk_norm as one batched op (gpt)"},
-      {FT_KEY(fusion.horizontal.multi_tensor), true_or_false(),
-       "optimizer step, gradient zeroing and gradient norm as chunked passes over the flat "
-       "buffers"},
-      {FT_KEY(fusion.horizontal.conv_shortcut), true_or_false(),
-       "a downsampling block's 3x3 conv and 1x1 shortcut as one conv, within max_padding_overhead "
-       "(resnet)"},
+      // fusion.vertical.* and fusion.horizontal.* pass switches: pass_fields() splices them in.
       {FT_KEY(fusion.horizontal.max_padding_overhead), in(0, 100),
        "horizontal fusion only when padding FLOPs / useful FLOPs is at most this"},
       {FT_KEY(fusion.cuda_graph), true_or_false(),
@@ -211,11 +200,18 @@ std::vector<Field> build_fields() {
       {FT_KEY(inference.temperature), above_up_to(0, 100), "sampling temperature (gpt)"},
       {FT_KEY(inference.top_k), in(0, 65536),
        "sample among the k most likely tokens; 0 = all (gpt)"},
-      // Lives in FusionOptions, since the fold is a fusion pass over eval graphs.
-      {"inference.fold_bn", +[](Config& c) { return &c.fusion.fold_bn; }, true_or_false(),
-       "eval graphs fold BatchNorm into the convolution before it, with the ReLU and residual "
-       "add after it as the convolution's epilogue (resnet)"},
+      // inference.fold_bn (FusionOptions::fold_bn, a fusion pass over eval graphs): appended
+      // from the pass registry.
   };
+  std::vector<Field> switches = pass_fields(passes, PassFamily::kVertical);
+  for (Field& field : pass_fields(passes, PassFamily::kHorizontal))
+    switches.push_back(std::move(field));
+  const auto enabled = std::find_if(
+      table.begin(), table.end(), [](const Field& field) { return field.key == "fusion.enabled"; });
+  table.insert(enabled + 1, switches.begin(), switches.end());
+  for (Field& field : pass_fields(passes, PassFamily::kInference))
+    table.push_back(std::move(field));
+  return table;
 }
 #undef FT_KEY
 

@@ -59,6 +59,9 @@ template <typename T>
 const T& read(T* (*accessor)(Config&), const Config& config) {
   return *accessor(const_cast<Config&>(config));
 }
+const bool& read(PassFlagRef accessor, const Config& config) {
+  return *accessor(const_cast<Config&>(config));
+}
 
 }  // namespace
 
@@ -112,13 +115,15 @@ std::vector<std::string> children(const std::string& section) {
 }
 
 std::string type_name(const Field& field) {
-  static const char* const kNames[] = {"int", "uint64", "float", "float", "bool", "string"};
+  static const char* const kNames[] = {"int", "uint64", "float", "float", "bool", "string", "bool"};
   return kNames[field.ref.index()];
 }
 
 std::string describe_allowed(const Field& field) {
   const Allowed& allowed = field.allowed;
-  if (std::holds_alternative<bool* (*)(Config&)>(field.ref)) return "true or false";
+  if (std::holds_alternative<bool* (*)(Config&)>(field.ref) ||
+      std::holds_alternative<PassFlagRef>(field.ref))
+    return "true or false";
   if (std::holds_alternative<std::string* (*)(Config&)>(field.ref)) {
     if (!allowed.choices.empty()) return "one of: " + join(allowed.choices, ", ");
     return allowed.nonempty ? "a non-empty string" : "any string";

@@ -11,12 +11,20 @@
 #include <vector>
 
 #include "app/config.h"
+#include "fusion/pass_registry.h"
 
 namespace ft::config_schema {
 
+// A pass registry key's bool (fusion/pass_registry.h): PassInfo::flag applied to Config::fusion.
+struct PassFlagRef {
+  bool* (*flag)(FusionOptions&);
+  bool* operator()(Config& config) const { return flag(config.fusion); }
+};
+
 // Where a key's value lives inside a Config; the alternative also gives the key's type.
-using FieldRef = std::variant<int* (*)(Config&), uint64_t* (*)(Config&), float* (*)(Config&),
-                              double* (*)(Config&), bool* (*)(Config&), std::string* (*)(Config&)>;
+using FieldRef =
+    std::variant<int* (*)(Config&), uint64_t* (*)(Config&), float* (*)(Config&),
+                 double* (*)(Config&), bool* (*)(Config&), std::string* (*)(Config&), PassFlagRef>;
 
 // What a key accepts. Numbers use [lo, hi] with optional open ends; strings use `choices`
 // (empty = free text) and `nonempty`; bools accept exactly true/false.
@@ -41,8 +49,11 @@ struct Section {
 
 // Schema order is declaration order; every listing (flatten, YAML, docs) follows it.
 const std::vector<Field>& fields();
-// The table itself, built once by fields() (app/config_fields.cpp).
-std::vector<Field> build_fields();
+// The table itself, built once by fields() (app/config_fields.cpp) from the standard registry;
+// its fusion.vertical.*, fusion.horizontal.* and inference.* pass rows come from `passes`.
+std::vector<Field> build_fields(const PassRegistry& passes = PassRegistry::standard());
+// The bool keys of `family` in `passes`, in list order, with each PassInfo's doc.
+std::vector<Field> pass_fields(const PassRegistry& passes, PassFamily family);
 const std::vector<Section>& sections();  // parents come before their subsections
 
 const Field* find_field(const std::string& key);  // nullptr if unknown

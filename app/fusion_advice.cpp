@@ -11,57 +11,11 @@
 namespace ft {
 namespace {
 
-// The pass that fuses `producer` -> `consumer`, or null.
-const char* vertical_pass_key(OpKind producer, OpKind consumer) {
-  using K = OpKind;
-  if (producer == K::kLinear && consumer == K::kGelu) return "fusion.vertical.gemm_epilogue";
-  if (producer == K::kResidualAdd && consumer == K::kLayerNorm)
-    return "fusion.vertical.residual_layernorm";
-  if ((producer == K::kAttentionScores && consumer == K::kCausalSoftmax) ||
-      (producer == K::kCausalSoftmax && consumer == K::kAttentionMix))
-    return "fusion.vertical.attention";
-  if (producer == K::kLmHead && consumer == K::kCrossEntropy) return "fusion.vertical.classifier";
-  if ((producer == K::kBatchNorm || producer == K::kResidualAdd) && consumer == K::kRelu)
-    return "fusion.vertical.bn_relu";
-  if (producer == K::kBatchNorm && consumer == K::kResidualAdd) return "fusion.vertical.bn_relu";
-  if (consumer == K::kCast &&
-      (producer == K::kLayerNorm || producer == K::kGelu || producer == K::kResidualLayerNorm ||
-       producer == K::kLinearGelu || producer == K::kRelu || producer == K::kBatchNormRelu ||
-       producer == K::kBatchNormAddRelu))
-    return "fusion.vertical.cast";
-  return nullptr;
-}
-
-// The pass that merges a family of `size` ops of `kind`, or null.
-const char* horizontal_pass_key(OpKind kind, size_t size, bool shares_input) {
-  if (kind == OpKind::kLinear && shares_input) return "fusion.horizontal.qkv";
-  if (kind == OpKind::kLayerNorm) return "fusion.horizontal.batched_layernorm";
-  if (kind == OpKind::kConv2d && shares_input && size == 2)
-    return "fusion.horizontal.conv_shortcut";
-  return nullptr;
-}
-
-bool key_value(const FusionOptions& options, const std::string& key) {
-  const FusionOptions::Vertical& v = options.vertical;
-  const FusionOptions::Horizontal& h = options.horizontal;
-  if (key == "fusion.vertical.gemm_epilogue") return v.gemm_epilogue;
-  if (key == "fusion.vertical.residual_layernorm") return v.residual_layernorm;
-  if (key == "fusion.vertical.attention") return v.attention;
-  if (key == "fusion.vertical.classifier") return v.classifier;
-  if (key == "fusion.vertical.bn_relu") return v.bn_relu;
-  if (key == "fusion.vertical.cast") return v.cast;
-  if (key == "fusion.horizontal.qkv") return h.qkv;
-  if (key == "fusion.horizontal.batched_layernorm") return h.batched_layernorm;
-  if (key == "fusion.horizontal.conv_shortcut") return h.conv_shortcut;
-  FT_CHECK(false, "fusion advice names unknown key '", key, "'");
-  return false;
-}
-
-void set_pass(FusionAdvice& advice, const char* key, const FusionOptions& fusion) {
-  if (key == nullptr) return;
-  advice.pass_key = key;
-  advice.key_on = key_value(fusion, key);
-  advice.default_on = key_value(FusionOptions(), key);
+void set_pass(FusionAdvice& advice, const PassInfo* pass, const FusionOptions& fusion) {
+  if (pass == nullptr) return;
+  advice.pass_key = pass->key();
+  advice.key_on = pass->on(fusion);
+  advice.default_on = pass->on(FusionOptions());
 }
 
 std::string shape_text(const Shape& shape) {
@@ -86,7 +40,7 @@ ValueId root_of(const Graph& graph, ValueId id) {
 
 void add_vertical(const Graph& graph, const GraphIndex& index, const Profile& profile,
                   const FusionOptions& fusion, const AdviceOptions& options,
-                  std::map<std::string, FusionAdvice>& by_pattern) {
+                  const PassRegistry& passes, std::map<std::string, FusionAdvice>& by_pattern) {
   for (size_t producer = 0; producer < graph.ops.size(); ++producer) {
     const Op& op = *graph.ops[producer];
     for (ValueId id : op.outputs) {
@@ -104,7 +58,7 @@ void add_vertical(const Graph& graph, const GraphIndex& index, const Profile& pr
         advice.direction = FusionDirection::kVertical;
         advice.pattern = pattern;
         advice.fusion_enabled = fusion.enabled;
-        set_pass(advice, vertical_pass_key(op.op_kind(), next.op_kind()), fusion);
+        set_pass(advice, vertical_advice_pass(passes, op.op_kind(), next.op_kind()), fusion);
       }
       advice.sites.push_back(op.name + " -> " + next.name);
       advice.ms_per_step +=
@@ -130,7 +84,7 @@ std::vector<std::vector<uint64_t>> op_ancestors(const Graph& graph, const GraphI
 
 void add_horizontal(const Graph& graph, const GraphIndex& index, const Profile& profile,
                     const FusionOptions& fusion, const AdviceOptions& options,
-                    std::map<std::string, FusionAdvice>& by_pattern) {
+                    const PassRegistry& passes, std::map<std::string, FusionAdvice>& by_pattern) {
   if (profile.steps == 0) return;  // the rule weighs measured time
   const auto ancestors = op_ancestors(graph, index);
   const auto depends_on = [&](int later, int earlier) {
@@ -179,7 +133,8 @@ void add_horizontal(const Graph& graph, const GraphIndex& index, const Profile& 
         advice.pattern = pattern;
         advice.fusion_enabled = fusion.enabled;
         set_pass(advice,
-                 horizontal_pass_key(graph.ops[family[0]]->op_kind(), family.size(), shares_input),
+                 horizontal_advice_pass(passes, graph.ops[family[0]]->op_kind(), family.size(),
+                                        shares_input),
                  fusion);
       }
       // One share per pattern: the least favourable family's, so the claim holds for all.
@@ -192,14 +147,32 @@ void add_horizontal(const Graph& graph, const GraphIndex& index, const Profile& 
 
 }  // namespace
 
+const PassInfo* vertical_advice_pass(const PassRegistry& passes, OpKind producer, OpKind consumer) {
+  for (const PassInfo* pass : passes.entries())
+    for (const FusedEdge& edge : pass->edges)
+      if (edge.producer == producer && edge.consumer == consumer) return pass;
+  return nullptr;
+}
+
+const PassInfo* horizontal_advice_pass(const PassRegistry& passes, OpKind kind, size_t size,
+                                       bool shares_input) {
+  for (const PassInfo* pass : passes.entries())
+    for (const MergedFamily& family : pass->families)
+      if (family.kind == kind && (shares_input || !family.shared_input) &&
+          (family.size == 0 || family.size == size))
+        return pass;
+  return nullptr;
+}
+
 std::vector<FusionAdvice> advise_fusion(const Graph& graph, const Profile& profile,
-                                        const FusionOptions& fusion, const AdviceOptions& options) {
+                                        const FusionOptions& fusion, const AdviceOptions& options,
+                                        const PassRegistry& passes) {
   FT_CHECK(profile.ops.size() == graph.ops.size(), "profile has ", profile.ops.size(),
            " ops but the graph has ", graph.ops.size(), ": it was taken on another graph");
   const GraphIndex index(graph);
   std::map<std::string, FusionAdvice> vertical, horizontal;
-  add_vertical(graph, index, profile, fusion, options, vertical);
-  add_horizontal(graph, index, profile, fusion, options, horizontal);
+  add_vertical(graph, index, profile, fusion, options, passes, vertical);
+  add_horizontal(graph, index, profile, fusion, options, passes, horizontal);
   std::vector<FusionAdvice> advice;
   for (auto& entry : vertical) advice.push_back(std::move(entry.second));
   std::stable_sort(advice.begin(), advice.end(), [](const FusionAdvice& a, const FusionAdvice& b) {

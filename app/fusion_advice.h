@@ -1,7 +1,8 @@
 // Fusion advice: the design documents' selection rules applied to a measured profile (app/
 // profiler.h) of the executed graph, naming the fusion.* key that acts on each candidate and
-// whether it is on. A pure function of the graph, the profile and the options, so tests feed it
-// any profile; app/train_job.cpp prints it after the profile table.
+// whether it is on (the keys and the edges and families each pass fuses come from the pass
+// registry, fusion/pass_registry.h). A pure function of the graph, the profile and the options, so
+// tests feed it any profile; app/train_job.cpp prints it after the profile table.
 //   Horizontal: a family is >= 2 ops of one kind whose input and output value shapes are equal
 //   (parameter shapes may differ: a 3x3 conv and its 1x1 shortcut) and none of which depends on
 //   another. It is a candidate when the fixed per-op dispatch cost (measure_dispatch_ms) of its
@@ -18,6 +19,7 @@
 
 #include "app/profiler.h"
 #include "fusion/pass.h"
+#include "fusion/pass_registry.h"
 #include "model/graph.h"
 
 namespace ft {
@@ -47,9 +49,18 @@ struct FusionAdvice {
 };
 
 // REQUIRES: `profile` was taken on `graph` (one row per op, same order). Advice comes sorted:
-// vertical by intermediate bytes, then horizontal by dispatch share, both descending.
+// vertical by intermediate bytes, then horizontal by dispatch share, both descending. The keys
+// named are those of `passes` (a test hands a registry with a pass of its own).
 std::vector<FusionAdvice> advise_fusion(const Graph& graph, const Profile& profile,
-                                        const FusionOptions& fusion, const AdviceOptions& options);
+                                        const FusionOptions& fusion, const AdviceOptions& options,
+                                        const PassRegistry& passes = PassRegistry::standard());
+
+// The pass of `passes` whose PassInfo::edges hold `producer` -> `consumer`, or null.
+const PassInfo* vertical_advice_pass(const PassRegistry& passes, OpKind producer, OpKind consumer);
+// The pass of `passes` whose PassInfo::families hold a family of `size` ops of `kind` (reading
+// one input when `shares_input`), or null.
+const PassInfo* horizontal_advice_pass(const PassRegistry& passes, OpKind kind, size_t size,
+                                       bool shares_input);
 
 // "vertical  linear -> gelu [1024,128] (2 sites, 0.84 ms/step, 512 KiB): fusion.vertical.
 // gemm_epilogue is on in this config, but fusion.enabled is false".

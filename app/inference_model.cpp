@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "core/sha256.h"
 #include "fusion/ops/conv_bias.h"
+#include "fusion/rewrite.h"
 #include "model/gpt.h"
 
 namespace ft {
@@ -342,22 +343,24 @@ ExportedResnet::Run& ExportedResnet::run(int batch) {
   if (it != runs_.end()) return *it->second;
   auto run = std::make_unique<Run>();
   run->graph = build_folded_resnet_graph(shape_, batch, layout_ids_, layout_, nullptr, precision_);
-  // Rewire every op from the layout's parameters onto the exported tensors.
-  for (auto& op : run->graph.ops) {
-    if (op->op_kind() == OpKind::kConvBias) {
-      const auto& folded = static_cast<const ConvBiasOp&>(*op);
+  // Rewire every op from the layout's parameters onto the exported tensors: a folded convolution
+  // becomes one that reads the export's weight and bias, with its name, values and eager ops.
+  Graph& graph = run->graph;
+  for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index) {
+    Op& op = *graph.ops[op_index];
+    if (op.op_kind() == OpKind::kConvBias) {
+      const auto& folded = static_cast<const ConvBiasOp&>(op);
       const std::string prefix = conv_prefix(folded, layout_);
-      auto replacement = std::make_unique<ConvBiasOp>(folded.spec(), ConvBiasSource::kFolded);
-      replacement->name = folded.name;
-      replacement->inputs = folded.inputs;
-      replacement->outputs = folded.outputs;
-      replacement->eager_ops = folded.eager_ops;
-      replacement->params = {tensors_.find(prefix + ".weight"), tensors_.find(prefix + ".bias")};
-      op = std::move(replacement);
+      Fusion rebound = fusion_like(folded);
+      rebound.absorbed = {op_index};
+      rebound.op = std::make_unique<ConvBiasOp>(folded.spec(), ConvBiasSource::kFolded);
+      rebound.params = {tensors_.find(prefix + ".weight"), tensors_.find(prefix + ".bias")};
+      apply_fusion(graph, std::move(rebound));
       continue;
     }
-    for (ParamId& id : op->params) id = tensors_.find(layout_[id].name);
+    for (ParamId& id : op.params) id = tensors_.find(layout_[id].name);
   }
+  validate(graph);
   run->executor = std::make_unique<Executor>(run->graph, tensors_);
   run->ws = run->executor->make_workspace();
   return *runs_.emplace(batch, std::move(run)).first->second;

@@ -174,6 +174,11 @@ PlanGraph describe_plan_graph(const Graph& graph) {
 
 Plan build_plan(const std::function<Graph()>& build_eager, const ParamStore& params,
                 const FusionOptions& options) {
+  return build_plan(build_eager, params, options, FusionPipeline::standard());
+}
+
+Plan build_plan(const std::function<Graph()>& build_eager, const ParamStore& params,
+                const FusionOptions& options, const FusionPipeline& passes) {
   Plan plan;
   const Graph eager = build_eager();
   plan.mode = eager.mode;
@@ -181,7 +186,7 @@ Plan build_plan(const std::function<Graph()>& build_eager, const ParamStore& par
   Graph fused = build_eager();
   FT_CHECK(fused.ops.size() == eager.ops.size() && fused.mode == eager.mode,
            "plan: the graph builder returned two different eager graphs");
-  plan.fusion = FusionPipeline::standard().run(fused, params, options);
+  plan.fusion = passes.run(fused, params, options);
   plan.after = describe_plan_graph(fused);
   return plan;
 }

@@ -67,6 +67,9 @@ PlanMemory plan_memory(const Graph& graph);
 // runs the standard pipeline with `options` on the second and describes the result.
 Plan build_plan(const std::function<Graph()>& build_eager, const ParamStore& params,
                 const FusionOptions& options);
+// The same with `passes` in place of the standard pipeline (a test's, with a pass of its own).
+Plan build_plan(const std::function<Graph()>& build_eager, const ParamStore& params,
+                const FusionOptions& options, const FusionPipeline& passes);
 
 // One decision as `plan` prints it: "gemm_epilogue fused at h.1.mlp.c_fc: linear+gelu (2 ops)"
 // or "conv_shortcut skipped at layer2.0.conv1: padding overhead 0.80 > 0.25".

@@ -45,9 +45,10 @@ std::vector<int> tune_max_ops_values() {
   return {2, 3, 4, 6, 8};
 }
 
-std::vector<std::string> tune_fusion_overrides(const std::vector<std::string>& on) {
+std::vector<std::string> tune_fusion_overrides(const std::vector<std::string>& on,
+                                               const PassRegistry& passes) {
   std::vector<std::string> overrides = {"fusion.enabled=true"};
-  for (const std::string& key : bench_ablation_keys()) {
+  for (const std::string& key : bench_ablation_keys(passes)) {
     const bool wanted = std::find(on.begin(), on.end(), key) != on.end();
     overrides.push_back(key + (wanted ? "=true" : "=false"));
   }

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "app/machine_load.h"
+#include "fusion/pass_registry.h"
 
 namespace ft {
 
@@ -57,8 +58,9 @@ std::vector<int> tune_max_ops_values();
 int smallest_max_ops_keeping_fusions(const std::string& config_path,
                                      const std::vector<std::string>& overrides);
 
-// fusion.enabled=true with every pass key of bench_ablation_keys() off except `on`.
-std::vector<std::string> tune_fusion_overrides(const std::vector<std::string>& on);
+// fusion.enabled=true with every pass key of bench_ablation_keys(passes) off except `on`.
+std::vector<std::string> tune_fusion_overrides(
+    const std::vector<std::string>& on, const PassRegistry& passes = PassRegistry::standard());
 
 // One interleaved measurement of a candidate against the current best: per-round step times,
 // equally many (at least 1) of each.

@@ -2,15 +2,20 @@
 // ops, two [B, NH, T, T] intermediates) becomes one FlashAttentionOp that keeps only a [B, NH, T]
 // log-sum-exp. The unfused twin is the chain itself (model/ops/attention_scores, causal_softmax,
 // attention_mix); tests/fusion_attention_test.cpp checks the two agree.
+// Order: after qkv (PassInfo::after), so that q, k and v are views of one QKV output when it
+// looks at their readers; before cast, which would otherwise see the bf16 probabilities' cast
+// that this pass absorbs.
 // Thread safety: stateless.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "fusion/ops/flash_attention.h"
 #include "fusion/pass_util.h"
 #include "fusion/passes.h"
+#include "fusion/rewrite.h"
 #include "model/graph_edit.h"
 #include "model/ops/attention_mix.h"
 #include "model/ops/attention_scores.h"
@@ -19,7 +24,7 @@
 namespace ft {
 namespace {
 
-constexpr const char* kPass = "attention";
+const char* const kPass = attention_info().name;
 constexpr int kMinTile = 8;
 
 // The chain starting at a scores op, or the reason it cannot be fused. Under train.precision:
@@ -86,44 +91,40 @@ std::string fused_name(const std::string& scores_name) {
          "flash_attention";
 }
 
-class AttentionPass : public FusionPass {
+class AttentionPass : public CandidatePass {
  public:
-  const char* name() const override { return kPass; }
-  bool enabled(const FusionOptions& options) const override { return options.vertical.attention; }
+  const PassInfo& info() const override { return attention_info(); }
 
-  int apply(Graph& graph, PassContext& context) const override {
-    int fused = 0;
-    for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index) {
-      if (graph.ops[op_index]->op_kind() != OpKind::kAttentionScores) continue;
-      const std::string site = graph.ops[op_index]->name;
-      const GraphIndex index(graph);
-      const AttentionChain chain = match_chain(graph, index, op_index);
-      if (!chain.refusal.empty()) {
-        context.skipped(kPass, site, chain.refusal);
-        continue;
-      }
-      const int chain_ops = static_cast<int>(chain.ops().size());
-      if (!within_max_ops(context, kPass, site, chain_ops)) continue;
-      const auto& scores = static_cast<const AttentionScoresOp&>(*graph.ops[chain.scores]);
-      const Op& mix = *graph.ops[chain.mix];
-      const int tile = tile_rows(context.options.tile_kb, scores.seq_len());
-      auto flash = std::make_unique<FlashAttentionOp>(scores.batch(), scores.seq_len(),
-                                                      scores.channels(), scores.n_head(), tile);
-      flash->name = fused_name(site);
-      flash->inputs = {scores.inputs[0], scores.inputs[1], mix.inputs[1]};
-      flash->outputs = {mix.outputs[0]};
-      flash->eager_ops = chain_ops;
-      // Placed where the mix was: v may be produced after the scores op.
-      replace_op_set(graph, chain.ops(), std::move(flash));
-      context.fused(kPass, site,
-                    std::string(chain.cast < 0 ? "scores+causal_softmax+mix"
-                                               : "scores+causal_softmax+cast+mix") +
-                        " -> flash_attention (tile " + std::to_string(tile) + ")",
-                    chain_ops);
-      ++fused;
-      --op_index;  // the op now at op_index followed the removed scores op
+ protected:
+  bool is_candidate(const Op& op) const override {
+    return op.op_kind() == OpKind::kAttentionScores;
+  }
+
+  std::optional<Fusion> decide(const Graph& graph, const GraphIndex& index, int op_index,
+                               PassContext& context) const override {
+    const std::string site = graph.ops[op_index]->name;
+    const AttentionChain chain = match_chain(graph, index, op_index);
+    if (!chain.refusal.empty()) {
+      context.skipped(kPass, site, chain.refusal);
+      return std::nullopt;
     }
-    return fused;
+    const int chain_ops = static_cast<int>(chain.ops().size());
+    if (!within_max_ops(context, kPass, site, chain_ops)) return std::nullopt;
+    const auto& scores = static_cast<const AttentionScoresOp&>(*graph.ops[chain.scores]);
+    const Op& mix = *graph.ops[chain.mix];
+    const int tile = tile_rows(context.options.tile_kb, scores.seq_len());
+    Fusion fusion;
+    fusion.absorbed = chain.ops();  // placed where the mix was: v may be produced after scores
+    fusion.op = std::make_unique<FlashAttentionOp>(scores.batch(), scores.seq_len(),
+                                                   scores.channels(), scores.n_head(), tile);
+    fusion.name = fused_name(site);
+    fusion.inputs = {scores.inputs[0], scores.inputs[1], mix.inputs[1]};
+    fusion.outputs = {mix.outputs[0]};
+    fusion.site = site;
+    fusion.what = std::string(chain.cast < 0 ? "scores+causal_softmax+mix"
+                                             : "scores+causal_softmax+cast+mix") +
+                  " -> flash_attention (tile " + std::to_string(tile) + ")";
+    return fusion;
   }
 };
 

@@ -2,6 +2,7 @@
 // (qk_norm's per-head LayerNorms: n_head over q's columns, then n_head over k's) becomes one
 // BatchedLayerNormOp, split greedily at max_ops. The unfused twin is the run of LayerNormOps
 // itself; tests/fusion_qkv_test.cpp checks the two agree.
+// Order: none (PassInfo::after is empty).
 // Thread safety: stateless.
 #include <algorithm>
 #include <string>
@@ -9,13 +10,14 @@
 
 #include "fusion/ops/batched_layernorm.h"
 #include "fusion/passes.h"
+#include "fusion/rewrite.h"
 #include "model/graph_edit.h"
 #include "model/ops/layernorm.h"
 
 namespace ft {
 namespace {
 
-constexpr const char* kPass = "batched_layernorm";
+const char* const kPass = batched_layernorm_info().name;
 
 ValueId root_of(const Graph& graph, ValueId id) {
   return graph.values[id].is_view() ? graph.values[id].view_of : id;
@@ -59,10 +61,8 @@ struct Group {
 
 class BatchedLayerNormPass : public FusionPass {
  public:
-  const char* name() const override { return kPass; }
-  bool enabled(const FusionOptions& options) const override {
-    return options.horizontal.batched_layernorm;
-  }
+  const PassInfo& info() const override { return batched_layernorm_info(); }
+
   int apply(Graph& graph, PassContext& context) const override {
     // Runs of consecutive ops, planned first; rewritten last to first so earlier indices hold.
     std::vector<Group> groups;
@@ -117,17 +117,18 @@ class BatchedLayerNormPass : public FusionPass {
   static void rewrite(Graph& graph, const Group& group) {
     const auto& first = static_cast<const LayerNormOp&>(*graph.ops[group.ops.front()]);
     const int count = static_cast<int>(group.ops.size());
-    auto fused = std::make_unique<BatchedLayerNormOp>(first.rows(), first.channels(), count);
-    fused->name = group.name;
+    Fusion fusion;
+    fusion.absorbed = group.ops;
+    fusion.op = std::make_unique<BatchedLayerNormOp>(first.rows(), first.channels(), count);
+    fusion.name = group.name;
     for (int op_index : group.ops) {
       const Op& layernorm = *graph.ops[op_index];
-      fused->inputs.push_back(layernorm.inputs[0]);
-      fused->outputs.push_back(layernorm.outputs[0]);
-      fused->params.push_back(layernorm.params[0]);
-      fused->params.push_back(layernorm.params[1]);
+      fusion.inputs.push_back(layernorm.inputs[0]);
+      fusion.outputs.push_back(layernorm.outputs[0]);
+      fusion.params.push_back(layernorm.params[0]);
+      fusion.params.push_back(layernorm.params[1]);
     }
-    fused->eager_ops = count;
-    replace_op_set(graph, group.ops, std::move(fused));
+    apply_fusion(graph, std::move(fusion));
   }
 };
 

@@ -10,8 +10,11 @@
 // themselves; tests/fusion_resnet_test.cpp and fusion_bn_add_relu_test.cpp check they agree.
 // Every BatchNorm and residual add is a candidate; those not followed by a sole ReLU are skipped
 // with the reason, and a BatchNorm that feeds such an add is decided with it.
+// Order: after fold_bn (PassInfo::after), which takes eval graphs' conv -> BN -> ReLU chains
+// whole; before cast, which makes BatchNormRelu and BatchNormAddRelu write bf16.
 // Thread safety: stateless.
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +23,7 @@
 #include "fusion/ops/batchnorm_relu.h"
 #include "fusion/pass_util.h"
 #include "fusion/passes.h"
+#include "fusion/rewrite.h"
 #include "model/graph_edit.h"
 #include "model/ops/batchnorm.h"
 #include "model/ops/batchnorm_inference.h"
@@ -27,10 +31,10 @@
 namespace ft {
 namespace {
 
-constexpr const char* kPass = "bn_relu";
+const char* const kPass = bn_relu_info().name;
 constexpr int kPairOps = 2;
 
-bool is_candidate(OpKind kind) {
+bool is_candidate_kind(OpKind kind) {
   return kind == OpKind::kBatchNorm || kind == OpKind::kBatchNormInference ||
          kind == OpKind::kResidualAdd;
 }
@@ -94,9 +98,10 @@ std::vector<int> absorbable_batchnorms(const Graph& graph, const GraphIndex& ind
   return absorbed;
 }
 
-// BatchNormAddReluOp for the add at `add_index` and the BatchNorms `absorbed` (main first).
-std::unique_ptr<Op> batchnorm_add_relu(const Graph& graph, int add_index,
-                                       const std::vector<int>& absorbed) {
+// BatchNormAddReluOp for the add at `add_index` and the BatchNorms `absorbed` (main first), with
+// its inputs and params in `fusion`.
+void batchnorm_add_relu(const Graph& graph, int add_index, const std::vector<int>& absorbed,
+                        Fusion* fusion) {
   const auto& main = static_cast<const BatchNorm2dOp&>(*graph.ops[absorbed[0]]);
   const Op& add = *graph.ops[add_index];
   BatchNormSettings shortcut_settings;
@@ -105,73 +110,63 @@ std::unique_ptr<Op> batchnorm_add_relu(const Graph& graph, int add_index,
     const auto& shortcut = static_cast<const BatchNorm2dOp&>(*graph.ops[absorbed[1]]);
     shortcut_settings = {shortcut.momentum(), shortcut.eps()};
   }
-  auto fused = std::make_unique<BatchNormAddReluOp>(
+  fusion->op = std::make_unique<BatchNormAddReluOp>(
       main.batch(), main.channels(), main.height(), main.width(),
       BatchNormSettings{main.momentum(), main.eps()}, normalised ? &shortcut_settings : nullptr);
-  fused->inputs = graph.ops[absorbed[0]]->inputs;
-  fused->params = graph.ops[absorbed[0]]->params;
-  const ValueId main_output = graph.ops[absorbed[0]]->outputs[0];
+  fusion->inputs = main.inputs;
+  fusion->params = main.params;
   if (normalised) {
     const Op& shortcut = *graph.ops[absorbed[1]];
-    fused->inputs.push_back(shortcut.inputs[0]);
-    fused->params.insert(fused->params.end(), shortcut.params.begin(), shortcut.params.end());
+    fusion->inputs.push_back(shortcut.inputs[0]);
+    fusion->params.insert(fusion->params.end(), shortcut.params.begin(), shortcut.params.end());
   } else {
     // The summand that is not the main BatchNorm's output.
-    fused->inputs.push_back(add.inputs[0] == main_output ? add.inputs[1] : add.inputs[0]);
+    const ValueId main_output = main.outputs[0];
+    fusion->inputs.push_back(add.inputs[0] == main_output ? add.inputs[1] : add.inputs[0]);
   }
-  return fused;
 }
 
-class BnReluPass : public FusionPass {
+class BnReluPass : public CandidatePass {
  public:
-  const char* name() const override { return kPass; }
-  bool enabled(const FusionOptions& options) const override { return options.vertical.bn_relu; }
+  const PassInfo& info() const override { return bn_relu_info(); }
 
-  int apply(Graph& graph, PassContext& context) const override {
-    int fused = 0;
-    for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index) {
-      const Op& op = *graph.ops[op_index];
-      if (!is_candidate(op.op_kind())) continue;
-      const std::string site = op.name;
-      const GraphIndex index(graph);
-      if (feeds_residual_relu(graph, index, op)) continue;  // decided at the add
-      std::string why;
-      const int relu_index = sole_relu(graph, index, op.outputs[0], &why);
-      if (relu_index < 0) {
-        context.skipped(kPass, site, why);
-        continue;
-      }
-      const bool pair_fits = within_max_ops(context, kPass, site, kPairOps);
-      // Also when the pair does not fit, so that each BatchNorm before the add has its decision.
-      const std::vector<int> absorbed = op.op_kind() == OpKind::kResidualAdd
-                                            ? absorbable_batchnorms(graph, index, op_index, context)
-                                            : std::vector<int>{};
-      if (!pair_fits) continue;
-      std::string what;
-      std::unique_ptr<Op> replacement;
-      std::vector<int> removed = {op_index, relu_index};
-      if (absorbed.empty()) {
-        replacement = fused_with_relu(graph, op, &what);
-        replacement->inputs = op.inputs;
-        replacement->params = op.params;
-      } else {
-        replacement = batchnorm_add_relu(graph, op_index, absorbed);
-        what = absorbed.size() == 2 ? "batchnorm2d x2+residual+relu -> batchnorm_add_relu"
-                                    : "batchnorm2d+residual+relu -> batchnorm_add_relu";
-        removed.insert(removed.end(), absorbed.begin(), absorbed.end());
-      }
-      const int eager_ops = static_cast<int>(removed.size());
-      replacement->name = site + "_relu";
-      replacement->outputs = graph.ops[relu_index]->outputs;
-      replacement->eager_ops = eager_ops;
-      // Placed where the ReLU was; only the ReLU read the intermediate, which is now dead. The
-      // absorbed BatchNorms came before the add, so the op after the add moves up by them.
-      replace_op_set(graph, removed, std::move(replacement));
-      context.fused(kPass, site, what, eager_ops);
-      ++fused;
-      op_index -= 1 + static_cast<int>(absorbed.size());
+ protected:
+  bool is_candidate(const Op& op) const override { return is_candidate_kind(op.op_kind()); }
+
+  std::optional<Fusion> decide(const Graph& graph, const GraphIndex& index, int op_index,
+                               PassContext& context) const override {
+    const Op& op = *graph.ops[op_index];
+    const std::string site = op.name;
+    if (feeds_residual_relu(graph, index, op)) return std::nullopt;  // decided at the add
+    std::string why;
+    const int relu_index = sole_relu(graph, index, op.outputs[0], &why);
+    if (relu_index < 0) {
+      context.skipped(kPass, site, why);
+      return std::nullopt;
     }
-    return fused;
+    const bool pair_fits = within_max_ops(context, kPass, site, kPairOps);
+    // Also when the pair does not fit, so that each BatchNorm before the add has its decision.
+    const std::vector<int> absorbed = op.op_kind() == OpKind::kResidualAdd
+                                          ? absorbable_batchnorms(graph, index, op_index, context)
+                                          : std::vector<int>{};
+    if (!pair_fits) return std::nullopt;
+    Fusion fusion;
+    // Placed where the ReLU was; only the ReLU read the intermediate, which is now dead.
+    fusion.absorbed = {op_index, relu_index};
+    if (absorbed.empty()) {
+      fusion.op = fused_with_relu(graph, op, &fusion.what);
+      fusion.inputs = op.inputs;
+      fusion.params = op.params;
+    } else {
+      batchnorm_add_relu(graph, op_index, absorbed, &fusion);
+      fusion.what = absorbed.size() == 2 ? "batchnorm2d x2+residual+relu -> batchnorm_add_relu"
+                                         : "batchnorm2d+residual+relu -> batchnorm_add_relu";
+      fusion.absorbed.insert(fusion.absorbed.end(), absorbed.begin(), absorbed.end());
+    }
+    fusion.name = site + "_relu";
+    fusion.outputs = graph.ops[relu_index]->outputs;
+    fusion.site = site;
+    return fusion;
   }
 };
 

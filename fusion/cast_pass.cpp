@@ -9,12 +9,14 @@
 //   ReLU -> cast                    => ReluCastOp (fusion/ops/relu_cast.h)
 //   BatchNormRelu -> cast, BatchNormAddRelu -> cast (a ResNet's ReLU feeding convolutions)
 //                                   => the fused op writes its output in bf16
-// Order: runs after every other vertical pass, so it sees their fused producers (it needs
-// residual_layernorm and gemm_epilogue done first); nothing runs after it that matches casts.
+// Order: after gemm_epilogue, residual_layernorm and bn_relu, whose fused producers it rewrites,
+// and after attention, which absorbs the probabilities' cast itself (PassInfo::after); nothing
+// runs after it that matches casts.
 // Producers not listed (attention, the embedding, the ResNet's pooling) keep their cast, with the
 // reason in `plan`; so does a ResNet block output that an identity shortcut also reads.
 // Thread safety: stateless.
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "fusion/ops/layernorm_cast.h"
@@ -22,6 +24,7 @@
 #include "fusion/ops/relu_cast.h"
 #include "fusion/pass_util.h"
 #include "fusion/passes.h"
+#include "fusion/rewrite.h"
 #include "model/graph_edit.h"
 #include "model/ops/layernorm.h"
 #include "model/ops/relu.h"
@@ -29,61 +32,60 @@
 namespace ft {
 namespace {
 
-constexpr const char* kPass = "cast";
+const char* const kPass = cast_info().name;
 
 std::string kib(double bytes) {
   return std::to_string(static_cast<int64_t>(bytes / 1024.0 + 0.5)) + " KiB";
 }
 
-// The op to put at `producer_index` so that it writes `bf16_value` in place of its fp32 output
-// `fp32_value`; null with `refusal` set when the producer cannot.
-std::unique_ptr<Op> bf16_writer(Graph& graph, int producer_index, ValueId fp32_value,
-                                ValueId bf16_value, std::string* refusal) {
-  Op& producer = *graph.ops[producer_index];
-  auto rewired = [&](std::unique_ptr<Op> op) {
-    op->name = producer.name;
-    op->inputs = producer.inputs;
-    op->outputs = producer.outputs;
-    for (ValueId& id : op->outputs)
-      if (id == fp32_value) id = bf16_value;
-    op->params = producer.params;
-    op->eager_ops = producer.eager_ops + 1;
-    return op;
-  };
+// The rewrite that makes the producer at `producer_index` write `bf16_value` in place of its fp32
+// output `fp32_value`: a bf16-writing op of its own (LayerNorm, GELU, ReLU), or the fused producer
+// itself, rewired (those that take a bf16 output themselves). False with `refusal` set when the
+// producer cannot write bf16.
+bool bf16_writer(const Graph& graph, int producer_index, ValueId fp32_value, ValueId bf16_value,
+                 Fusion* fusion, std::string* refusal) {
+  const Op& producer = *graph.ops[producer_index];
   switch (producer.op_kind()) {
     case OpKind::kLayerNorm: {
       const auto& norm = static_cast<const LayerNormOp&>(producer);
-      return rewired(std::make_unique<LayerNormCastOp>(norm.rows(), norm.channels()));
+      fusion->op = std::make_unique<LayerNormCastOp>(norm.rows(), norm.channels());
+      break;
     }
     case OpKind::kGelu:
-      return rewired(std::make_unique<GeluCastOp>(graph.numel(fp32_value)));
+      fusion->op = std::make_unique<GeluCastOp>(graph.numel(fp32_value));
+      break;
     case OpKind::kRelu:
-      return rewired(std::make_unique<ReluCastOp>(static_cast<const ReluOp&>(producer).numel()));
+      fusion->op = std::make_unique<ReluCastOp>(static_cast<const ReluOp&>(producer).numel());
+      break;
     case OpKind::kBatchNormRelu:
     case OpKind::kBatchNormAddRelu:
       break;
     case OpKind::kResidualLayerNorm:
       if (producer.outputs[1] != fp32_value) {
         *refusal = "the residual stream of '" + producer.name + "' is not a GEMM operand";
-        return nullptr;
+        return false;
       }
       break;
     case OpKind::kLinearGelu:
       if (static_cast<const LinearGeluOp&>(producer).forward_kind() !=
           LinearGeluForward::kTiledKeepPreactivation) {
         *refusal = "'" + producer.name + "' runs oneDNN's GELU post-op, which writes fp32";
-        return nullptr;
+        return false;
       }
       break;
     default:
       *refusal = std::string(producer.kind()) + " '" + producer.name + "' writes fp32 only";
-      return nullptr;
+      return false;
   }
-  // The fused ops that take a bf16 output themselves: the same op, rewired.
-  for (ValueId& id : producer.outputs)
+  // The op (new, or the producer itself when fusion->op is null) sits where the producer was.
+  fusion->placement = Placement::kFirst;
+  fusion->name = producer.name;
+  fusion->inputs = producer.inputs;
+  fusion->outputs = producer.outputs;
+  for (ValueId& id : fusion->outputs)
     if (id == fp32_value) id = bf16_value;
-  producer.eager_ops += 1;
-  return nullptr;
+  fusion->params = producer.params;
+  return true;
 }
 
 bool written_through_views(const Graph& graph, ValueId root) {
@@ -93,60 +95,50 @@ bool written_through_views(const Graph& graph, ValueId root) {
   return false;
 }
 
-class CastPass : public FusionPass {
+class CastPass : public CandidatePass {
  public:
-  const char* name() const override { return kPass; }
-  bool enabled(const FusionOptions& options) const override { return options.vertical.cast; }
+  const PassInfo& info() const override { return cast_info(); }
 
-  int apply(Graph& graph, PassContext& context) const override {
-    int fused = 0;
-    for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index) {
-      if (graph.ops[op_index]->op_kind() != OpKind::kCast) continue;
-      const GraphIndex index(graph);
-      const Op& cast = *graph.ops[op_index];
-      const std::string site = cast.name;
-      const ValueId fp32_value = cast.inputs[0], bf16_value = cast.outputs[0];
-      const int producer = index.producer(fp32_value);
-      const int readers = index.reader_count_with_views(fp32_value);
-      std::string refusal;
-      // Views first: a view's producer writes its root (a batched or QKV output), not the view.
-      if (graph.values[fp32_value].is_view() || graph.values[bf16_value].is_view())
-        refusal = "a column view on either side";
-      else if (producer < 0)
-        refusal = "'" + graph.values[fp32_value].name + "' has no producing op" +
-                  (written_through_views(graph, fp32_value)
-                       ? " of its own: ops write it through column views (per-head LayerNorms)"
-                       : "");
-      else if (index.is_graph_result(fp32_value))
-        refusal = "'" + graph.values[fp32_value].name + "' is a graph result";
-      else if (readers != 1)
-        refusal = "'" + graph.values[fp32_value].name + "' has " + std::to_string(readers) +
-                  " readers: its fp32 form is needed";
-      if (refusal.empty() &&
-          !within_max_ops(context, kPass, site, graph.ops[producer]->eager_ops + 1))
-        continue;
-      const std::string producer_kind = refusal.empty() ? graph.ops[producer]->kind() : "";
-      std::unique_ptr<Op> replacement;
-      if (refusal.empty())
-        replacement = bf16_writer(graph, producer, fp32_value, bf16_value, &refusal);
-      if (!refusal.empty()) {
-        context.skipped(kPass, site, refusal);
-        continue;
-      }
-      const double saved = 2 * 4.0 * static_cast<double>(graph.numel(fp32_value));
-      if (replacement) {
-        graph.ops[producer] = std::move(replacement);
-      }
-      const int eager_ops = graph.ops[producer]->eager_ops;
-      graph.ops.erase(graph.ops.begin() + op_index);
-      context.fused(kPass, site,
-                    producer_kind + "+cast -> " + graph.ops[producer]->kind() +
-                        " writes bf16 (fp32 write and read of " + kib(saved / 2) + " each saved)",
-                    eager_ops);
-      ++fused;
-      --op_index;
+ protected:
+  bool is_candidate(const Op& op) const override { return op.op_kind() == OpKind::kCast; }
+
+  std::optional<Fusion> decide(const Graph& graph, const GraphIndex& index, int op_index,
+                               PassContext& context) const override {
+    const Op& cast = *graph.ops[op_index];
+    const std::string site = cast.name;
+    const ValueId fp32_value = cast.inputs[0], bf16_value = cast.outputs[0];
+    const int producer = index.producer(fp32_value);
+    const int readers = index.reader_count_with_views(fp32_value);
+    std::string refusal;
+    // Views first: a view's producer writes its root (a batched or QKV output), not the view.
+    if (graph.values[fp32_value].is_view() || graph.values[bf16_value].is_view())
+      refusal = "a column view on either side";
+    else if (producer < 0)
+      refusal = "'" + graph.values[fp32_value].name + "' has no producing op" +
+                (written_through_views(graph, fp32_value)
+                     ? " of its own: ops write it through column views (per-head LayerNorms)"
+                     : "");
+    else if (index.is_graph_result(fp32_value))
+      refusal = "'" + graph.values[fp32_value].name + "' is a graph result";
+    else if (readers != 1)
+      refusal = "'" + graph.values[fp32_value].name + "' has " + std::to_string(readers) +
+                " readers: its fp32 form is needed";
+    if (refusal.empty() &&
+        !within_max_ops(context, kPass, site, graph.ops[producer]->eager_ops + 1))
+      return std::nullopt;
+    Fusion fusion;
+    if (refusal.empty()) bf16_writer(graph, producer, fp32_value, bf16_value, &fusion, &refusal);
+    if (!refusal.empty()) {
+      context.skipped(kPass, site, refusal);
+      return std::nullopt;
     }
-    return fused;
+    const Op& writer = fusion.op ? *fusion.op : *graph.ops[producer];
+    const double saved = 2 * 4.0 * static_cast<double>(graph.numel(fp32_value));
+    fusion.absorbed = {producer, op_index};
+    fusion.site = site;
+    fusion.what = std::string(graph.ops[producer]->kind()) + "+cast -> " + writer.kind() +
+                  " writes bf16 (fp32 write and read of " + kib(saved / 2) + " each saved)";
+    return fusion;
   }
 };
 

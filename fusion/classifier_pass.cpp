@@ -4,19 +4,22 @@
 // block. The unfused twin is the pair itself; tests/fusion_classifier_test.cpp checks the two
 // agree. A candidate is every cross-entropy; only one fed by the tied LM head is fused (the
 // ResNet's fc -> loss is left alone, with its reason).
+// Order: none (PassInfo::after is empty).
 // Thread safety: stateless.
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "fusion/ops/classifier.h"
 #include "fusion/pass_util.h"
 #include "fusion/passes.h"
+#include "fusion/rewrite.h"
 #include "model/graph_edit.h"
 
 namespace ft {
 namespace {
 
-constexpr const char* kPass = "classifier";
+const char* const kPass = classifier_info().name;
 constexpr int kChainOps = 2;
 
 // The LM head feeding the cross-entropy at `loss_index`, or the reason it cannot be fused.
@@ -59,56 +62,49 @@ std::string fused_name(const std::string& head_name) {
   return head_name + ".classifier";
 }
 
-class ClassifierPass : public FusionPass {
+class ClassifierPass : public CandidatePass {
  public:
-  const char* name() const override { return kPass; }
-  bool enabled(const FusionOptions& options) const override { return options.vertical.classifier; }
+  const PassInfo& info() const override { return classifier_info(); }
 
-  int apply(Graph& graph, PassContext& context) const override {
-    int fused = 0;
-    for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index) {
-      if (graph.ops[op_index]->op_kind() != OpKind::kCrossEntropy) continue;
-      const GraphIndex index(graph);
-      const ClassifierMatch match = match_classifier(graph, index, op_index);
-      const std::string site =
-          match.lm_head >= 0 ? graph.ops[match.lm_head]->name : graph.ops[op_index]->name;
-      if (!match.refusal.empty()) {
-        context.skipped(kPass, site, match.refusal);
-        continue;
-      }
-      if (!within_max_ops(context, kPass, site, kChainOps)) continue;
-      const Op& head = *graph.ops[match.lm_head];
-      const Op& loss_op = *graph.ops[op_index];
-      const ValueId logits = loss_op.inputs[0];
-      const int64_t vocab = graph.shape(logits).back();
-      const int64_t rows = graph.numel(logits) / vocab;
-      const int64_t channels = graph.numel(head.inputs[0]) / rows;
-      const int64_t tile = rows_per_tile(context.options.tile_kb, vocab);
-      if (tile < 1) {
-        context.skipped(kPass, site, row_exceeds_tile(context.options.tile_kb, vocab));
-        continue;
-      }
-      const int tile_rows = static_cast<int>(std::min(tile, rows));
-      const bool training = graph.mode == GraphMode::kTrain;
-      auto classifier = std::make_unique<ClassifierOp>(
-          rows, channels, vocab, tile_rows,
-          training ? ClassifierForward::kLossAndDlogits : ClassifierForward::kLossOnly);
-      classifier->name = fused_name(head.name);
-      classifier->inputs = head.inputs;
-      classifier->outputs = {logits, loss_op.outputs[0]};
-      classifier->params = head.params;
-      classifier->eager_ops = kChainOps;
-      // No op reads the logits' gradient any more: it gets no buffer and no per-step zeroing.
-      graph.values[logits].needs_grad = false;
-      replace_op_set(graph, {match.lm_head, op_index}, std::move(classifier));
-      context.fused(kPass, site,
-                    "lm_head+cross_entropy -> classifier (block " + std::to_string(tile_rows) +
-                        " rows" + (training ? ", dlogits in forward)" : ", loss only)"),
-                    kChainOps);
-      ++fused;
-      --op_index;  // the LM head before it is gone: the next op now sits at op_index
+ protected:
+  bool is_candidate(const Op& op) const override { return op.op_kind() == OpKind::kCrossEntropy; }
+
+  std::optional<Fusion> decide(const Graph& graph, const GraphIndex& index, int op_index,
+                               PassContext& context) const override {
+    const ClassifierMatch match = match_classifier(graph, index, op_index);
+    const std::string site =
+        match.lm_head >= 0 ? graph.ops[match.lm_head]->name : graph.ops[op_index]->name;
+    if (!match.refusal.empty()) {
+      context.skipped(kPass, site, match.refusal);
+      return std::nullopt;
     }
-    return fused;
+    if (!within_max_ops(context, kPass, site, kChainOps)) return std::nullopt;
+    const Op& head = *graph.ops[match.lm_head];
+    const Op& loss_op = *graph.ops[op_index];
+    const ValueId logits = loss_op.inputs[0];
+    const int64_t vocab = graph.shape(logits).back();
+    const int64_t rows = graph.numel(logits) / vocab;
+    const int64_t channels = graph.numel(head.inputs[0]) / rows;
+    const int64_t tile = rows_per_tile(context.options.tile_kb, vocab);
+    if (tile < 1) {
+      context.skipped(kPass, site, row_exceeds_tile(context.options.tile_kb, vocab));
+      return std::nullopt;
+    }
+    const int tile_rows = static_cast<int>(std::min(tile, rows));
+    const bool training = graph.mode == GraphMode::kTrain;
+    Fusion fusion = fusion_like(head);
+    fusion.absorbed = {match.lm_head, op_index};
+    fusion.op = std::make_unique<ClassifierOp>(
+        rows, channels, vocab, tile_rows,
+        training ? ClassifierForward::kLossAndDlogits : ClassifierForward::kLossOnly);
+    fusion.name = fused_name(head.name);
+    fusion.outputs = {logits, loss_op.outputs[0]};
+    // No op reads the logits' gradient any more: it gets no buffer and no per-step zeroing.
+    fusion.no_grad = {logits};
+    fusion.site = site;
+    fusion.what = "lm_head+cross_entropy -> classifier (block " + std::to_string(tile_rows) +
+                  " rows" + (training ? ", dlogits in forward)" : ", loss only)");
+    return fusion;
   }
 };
 

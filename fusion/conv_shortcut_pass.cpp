@@ -7,22 +7,26 @@
 // default every pair is skipped with the figure). The unfused twin is the two Conv2dOps;
 // tests/fusion_resnet_test.cpp checks the two agree.
 // A candidate is a 3x3 convolution with a 1x1 convolution reading the same value.
+// Order: after fold_bn (PassInfo::after): in eval graphs folding takes each convolution with its
+// BatchNorm first.
 // Thread safety: stateless.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "fusion/ops/conv_shortcut.h"
 #include "fusion/pass_util.h"
 #include "fusion/passes.h"
+#include "fusion/rewrite.h"
 #include "model/graph_edit.h"
 #include "model/ops/conv2d.h"
 
 namespace ft {
 namespace {
 
-constexpr const char* kPass = "conv_shortcut";
+const char* const kPass = conv_shortcut_info().name;
 constexpr int kPairOps = 2;
 
 bool is_conv(const Op& op, int kernel) {
@@ -60,63 +64,57 @@ int shortcut_of(const Graph& graph, const GraphIndex& index, int wide_index) {
   return -1;
 }
 
-class ConvShortcutPass : public FusionPass {
+class ConvShortcutPass : public CandidatePass {
  public:
-  const char* name() const override { return kPass; }
-  bool enabled(const FusionOptions& options) const override {
-    return options.horizontal.conv_shortcut;
-  }
+  const PassInfo& info() const override { return conv_shortcut_info(); }
 
-  int apply(Graph& graph, PassContext& context) const override {
-    int fused = 0;
-    for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index) {
-      if (!is_conv(*graph.ops[op_index], 3)) continue;
-      const GraphIndex index(graph);
-      const int shortcut_index = shortcut_of(graph, index, op_index);
-      if (shortcut_index < 0) continue;
-      const auto& wide = static_cast<const Conv2dOp&>(*graph.ops[op_index]);
-      const auto& narrow = static_cast<const Conv2dOp&>(*graph.ops[shortcut_index]);
-      const std::string site = wide.name;
-      const std::string refusal = geometry_refusal(wide, narrow);
-      if (!refusal.empty()) {
-        context.skipped(kPass, site, "with '" + narrow.name + "': " + refusal);
-        continue;
-      }
-      if (!within_max_ops(context, kPass, site, kPairOps)) continue;
-      // The 1x1 run as a 3x3 does kernel^2 - 1 = 8 zero multiplies per useful one.
-      const double useful = forward_flops(wide) + forward_flops(narrow);
-      const double overhead = (9.0 - 1.0) * forward_flops(narrow) / useful;
-      const double allowed = context.options.horizontal.max_padding_overhead;
-      char figures[64];
-      std::snprintf(figures, sizeof figures, "%.2f %s %.2f", overhead,
-                    overhead > allowed ? ">" : "<=", allowed);
-      if (overhead > allowed) {
-        context.skipped(kPass, site, std::string("padding overhead ") + figures);
-        continue;
-      }
-      auto replacement =
-          std::make_unique<ConvShortcutOp>(wide.batch(), wide.in_channels(), wide.out_channels(),
-                                           wide.height(), wide.width(), wide.stride());
-      replacement->name = site + "_shortcut";
-      replacement->inputs = wide.inputs;
-      replacement->outputs = {wide.outputs[0], narrow.outputs[0]};
-      replacement->params = {wide.params[0], narrow.params[0]};
-      replacement->eager_ops = kPairOps;
-      replacement->needs_input_grad = wide.needs_input_grad;
-      replacement->algorithm = wide.algorithm;
-      replacement->winograd_tile = wide.winograd_tile;
-      const std::string what = "conv3x3+conv1x1 '" + narrow.name +
-                               "' -> conv_shortcut (padding overhead " + figures + ")";
-      // At the earlier of the two: both read the same input, and readers of either output
-      // come after it.
-      const int first = std::min(op_index, shortcut_index);
-      graph.ops.erase(graph.ops.begin() + std::max(op_index, shortcut_index));
-      replace_ops(graph, first, 1, std::move(replacement));
-      context.fused(kPass, site, what, kPairOps);
-      ++fused;
-      if (shortcut_index < op_index) --op_index;
+ protected:
+  bool is_candidate(const Op& op) const override { return is_conv(op, 3); }
+
+  std::optional<Fusion> decide(const Graph& graph, const GraphIndex& index, int op_index,
+                               PassContext& context) const override {
+    const int shortcut_index = shortcut_of(graph, index, op_index);
+    if (shortcut_index < 0) return std::nullopt;
+    const auto& wide = static_cast<const Conv2dOp&>(*graph.ops[op_index]);
+    const auto& narrow = static_cast<const Conv2dOp&>(*graph.ops[shortcut_index]);
+    const std::string site = wide.name;
+    const std::string refusal = geometry_refusal(wide, narrow);
+    if (!refusal.empty()) {
+      context.skipped(kPass, site, "with '" + narrow.name + "': " + refusal);
+      return std::nullopt;
     }
-    return fused;
+    if (!within_max_ops(context, kPass, site, kPairOps)) return std::nullopt;
+    // The 1x1 run as a 3x3 does kernel^2 - 1 = 8 zero multiplies per useful one.
+    const double useful = forward_flops(wide) + forward_flops(narrow);
+    const double overhead = (9.0 - 1.0) * forward_flops(narrow) / useful;
+    const double allowed = context.options.horizontal.max_padding_overhead;
+    char figures[64];
+    std::snprintf(figures, sizeof figures, "%.2f %s %.2f", overhead,
+                  overhead > allowed ? ">" : "<=", allowed);
+    if (overhead > allowed) {
+      context.skipped(kPass, site, std::string("padding overhead ") + figures);
+      return std::nullopt;
+    }
+    auto replacement =
+        std::make_unique<ConvShortcutOp>(wide.batch(), wide.in_channels(), wide.out_channels(),
+                                         wide.height(), wide.width(), wide.stride());
+    replacement->needs_input_grad = wide.needs_input_grad;
+    replacement->algorithm = wide.algorithm;
+    replacement->winograd_tile = wide.winograd_tile;
+    Fusion fusion;
+    fusion.absorbed = {op_index, shortcut_index};
+    fusion.op = std::move(replacement);
+    // At the earlier of the two: both read the same input, and readers of either output come
+    // after it.
+    fusion.placement = Placement::kFirst;
+    fusion.name = site + "_shortcut";
+    fusion.inputs = wide.inputs;
+    fusion.outputs = {wide.outputs[0], narrow.outputs[0]};
+    fusion.params = {wide.params[0], narrow.params[0]};
+    fusion.site = site;
+    fusion.what =
+        "conv3x3+conv1x1 '" + narrow.name + "' -> conv_shortcut (padding overhead " + figures + ")";
+    return fusion;
   }
 };
 

@@ -9,15 +9,17 @@
 // Train graphs are refused: their BN normalises with batch statistics, which no weight can hold.
 // A convolution whose output has another reader is skipped with the reason (folding would change
 // what that reader sees). fusion.max_ops shortens the chain (2 ops: conv and BN alone).
-// Runs first in the pipeline, so bn_relu (which would otherwise take BN -> ReLU) and
-// conv_shortcut see only what folding left.
+// Order: first; bn_relu (which would otherwise take BN -> ReLU) and conv_shortcut declare
+// PassInfo::after fold_bn, so they see only what folding left.
 // Thread safety: stateless.
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "fusion/ops/conv_bias.h"
 #include "fusion/pass_util.h"
 #include "fusion/passes.h"
+#include "fusion/rewrite.h"
 #include "model/graph_edit.h"
 #include "model/ops/batchnorm_inference.h"
 #include "model/ops/conv2d.h"
@@ -25,7 +27,7 @@
 namespace ft {
 namespace {
 
-constexpr const char* kPass = "fold_bn";
+const char* const kPass = fold_bn_info().name;
 
 // What one candidate chain absorbs, and the ops it replaces.
 struct FoldChain {
@@ -74,10 +76,9 @@ std::string describe(const FoldChain& chain) {
   return what + " -> conv_bias";
 }
 
-class FoldBnPass : public FusionPass {
+class FoldBnPass : public CandidatePass {
  public:
-  const char* name() const override { return kPass; }
-  bool enabled(const FusionOptions& options) const override { return options.fold_bn; }
+  const PassInfo& info() const override { return fold_bn_info(); }
 
   int apply(Graph& graph, PassContext& context) const override {
     if (graph.mode == GraphMode::kTrain) {
@@ -86,55 +87,55 @@ class FoldBnPass : public FusionPass {
                       "cannot be folded into weights (eval graphs only)");
       return 0;
     }
-    int fused = 0;
-    for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index) {
-      if (graph.ops[op_index]->op_kind() != OpKind::kConv2d) continue;
-      const auto& conv = static_cast<const Conv2dOp&>(*graph.ops[op_index]);
-      const std::string site = conv.name;
-      const GraphIndex index(graph);
-      std::string why;
-      const int bn_index = sole_reader(index, conv.outputs[0],
-                                       "conv output '" + graph.values[conv.outputs[0]].name + "'",
-                                       "conv output", &why);
-      if (bn_index < 0) {
-        context.skipped(kPass, site, why + ": the BatchNorm cannot be folded into it");
-        continue;
-      }
-      const Op& bn_op = *graph.ops[bn_index];
-      if (bn_op.op_kind() != OpKind::kBatchNormInference) {
-        context.skipped(
-            kPass, site,
-            std::string("conv feeds a ") + bn_op.kind() + ", not a batchnorm2d_inference");
-        continue;
-      }
-      if (!within_max_ops(context, kPass, site, 2)) continue;
-      const auto& bn = static_cast<const BatchNormInferenceOp&>(bn_op);
-      FoldChain chain;
-      chain.ops = {op_index, bn_index};
-      chain.output = bn.outputs[0];
-      extend_chain(graph, index, context.options.max_ops, &chain);
+    return CandidatePass::apply(graph, context);
+  }
 
-      ConvBiasSpec spec = conv_bias_spec(conv);
-      spec.residual = chain.residual >= 0;
-      spec.relu = chain.relu;
-      spec.bn_affine = true;
-      spec.eps = bn.eps();
-      auto replacement = std::make_unique<ConvBiasOp>(spec, ConvBiasSource::kBatchNorm);
-      replacement->name = site + "_bn";
-      replacement->inputs = {conv.inputs[0]};
-      if (spec.residual) replacement->inputs.push_back(chain.residual);
-      replacement->outputs = {chain.output};
-      replacement->params = {conv.params[0]};
-      replacement->params.insert(replacement->params.end(), bn.params.begin(), bn.params.end());
-      const int absorbed = static_cast<int>(chain.ops.size());
-      replacement->eager_ops = absorbed;
-      const std::string what = describe(chain);
-      replace_op_set(graph, chain.ops, std::move(replacement));
-      context.fused(kPass, site, what, absorbed);
-      ++fused;
-      --op_index;  // the op now at op_index followed the removed conv
+ protected:
+  bool is_candidate(const Op& op) const override { return op.op_kind() == OpKind::kConv2d; }
+
+  std::optional<Fusion> decide(const Graph& graph, const GraphIndex& index, int op_index,
+                               PassContext& context) const override {
+    const auto& conv = static_cast<const Conv2dOp&>(*graph.ops[op_index]);
+    const std::string site = conv.name;
+    std::string why;
+    const int bn_index = sole_reader(index, conv.outputs[0],
+                                     "conv output '" + graph.values[conv.outputs[0]].name + "'",
+                                     "conv output", &why);
+    if (bn_index < 0) {
+      context.skipped(kPass, site, why + ": the BatchNorm cannot be folded into it");
+      return std::nullopt;
     }
-    return fused;
+    const Op& bn_op = *graph.ops[bn_index];
+    if (bn_op.op_kind() != OpKind::kBatchNormInference) {
+      context.skipped(
+          kPass, site,
+          std::string("conv feeds a ") + bn_op.kind() + ", not a batchnorm2d_inference");
+      return std::nullopt;
+    }
+    if (!within_max_ops(context, kPass, site, 2)) return std::nullopt;
+    const auto& bn = static_cast<const BatchNormInferenceOp&>(bn_op);
+    FoldChain chain;
+    chain.ops = {op_index, bn_index};
+    chain.output = bn.outputs[0];
+    extend_chain(graph, index, context.options.max_ops, &chain);
+
+    ConvBiasSpec spec = conv_bias_spec(conv);
+    spec.residual = chain.residual >= 0;
+    spec.relu = chain.relu;
+    spec.bn_affine = true;
+    spec.eps = bn.eps();
+    Fusion fusion;
+    fusion.absorbed = chain.ops;
+    fusion.op = std::make_unique<ConvBiasOp>(spec, ConvBiasSource::kBatchNorm);
+    fusion.name = site + "_bn";
+    fusion.inputs = {conv.inputs[0]};
+    if (spec.residual) fusion.inputs.push_back(chain.residual);
+    fusion.outputs = {chain.output};
+    fusion.params = {conv.params[0]};
+    fusion.params.insert(fusion.params.end(), bn.params.begin(), bn.params.end());
+    fusion.site = site;
+    fusion.what = describe(chain);
+    return fusion;
   }
 };
 

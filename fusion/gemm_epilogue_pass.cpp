@@ -4,20 +4,24 @@
 // A candidate is a Linear whose output some GELU reads. Train graphs get the row-tiled form,
 // whose tile of pre-activation rows must fit fusion.tile_kb; eval graphs get oneDNN's GELU
 // post-op, which keeps no intermediate.
+// Order: none of its own (PassInfo::after is empty); cast runs after it, to make the row-tiled
+// LinearGeluOp write bf16.
 // Thread safety: stateless.
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "fusion/ops/linear_gelu.h"
 #include "fusion/pass_util.h"
 #include "fusion/passes.h"
+#include "fusion/rewrite.h"
 #include "model/graph_edit.h"
 #include "model/ops/linear.h"
 
 namespace ft {
 namespace {
 
-constexpr const char* kPass = "gemm_epilogue";
+const char* const kPass = gemm_epilogue_info().name;
 constexpr int kChainOps = 2;
 
 // The GELU fused into the Linear at `linear_index`, or the reason it cannot be.
@@ -58,55 +62,46 @@ std::string fused_name(const std::string& linear_name) {
   return linear_name + "_gelu";
 }
 
-class GemmEpiloguePass : public FusionPass {
+class GemmEpiloguePass : public CandidatePass {
  public:
-  const char* name() const override { return kPass; }
-  bool enabled(const FusionOptions& options) const override {
-    return options.vertical.gemm_epilogue;
-  }
+  const PassInfo& info() const override { return gemm_epilogue_info(); }
 
-  int apply(Graph& graph, PassContext& context) const override {
-    int fused = 0;
-    for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index) {
-      if (graph.ops[op_index]->op_kind() != OpKind::kLinear) continue;
-      const GraphIndex index(graph);
-      const int gelu_index = gelu_reader(graph, index, op_index);
-      if (gelu_index < 0) continue;  // no GELU epilogue to fuse: not a candidate
-      const std::string site = graph.ops[op_index]->name;
-      const EpilogueMatch match = match_epilogue(graph, index, op_index, gelu_index);
-      if (!match.refusal.empty()) {
-        context.skipped(kPass, site, match.refusal);
-        continue;
-      }
-      if (!within_max_ops(context, kPass, site, kChainOps)) continue;
-      const auto& linear = static_cast<const LinearOp&>(*graph.ops[op_index]);
-      const bool training = graph.mode == GraphMode::kTrain;
-      const int64_t tile = rows_per_tile(context.options.tile_kb, linear.out_features());
-      if (training && tile < 1) {
-        context.skipped(kPass, site,
-                        row_exceeds_tile(context.options.tile_kb, linear.out_features()));
-        continue;
-      }
-      const int tile_rows = static_cast<int>(std::max<int64_t>(1, std::min(tile, linear.rows())));
-      auto fused_op = std::make_unique<LinearGeluOp>(
-          linear.rows(), linear.in_features(), linear.out_features(), linear.has_bias(),
-          linear.weight_row_offset(), tile_rows,
-          training ? LinearGeluForward::kTiledKeepPreactivation : LinearGeluForward::kGeluPostOp);
-      fused_op->name = fused_name(site);
-      fused_op->inputs = linear.inputs;
-      fused_op->outputs = graph.ops[match.gelu]->outputs;
-      fused_op->params = linear.params;
-      fused_op->eager_ops = kChainOps;
-      replace_op_set(graph, {op_index, match.gelu}, std::move(fused_op));
-      context.fused(kPass, site,
-                    training
-                        ? "linear+gelu -> linear_gelu (tile " + std::to_string(tile_rows) + " rows)"
-                        : "linear+gelu -> linear_gelu (oneDNN gelu_tanh post-op)",
-                    kChainOps);
-      ++fused;
-      --op_index;  // the op now at op_index followed the removed Linear
+ protected:
+  bool is_candidate(const Op& op) const override { return op.op_kind() == OpKind::kLinear; }
+
+  std::optional<Fusion> decide(const Graph& graph, const GraphIndex& index, int op_index,
+                               PassContext& context) const override {
+    const int gelu_index = gelu_reader(graph, index, op_index);
+    if (gelu_index < 0) return std::nullopt;  // no GELU epilogue to fuse: not a candidate
+    const std::string site = graph.ops[op_index]->name;
+    const EpilogueMatch match = match_epilogue(graph, index, op_index, gelu_index);
+    if (!match.refusal.empty()) {
+      context.skipped(kPass, site, match.refusal);
+      return std::nullopt;
     }
-    return fused;
+    if (!within_max_ops(context, kPass, site, kChainOps)) return std::nullopt;
+    const auto& linear = static_cast<const LinearOp&>(*graph.ops[op_index]);
+    const bool training = graph.mode == GraphMode::kTrain;
+    const int64_t tile = rows_per_tile(context.options.tile_kb, linear.out_features());
+    if (training && tile < 1) {
+      context.skipped(kPass, site,
+                      row_exceeds_tile(context.options.tile_kb, linear.out_features()));
+      return std::nullopt;
+    }
+    const int tile_rows = static_cast<int>(std::max<int64_t>(1, std::min(tile, linear.rows())));
+    Fusion fusion = fusion_like(linear);
+    fusion.absorbed = {op_index, match.gelu};
+    fusion.op = std::make_unique<LinearGeluOp>(
+        linear.rows(), linear.in_features(), linear.out_features(), linear.has_bias(),
+        linear.weight_row_offset(), tile_rows,
+        training ? LinearGeluForward::kTiledKeepPreactivation : LinearGeluForward::kGeluPostOp);
+    fusion.name = fused_name(site);
+    fusion.outputs = graph.ops[match.gelu]->outputs;
+    fusion.site = site;
+    fusion.what = training
+                      ? "linear+gelu -> linear_gelu (tile " + std::to_string(tile_rows) + " rows)"
+                      : "linear+gelu -> linear_gelu (oneDNN gelu_tanh post-op)";
+    return fusion;
   }
 };
 

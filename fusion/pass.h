@@ -1,6 +1,10 @@
-// FusionPass: one graph rewrite of fusion/, switched by one fusion.* key. Deciding is apart from
+// FusionPass: one graph rewrite of fusion/, switched by one config key. Deciding is apart from
 // doing (XLA's ShouldFuse/Fuse): a pass records a Decision for every candidate it looks at,
-// fused or skipped with the reason, which is what `fusiontrain plan` prints.
+// fused or skipped with the reason, which is what `fusiontrain plan` prints. Each pass declares
+// itself in a PassInfo (its key, family, switch, the op kinds it creates and the passes it must
+// run after), kept with the others' in fusion/pass_infos.cpp; PassRegistry::standard() (fusion/
+// pass_registry.h) lists them once, and bench, tune, fusion advice and the config schema derive
+// their pass keys from that list. This header and fusion/pass.cpp need nothing of the engine.
 // Thread safety: passes are stateless; run on the thread that builds the graph.
 #pragma once
 #include <string>
@@ -36,6 +40,39 @@ struct FusionOptions {
   int tile_kb = 256;  // live intermediates per row tile of a fused row-tiled op
 };
 
+// Where a pass's key lives: fusion.vertical.<name>, fusion.horizontal.<name> or inference.<name>.
+enum class PassFamily { kVertical, kHorizontal, kInference };
+const char* pass_family_name(PassFamily family);  // "vertical", "horizontal", "inference"
+
+// An eager producer -> consumer edge a vertical pass removes (fusion advice names the pass).
+struct FusedEdge {
+  OpKind producer, consumer;
+};
+// A family of independent ops of one kind a horizontal pass merges.
+struct MergedFamily {
+  OpKind kind;
+  bool shared_input = false;  // the members must read the same input
+  size_t size = 0;            // the family must have exactly this many members; 0 = any
+};
+
+// What a pass, or a switch with no graph rewrite (fusion.horizontal.multi_tensor), declares about
+// itself. Everything that lists pass keys reads them from here.
+struct PassInfo {
+  const char* name;                // the key's last part and the pass's name in plan: "cast"
+  PassFamily family;               // with `name`, the config key
+  bool* (*flag)(FusionOptions&);   // the key's bool in FusionOptions
+  const char* doc;                 // the key's line in the config reference
+  std::vector<OpKind> creates;     // the fused op kinds the pass may emit; checked after it runs
+  std::vector<std::string> after;  // passes that must run before it when both are in a pipeline
+  std::vector<FusedEdge> edges;    // fusion advice: vertical edges this pass fuses
+  std::vector<MergedFamily> families;  // fusion advice: horizontal families this pass merges
+
+  std::string key() const;  // "fusion.vertical.cast", "inference.fold_bn"
+  bool on(const FusionOptions& options) const {
+    return *flag(const_cast<FusionOptions&>(options));  // read only
+  }
+};
+
 // One candidate a pass looked at.
 struct FusionDecision {
   std::string pass;  // "gemm_epilogue"
@@ -61,11 +98,15 @@ struct PassContext {
 class FusionPass {
  public:
   virtual ~FusionPass() = default;
-  virtual const char* name() const = 0;  // the config key's last part: "gemm_epilogue"
-  virtual bool enabled(const FusionOptions& options) const = 0;
+  // REQUIRES: the same object on every call (a function-local static), living for the program;
+  // for a standard pass, its entry of fusion/pass_infos.h.
+  virtual const PassInfo& info() const = 0;
   // Rewrites `graph` in place; returns how many fused ops it created. Parameter storage is never
   // changed by a pass, so checkpoints move freely between fused and unfused runs.
   virtual int apply(Graph& graph, PassContext& context) const = 0;
+
+  const char* name() const { return info().name; }
+  bool enabled(const FusionOptions& options) const { return info().on(options); }
 };
 
 }  // namespace ft

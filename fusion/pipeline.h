@@ -1,7 +1,11 @@
 // FusionPipeline: the ordered passes between model/ (which builds the eager op list) and the
-// executor. Each pass is switched by its fusion.* key; after every pass the graph is validated,
+// executor. Each pass is switched by its config key; after every pass the graph is validated,
 // so a bad rewrite fails at the pass that made it. With fusion.enabled false no pass runs and
 // the executed graph is exactly the built one.
+// Beside its passes a pipeline holds their PassInfo (and those of switches that rewrite no graph,
+// such as fusion.horizontal.multi_tensor) as a PassRegistry (fusion/pass_registry.h): what key
+// listings read. standard() checks that its list is PassRegistry::standard(), entry for entry.
+// Order constraints are declared by each pass (PassInfo::after) and checked as passes are added.
 // Thread safety: used by the training thread while building graphs.
 #pragma once
 #include <memory>
@@ -9,6 +13,7 @@
 #include <vector>
 
 #include "fusion/pass.h"
+#include "fusion/pass_registry.h"
 #include "model/graph.h"
 
 namespace ft {
@@ -27,16 +32,32 @@ struct FusionResult {
 
 class FusionPipeline {
  public:
-  // Every pass of fusion/passes.h, in order.
+  // Every pass of fusion/passes.h and every switch, in order. Throws ft::Error when that list is
+  // not PassRegistry::standard()'s (check_entries): the two lists cannot drift apart.
   static FusionPipeline standard();
-  void add(std::unique_ptr<FusionPass> pass) { passes_.push_back(std::move(pass)); }
+
+  // Appends a pass. Throws ft::Error when its key is already listed, or when a pass already
+  // listed must run after it (PassInfo::after): the list would run them the wrong way.
+  void add(std::unique_ptr<FusionPass> pass);
+  // Appends a key that switches something other than a graph rewrite. Same checks as add().
+  // REQUIRES: `info` lives for the program (a function-local static).
+  void add_switch(const PassInfo& info);
+
+  // The PassInfo of every pass and switch, in list order: what bench, tune, fusion advice and the
+  // config schema read to list this pipeline's keys.
+  const PassRegistry& registry() const { return registry_; }
+  // Throws ft::Error naming the first entry where this pipeline's list (passes and switches, in
+  // order, each by its PassInfo object) differs from `expected`'s.
+  void check_entries(const PassRegistry& expected) const;
+
   // Runs the enabled passes (none when !options.enabled), validating after each, then drops dead
   // values. The graph is final afterwards: the executor derives its tables from it.
   FusionResult run(Graph& graph, const ParamStore& params, const FusionOptions& options) const;
-  size_t size() const { return passes_.size(); }
+  size_t size() const { return passes_.size(); }  // graph passes; switches are not counted
 
  private:
-  std::vector<std::unique_ptr<FusionPass>> passes_;
+  PassRegistry registry_;                            // passes and switches
+  std::vector<std::unique_ptr<FusionPass>> passes_;  // in registry_'s order, switches left out
 };
 
 }  // namespace ft

@@ -3,6 +3,8 @@
 // [rows, N·out] root "<prefix>.qkv"; each original output becomes a column view of it, so its
 // consumers (per-head LayerNorms, attention) read q, k and v in place. The unfused twin is the N
 // LinearOps themselves; tests/fusion_qkv_test.cpp checks the two agree.
+// Order: none of its own (PassInfo::after is empty); attention runs after it, so that it finds q,
+// k and v as views of the one QKV output.
 // Thread safety: stateless.
 #include <algorithm>
 #include <map>
@@ -12,13 +14,14 @@
 
 #include "fusion/ops/qkv_linear.h"
 #include "fusion/passes.h"
+#include "fusion/rewrite.h"
 #include "model/graph_edit.h"
 #include "model/ops/linear.h"
 
 namespace ft {
 namespace {
 
-constexpr const char* kPass = "qkv";
+const char* const kPass = qkv_info().name;
 
 // The part of the names up to and including their last common '.': "h.0.attn." for
 // "h.0.attn.q" and "h.0.attn.v".
@@ -82,8 +85,8 @@ GroupKey key_of(const LinearOp& linear) {
 
 class QkvPass : public FusionPass {
  public:
-  const char* name() const override { return kPass; }
-  bool enabled(const FusionOptions& options) const override { return options.horizontal.qkv; }
+  const PassInfo& info() const override { return qkv_info(); }
+
   int apply(Graph& graph, PassContext& context) const override {
     // Plan on the unmodified graph, then rewrite group by group (found again by op identity, as
     // each rewrite renumbers the ops after it).
@@ -194,10 +197,6 @@ class QkvPass : public FusionPass {
 
   // `linears` in weight row order.
   void rewrite(Graph& graph, const std::vector<const Op*>& linears) const {
-    std::vector<int> op_indices;
-    for (const Op* wanted : linears)
-      for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index)
-        if (graph.ops[op_index].get() == wanted) op_indices.push_back(op_index);
     const auto& first = static_cast<const LinearOp&>(*linears.front());
     const int count = static_cast<int>(linears.size());
     const int64_t width = first.out_features();
@@ -219,14 +218,15 @@ class QkvPass : public FusionPass {
     }
     graph.values[root].needs_grad = needs_grad;
 
-    auto fused = std::make_unique<QkvLinearOp>(first.rows(), first.in_features(), width, count,
-                                               first.has_bias(), first.weight_row_offset());
-    fused->name = name;
-    fused->inputs = first.inputs;
-    fused->outputs = {root};
-    fused->params = first.params;
-    fused->eager_ops = count;
-    replace_op_set(graph, op_indices, std::move(fused));
+    Fusion fusion;
+    fusion.absorbed = op_indices(graph, linears);
+    fusion.op = std::make_unique<QkvLinearOp>(first.rows(), first.in_features(), width, count,
+                                              first.has_bias(), first.weight_row_offset());
+    fusion.name = name;
+    fusion.inputs = first.inputs;
+    fusion.outputs = {root};
+    fusion.params = first.params;  // the Linears share one weight (and bias)
+    apply_fusion(graph, std::move(fusion));
   }
 };
 

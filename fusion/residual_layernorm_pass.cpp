@@ -7,6 +7,8 @@
 // dropout), which is skipped with its reason. Per-head LayerNorms over column views are
 // batched_layernorm's, not candidates here. A dropout is absorbed only when the add is the one
 // reader of its output; with max_ops 2 the add and the LayerNorm fuse and the dropout stays.
+// Order: none of its own (PassInfo::after is empty); cast runs after it, to make the normalised
+// output of ResidualLayerNormOp bf16.
 // Thread safety: stateless.
 #include <algorithm>
 #include <string>
@@ -14,6 +16,7 @@
 
 #include "fusion/ops/residual_layernorm.h"
 #include "fusion/passes.h"
+#include "fusion/rewrite.h"
 #include "model/graph_edit.h"
 #include "model/ops/dropout.h"
 #include "model/ops/layernorm.h"
@@ -21,7 +24,7 @@
 namespace ft {
 namespace {
 
-constexpr const char* kPass = "residual_layernorm";
+const char* const kPass = residual_layernorm_info().name;
 
 ValueId root_of(const Graph& graph, ValueId id) {
   return graph.values[id].is_view() ? graph.values[id].view_of : id;
@@ -67,10 +70,8 @@ struct Plan {
 
 class ResidualLayerNormPass : public FusionPass {
  public:
-  const char* name() const override { return kPass; }
-  bool enabled(const FusionOptions& options) const override {
-    return options.vertical.residual_layernorm;
-  }
+  const PassInfo& info() const override { return residual_layernorm_info(); }
+
   int apply(Graph& graph, PassContext& context) const override {
     const GraphIndex index(graph);
     std::vector<Plan> plans;
@@ -195,20 +196,17 @@ class ResidualLayerNormPass : public FusionPass {
       p = dropout.p();
       salt = dropout.salt();
     }
-    auto fused = std::make_unique<ResidualLayerNormOp>(layernorm.rows(), layernorm.channels(), p,
-                                                       salt, plan.tile_rows);
-    fused->name = fused_name(plan.residual->name, layernorm.name);
-    fused->inputs = {plan.residual_in, plan.branch};
-    fused->outputs = {plan.residual->outputs[0], layernorm.outputs[0]};
-    fused->params = layernorm.params;
-    fused->eager_ops = plan.dropout != nullptr ? 3 : 2;
-    std::vector<int> op_indices;
-    for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index) {
-      const Op* op = graph.ops[op_index].get();
-      if (op == plan.dropout || op == plan.residual || op == plan.layernorm)
-        op_indices.push_back(op_index);
-    }
-    replace_op_set(graph, op_indices, std::move(fused));
+    Fusion fusion;
+    fusion.op = std::make_unique<ResidualLayerNormOp>(layernorm.rows(), layernorm.channels(), p,
+                                                      salt, plan.tile_rows);
+    fusion.name = fused_name(plan.residual->name, layernorm.name);
+    fusion.inputs = {plan.residual_in, plan.branch};
+    fusion.outputs = {plan.residual->outputs[0], layernorm.outputs[0]};
+    fusion.params = layernorm.params;
+    std::vector<const Op*> absorbed = {plan.residual, plan.layernorm};
+    if (plan.dropout != nullptr) absorbed.push_back(plan.dropout);
+    fusion.absorbed = op_indices(graph, absorbed);
+    apply_fusion(graph, std::move(fusion));
   }
 };
 
