@@ -12,7 +12,7 @@
 #include "core/math/dropout_math.h"
 #include "fusion/ops/layernorm_bf16_row.cuh"
 #include "fusion/ops/residual_layernorm.h"
-#include "model/ops/layernorm_math.h"
+#include "kernels/layernorm_math.h"
 
 namespace ft {
 namespace {

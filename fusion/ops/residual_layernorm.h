@@ -6,7 +6,7 @@
 // The row is written to `out` and normalised while it is still in L1; the dropout'd branch never
 // exists as a tensor. The unfused twin is DropoutOp -> ResidualAddOp -> LayerNormOp
 // (model/ops/dropout.h, residual.h, layernorm.h); the mask is bit-identical to DropoutOp's
-// (element index i = r * C + c), and the row math is model/ops/layernorm_math.h's.
+// (element index i = r * C + c), and the row math is kernels/layernorm_math.h's.
 // Backward: `out` has other readers (the next residual add), so its gradient is the sum
 //   d_out = dout (from those readers) + LN'(d normed)
 // which then flows to both summands: d residual_in += d_out, d branch += d_out * keep / (1 - p).
