@@ -5,8 +5,8 @@
 #include "core/bf16_cast.h"
 #include "core/check.h"
 #include "core/math/gelu_math.h"
+#include "kernels/gelu.h"
 #include "kernels/layernorm_math.h"
-#include "model/ops/gelu.h"
 #include "model/ops/layernorm.h"
 #include "model/ops/op_checks.h"
 

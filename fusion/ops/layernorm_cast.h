@@ -51,7 +51,7 @@ class LayerNormCastOp : public Op {
 
 // Vertical fusion of GELU -> cast: y = bf16(gelu_tanh(x)) in one pass (core/math/gelu_math.h). The
 // twin is GeluOp -> CastOp; backward is GELU's (dx += dy gelu'(x), reading x and the fp32 dy),
-// on cuda its kernel (model/ops/gelu.h).
+// on cuda its kernel (kernels/gelu.h).
 // Inputs {x fp32}, outputs {y bf16}, no params.
 class GeluCastOp : public Op {
  public:

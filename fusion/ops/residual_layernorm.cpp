@@ -9,7 +9,7 @@
 
 #include "core/bf16_cast.h"
 #include "core/check.h"
-#include "core/math/dropout_math.h"
+#include "kernels/dropout_math.h"
 #include "kernels/layernorm.h"
 #include "kernels/layernorm_math.h"
 #include "model/ops/op_checks.h"

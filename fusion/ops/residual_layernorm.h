@@ -14,7 +14,7 @@
 // params {ln weight [C], ln bias [C]}. Forward saves mean, rstd per row and the byte mask, on the
 // workspace's device.
 // CUDA (residual_layernorm.cu): one warp per row for forward and the input gradients, the mask
-// drawn with the same core/math/dropout_math.h helper; the weight and bias gradients go through
+// drawn with the same kernels/dropout_math.h helper; the weight and bias gradients go through
 // LayerNorm's deterministic column reduction (model/ops/layernorm.h) over d normed and out.
 // Thread safety: an op instance belongs to one training thread.
 #pragma once
