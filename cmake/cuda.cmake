@@ -88,7 +88,7 @@ if(FT_CUDA_ENABLED)
   # Each op's CUDA kernels live beside its CPU kernels (model/ops/gelu.cpp and gelu.cu), so each
   # folder library takes its own .cu files; FT_HAVE_CUDA=1 is public on ft_core, so every target
   # above it compiles its CUDA dispatch. ft_cuda stays as the one name tests and tools link.
-  foreach(folder core model fusion comm)
+  foreach(folder core kernels model fusion comm)
     file(GLOB folder_cuda_sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/${folder}/*.cu
          ${CMAKE_SOURCE_DIR}/${folder}/*/*.cu)
     if(folder STREQUAL "core")

@@ -11,9 +11,9 @@
 #include "core/check.h"
 #include "core/gemm.h"
 #include "core/math/fast_exp.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm_math.h"
 #include "model/ops/embedding.h"
-#include "model/ops/gelu.h"
-#include "model/ops/layernorm_math.h"
 #include "model/ops/linear.h"
 #include "model/ops/residual.h"
 

@@ -90,7 +90,7 @@ def main():
         print("skipped: this build has no CUDA path (no .cu objects)")
         return 77
     # Our folders only: build trees and bundles under the source folder hold no sources.
-    cu_sources = [path for folder in ("core", "model", "fusion", "comm", "app")
+    cu_sources = [path for folder in ("core", "kernels", "model", "fusion", "comm", "app")
                   for path in glob.glob(os.path.join(source_dir, folder, "**", "*.cu"),
                                         recursive=True)]
     if len(reports) < len(cu_sources):

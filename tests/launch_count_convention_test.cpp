@@ -1,7 +1,7 @@
 // The launch-count convention of core/cuda/cuda_check.h, checked on the source text (CPU only):
-// every `<<<...>>>` kernel launch in a .cu/.cuh file of core, model, fusion, comm and app is
-// followed by its own FT_CUDA_CHECK_LAUNCH() before the next launch or the end of the file. The
-// macro counts one kernel per call (core/launch_counter.h), so a launch in an if/else whose
+// every `<<<...>>>` kernel launch in a .cu/.cuh file of core, kernels, model, fusion, comm and
+// app is followed by its own FT_CUDA_CHECK_LAUNCH() before the next launch or the end of the file.
+// The macro counts one kernel per call (core/launch_counter.h), so a launch in an if/else whose
 // branches share one check would make `fusiontrain bench` under-count launches per step.
 // The scanner itself is tested on snippets first, so a tree that passes is not a scanner that
 // sees nothing.
@@ -108,7 +108,7 @@ TEST(LaunchCountConvention, EveryLaunchInTheTreeHasItsOwnCheck) {
   const std::filesystem::path root = FT_SOURCE_DIR;
   std::vector<std::string> unchecked;
   size_t files = 0, launches = 0;
-  for (const char* folder : {"core", "model", "fusion", "comm", "app"}) {
+  for (const char* folder : {"core", "kernels", "model", "fusion", "comm", "app"}) {
     for (const auto& entry : std::filesystem::recursive_directory_iterator(root / folder)) {
       const std::string extension = entry.path().extension().string();
       if (!entry.is_regular_file() || (extension != ".cu" && extension != ".cuh")) continue;

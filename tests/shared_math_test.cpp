@@ -1,5 +1,5 @@
 // The host/device helpers the GPT elementwise and normalisation ops share between their CPU loops
-// and their CUDA kernels (model/ops/layernorm_math.h, core/math/dropout_math.h), and the host-side
+// and their CUDA kernels (kernels/layernorm_math.h, kernels/dropout_math.h), and the host-side
 // token grouping of the embedding's CUDA backward, against double-precision or brute-force
 // references. These run on the CPU, so they cover the math the GPU kernels call.
 #include <gtest/gtest.h>
@@ -9,10 +9,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/math/dropout_math.h"
 #include "core/rng.h"
+#include "kernels/dropout_math.h"
+#include "kernels/layernorm_math.h"
 #include "model/ops/embedding.h"
-#include "model/ops/layernorm_math.h"
 
 namespace ft {
 namespace {

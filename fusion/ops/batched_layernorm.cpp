@@ -7,8 +7,8 @@
 #include <omp.h>
 
 #include "core/check.h"
-#include "model/ops/layernorm.h"
-#include "model/ops/layernorm_math.h"
+#include "kernels/layernorm.h"
+#include "kernels/layernorm_math.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {

@@ -2,7 +2,7 @@
 // LayerNorms of qk_norm) into one launch: for each n,
 //   y_n[r] = (x_n[r] - mean) * rstd * w_n + b_n   over `channels` columns, eps 1e-5,
 // exactly as LayerNormOp (model/ops/layernorm.h), its unfused twin, with the same row math
-// (model/ops/layernorm_math.h, which also derives dx). Forward and the input gradient run as
+// (kernels/layernorm_math.h, which also derives dx). Forward and the input gradient run as
 // one parallel loop over all count × rows rows; dw_n += sum_r dy_n xhat_n and db_n += sum_r dy_n
 // are summed serially, LayerNorm by LayerNorm in the order the unfused chain's backward visits
 // them (last op first), so a weight shared by every head gets bit-for-bit the unfused gradient.

@@ -1,5 +1,5 @@
 // BatchNormAddReluOp on the CPU. Forward statistics come from batchnorm_train_statistics
-// (model/ops/batchnorm.h); backward's from batchnorm_backward_statistics with an identity
+// (kernels/batchnorm.h); backward's from batchnorm_backward_statistics with an identity
 // shortcut, and from pair_backward_statistics (both BatchNorms in one pass, the mask recomputed
 // from x and x_s) with a shortcut BatchNorm. One elementwise pass per direction does the rest,
 // with the helpers the unfused ops use (batchnorm_scale_shift, batchnorm_input_gradient,
@@ -10,8 +10,8 @@
 #include <algorithm>
 
 #include "core/check.h"
-#include "model/ops/batchnorm_lanes.h"
-#include "model/ops/batchnorm_math.h"
+#include "kernels/batchnorm_lanes.h"
+#include "kernels/batchnorm_math.h"
 #include "model/ops/relu.h"
 
 namespace ft {
@@ -161,8 +161,8 @@ void pair_sums_chunk(const GradientPass& p, int64_t begin, int64_t end, float* f
 
 // pair_sums_chunk over every row, the chunks summed in double in chunk order; then each branch's
 // dgamma, dbeta += and input-gradient coefficients {k_dy, k_x, k_0} into its scratch.
-void pair_backward_statistics(const GradientPass& p, const BatchNormAddReluBranch& main,
-                              const BatchNormAddReluBranch& shortcut_bn,
+void pair_backward_statistics(const GradientPass& p, const BatchNormBranch& main,
+                              const BatchNormBranch& shortcut_bn,
                               std::array<BatchNormScratch, 2>& scratch) {
   const int channels = p.channels;
   const int64_t chunks =
@@ -182,7 +182,7 @@ void pair_backward_statistics(const GradientPass& p, const BatchNormAddReluBranc
     for (int i = 0; i < 3 * channels; ++i) totals[i] += partials[chunk * 3 * channels + i];
   const double count = static_cast<double>(p.rows);
   for (int which = 0; which < 2; ++which) {
-    const BatchNormAddReluBranch& b = which == 0 ? main : shortcut_bn;
+    const BatchNormBranch& b = which == 0 ? main : shortcut_bn;
     const double* sum_du_centred = totals.data() + (which + 1) * channels;
     std::vector<float>& k = scratch[which].coefficients;
     k.resize(3 * static_cast<size_t>(channels));
@@ -208,8 +208,7 @@ ShortcutWrite shortcut_write(const float* ds, bool fresh) {
 namespace {
 
 template <typename Out>
-void add_relu_forward(Out* y, const BatchNormAddReluBranch& main,
-                      const BatchNormAddReluBranch* shortcut_bn,
+void add_relu_forward(Out* y, const BatchNormBranch& main, const BatchNormBranch* shortcut_bn,
                       const BatchNormAddReluIdentity& identity, int64_t rows, int channels,
                       std::array<BatchNormScratch, 2>& scratch) {
   batchnorm_train_statistics(main.saved_mean, main.saved_invstd, main.running_mean,
@@ -221,7 +220,7 @@ void add_relu_forward(Out* y, const BatchNormAddReluBranch& main,
                          channels);
     return;
   }
-  const BatchNormAddReluBranch& s = *shortcut_bn;
+  const BatchNormBranch& s = *shortcut_bn;
   batchnorm_train_statistics(s.saved_mean, s.saved_invstd, s.running_mean, s.running_var, s.x,
                              s.gamma, s.beta, rows, channels, s.momentum, s.eps, scratch[1]);
   const float* s_scale = scratch[1].coefficients.data();
@@ -231,22 +230,21 @@ void add_relu_forward(Out* y, const BatchNormAddReluBranch& main,
 
 }  // namespace
 
-void batchnorm_add_relu_forward(float* y, const BatchNormAddReluBranch& main,
-                                const BatchNormAddReluBranch* shortcut_bn,
+void batchnorm_add_relu_forward(float* y, const BatchNormBranch& main,
+                                const BatchNormBranch* shortcut_bn,
                                 const BatchNormAddReluIdentity& identity, int64_t rows,
                                 int channels, std::array<BatchNormScratch, 2>& scratch) {
   add_relu_forward(y, main, shortcut_bn, identity, rows, channels, scratch);
 }
-void batchnorm_add_relu_forward(bf16_bits* y, const BatchNormAddReluBranch& main,
-                                const BatchNormAddReluBranch* shortcut_bn,
+void batchnorm_add_relu_forward(bf16_bits* y, const BatchNormBranch& main,
+                                const BatchNormBranch* shortcut_bn,
                                 const BatchNormAddReluIdentity& identity, int64_t rows,
                                 int channels, std::array<BatchNormScratch, 2>& scratch) {
   add_relu_forward(y, main, shortcut_bn, identity, rows, channels, scratch);
 }
 
-void batchnorm_add_relu_backward(const float* dy, const float* y,
-                                 const BatchNormAddReluBranch& main,
-                                 const BatchNormAddReluBranch* shortcut_bn,
+void batchnorm_add_relu_backward(const float* dy, const float* y, const BatchNormBranch& main,
+                                 const BatchNormBranch* shortcut_bn,
                                  const BatchNormAddReluIdentity& identity, int64_t rows,
                                  int channels, std::array<BatchNormScratch, 2>& scratch) {
   GradientPass pass{main.dx,         identity.dr, dy,      y,       main.x,
@@ -262,9 +260,9 @@ void batchnorm_add_relu_backward(const float* dy, const float* y,
     return;
   }
   // Both passes recompute u = z + z_s from x and x_s, which they read anyway, instead of y.
-  const BatchNormAddReluBranch& s = *shortcut_bn;
+  const BatchNormBranch& s = *shortcut_bn;
   for (int which = 0; which < 2; ++which) {
-    const BatchNormAddReluBranch& b = which == 0 ? main : s;
+    const BatchNormBranch& b = which == 0 ? main : s;
     std::vector<float>& normalisation = scratch[which].mask_coefficients;
     normalisation.resize(2 * static_cast<size_t>(channels));
     normalisation_coefficients(normalisation.data(), normalisation.data() + channels, b.gamma,

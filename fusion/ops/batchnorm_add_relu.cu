@@ -1,10 +1,10 @@
 // BatchNormAddReluOp on CUDA: each branch's statistics are BatchNorm's own launches
-// (batchnorm_train_statistics_cuda, batchnorm_backward_statistics_cuda in model/ops/batchnorm.cu),
+// (batchnorm_train_statistics_cuda, batchnorm_backward_statistics_cuda in kernels/batchnorm.cu),
 // then one elementwise kernel per direction with the helpers the CPU loops call.
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
 #include "fusion/ops/batchnorm_add_relu.h"
-#include "model/ops/batchnorm_math.h"
+#include "kernels/batchnorm_math.h"
 #include "model/ops/relu.h"
 
 namespace ft {
@@ -68,12 +68,12 @@ GradientKernel pick(bool normalised, bool dx_fresh, int shortcut) {
 
 }  // namespace
 
-void batchnorm_add_relu_forward_cuda(float* y, const BatchNormAddReluBranch& main,
-                                     const BatchNormAddReluBranch* shortcut_bn,
+void batchnorm_add_relu_forward_cuda(float* y, const BatchNormBranch& main,
+                                     const BatchNormBranch* shortcut_bn,
                                      const BatchNormAddReluIdentity& identity, int64_t rows,
                                      int channels, CudaStream stream) {
   if (rows <= 0 || channels <= 0) return;
-  for (const BatchNormAddReluBranch* b : {&main, shortcut_bn}) {
+  for (const BatchNormBranch* b : {&main, shortcut_bn}) {
     if (b == nullptr) continue;
     batchnorm_train_statistics_cuda(b->saved_mean, b->saved_invstd, b->running_mean, b->running_var,
                                     b->partials, b->coefficients, b->x, b->gamma, b->beta, rows,
@@ -88,13 +88,12 @@ void batchnorm_add_relu_forward_cuda(float* y, const BatchNormAddReluBranch& mai
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void batchnorm_add_relu_backward_cuda(const float* dy, const float* y,
-                                      const BatchNormAddReluBranch& main,
-                                      const BatchNormAddReluBranch* shortcut_bn,
+void batchnorm_add_relu_backward_cuda(const float* dy, const float* y, const BatchNormBranch& main,
+                                      const BatchNormBranch* shortcut_bn,
                                       const BatchNormAddReluIdentity& identity, int64_t rows,
                                       int channels, CudaStream stream) {
   if (rows <= 0 || channels <= 0) return;
-  for (const BatchNormAddReluBranch* b : {&main, shortcut_bn}) {
+  for (const BatchNormBranch* b : {&main, shortcut_bn}) {
     if (b == nullptr) continue;
     batchnorm_backward_statistics_cuda(b->dgamma, b->dbeta, b->partials, b->coefficients, dy, y,
                                        b->x, b->gamma, b->saved_mean, b->saved_invstd, rows,

@@ -9,7 +9,7 @@
 //   identity shortcut:    dr (+)= du
 //   normalised shortcut:  BN_s's backward with du as its output gradient;
 // the main BatchNorm's backward also takes du (dbeta = sum du, dgamma = sum du x_hat,
-// dx = gamma invstd / M (M du - dbeta - x_hat dgamma); derived in model/ops/batchnorm.cpp).
+// dx = gamma invstd / M (M du - dbeta - x_hat dgamma); derived in kernels/batchnorm.cpp).
 // du is formed as each element is read and never stored.
 // Per element (4 bytes each, fresh gradients) against the unfused chain: forward reads x twice
 // and r once and writes y (4) instead of BatchNorm's 3 + add+ReLU's 3; with BN_s, 5 instead of 9.
@@ -34,24 +34,7 @@
 
 namespace ft {
 
-// A BatchNorm of the op on one device: where its data and statistics live.
-struct BatchNormAddReluBranch {
-  const float* x = nullptr;
-  const float* gamma = nullptr;
-  const float* beta = nullptr;
-  float* running_mean = nullptr;
-  float* running_var = nullptr;
-  float* saved_mean = nullptr;    // [C], written by forward
-  float* saved_invstd = nullptr;  // [C], written by forward
-  float* partials = nullptr;      // cuda: the reductions' chunk partials
-  float* coefficients = nullptr;  // cuda: [3][C] per-channel factors
-  float momentum = 0.1f, eps = 1e-5f;
-  // Backward: dx (+)= (= when dx_fresh), dgamma and dbeta +=.
-  float* dx = nullptr;
-  float* dgamma = nullptr;
-  float* dbeta = nullptr;
-  bool dx_fresh = false;
-};
+// Each BatchNorm of the op is a BatchNormBranch (kernels/batchnorm.h) on the op's device.
 
 // The identity shortcut: r, and its gradient dr (+)= du (= when dr_fresh).
 struct BatchNormAddReluIdentity {
@@ -62,29 +45,27 @@ struct BatchNormAddReluIdentity {
 
 // Forward and backward on [rows, channels] floats: the shortcut is `shortcut_bn` when not null,
 // else `identity`. The CPU functions sum in the BatchNorm scratches (one per branch).
-void batchnorm_add_relu_forward(float* y, const BatchNormAddReluBranch& main,
-                                const BatchNormAddReluBranch* shortcut_bn,
+void batchnorm_add_relu_forward(float* y, const BatchNormBranch& main,
+                                const BatchNormBranch* shortcut_bn,
                                 const BatchNormAddReluIdentity& identity, int64_t rows,
                                 int channels, std::array<BatchNormScratch, 2>& scratch);
 // The same with y in bf16 (train.precision: bf16, where y only feeds a convolution's cast): each
 // element rounded once from the value the fp32 form stores.
-void batchnorm_add_relu_forward(bf16_bits* y, const BatchNormAddReluBranch& main,
-                                const BatchNormAddReluBranch* shortcut_bn,
+void batchnorm_add_relu_forward(bf16_bits* y, const BatchNormBranch& main,
+                                const BatchNormBranch* shortcut_bn,
                                 const BatchNormAddReluIdentity& identity, int64_t rows,
                                 int channels, std::array<BatchNormScratch, 2>& scratch);
-void batchnorm_add_relu_backward(const float* dy, const float* y,
-                                 const BatchNormAddReluBranch& main,
-                                 const BatchNormAddReluBranch* shortcut_bn,
+void batchnorm_add_relu_backward(const float* dy, const float* y, const BatchNormBranch& main,
+                                 const BatchNormBranch* shortcut_bn,
                                  const BatchNormAddReluIdentity& identity, int64_t rows,
                                  int channels, std::array<BatchNormScratch, 2>& scratch);
 // The same on device pointers, enqueued on `stream` (batchnorm_add_relu.cu; CUDA builds only).
-void batchnorm_add_relu_forward_cuda(float* y, const BatchNormAddReluBranch& main,
-                                     const BatchNormAddReluBranch* shortcut_bn,
+void batchnorm_add_relu_forward_cuda(float* y, const BatchNormBranch& main,
+                                     const BatchNormBranch* shortcut_bn,
                                      const BatchNormAddReluIdentity& identity, int64_t rows,
                                      int channels, CudaStream stream);
-void batchnorm_add_relu_backward_cuda(const float* dy, const float* y,
-                                      const BatchNormAddReluBranch& main,
-                                      const BatchNormAddReluBranch* shortcut_bn,
+void batchnorm_add_relu_backward_cuda(const float* dy, const float* y, const BatchNormBranch& main,
+                                      const BatchNormBranch* shortcut_bn,
                                       const BatchNormAddReluIdentity& identity, int64_t rows,
                                       int channels, CudaStream stream);
 
@@ -114,7 +95,7 @@ class BatchNormAddReluOp : public Op {
  private:
   void check_wiring(const Workspace& ws, const ParamStore& params) const;
   // Branch 0 (main) or 1 (shortcut BN) on the workspace's device.
-  BatchNormAddReluBranch branch(int which, Workspace& ws, ParamStore& params);
+  BatchNormBranch branch(int which, Workspace& ws, ParamStore& params);
   BatchNormAddReluIdentity identity(Workspace& ws) const;
   void require_cpu_for_bf16(const Workspace& ws) const;
   // y as backward's mask reads it: y itself, or a bf16 y widened into widened_output_ (null when

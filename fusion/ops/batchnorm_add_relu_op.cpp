@@ -43,28 +43,12 @@ void BatchNormAddReluOp::check_wiring(const Workspace& ws, const ParamStore& sto
     expect_numel(store[params[p]].value, channels_, *this, kRoles[p % kParamsPerBatchNorm]);
 }
 
-BatchNormAddReluBranch BatchNormAddReluOp::branch(int which, Workspace& ws, ParamStore& store) {
+BatchNormBranch BatchNormAddReluOp::branch(int which, Workspace& ws, ParamStore& store) {
   const ValueId input = inputs[which];
   const size_t first = static_cast<size_t>(kParamsPerBatchNorm) * which;
-  BatchNormAddReluBranch b;
-  b.x = ws.values[input].data();
-  b.gamma = store[params[first]].value.data();
-  b.beta = store[params[first + 1]].value.data();
-  b.running_mean = store[params[first + 2]].value.data();
-  b.running_var = store[params[first + 3]].value.data();
-  b.momentum = settings_[which].momentum;
-  b.eps = settings_[which].eps;
-  BatchNormScratch& scratch = scratch_[which];
-  if (ws.device == Device::kCuda) {
-    ensure_batchnorm_device_scratch(scratch, rows_, channels_);
-    b.saved_mean = scratch.device_saved.data();
-    b.saved_invstd = scratch.device_saved.data() + channels_;
-    b.partials = scratch.device_partials.data();
-    b.coefficients = scratch.device_coefficients.data();
-  } else {
-    b.saved_mean = saved_mean_[which].data();
-    b.saved_invstd = saved_invstd_[which].data();
-  }
+  BatchNormBranch b = batchnorm_branch(
+      *this, which, ws, store, rows_, channels_, settings_[which].momentum, settings_[which].eps,
+      saved_mean_[which].data(), saved_invstd_[which].data(), scratch_[which]);
   if (ws.grads[input].defined()) {
     b.dx = ws.grads[input].data();
     b.dx_fresh = ws.grad_is_fresh(input);
@@ -87,10 +71,10 @@ BatchNormAddReluIdentity BatchNormAddReluOp::identity(Workspace& ws) const {
 
 void BatchNormAddReluOp::forward(Workspace& ws, ParamStore& store) {
   check_wiring(ws, store);
-  const BatchNormAddReluBranch main = branch(0, ws, store);
-  BatchNormAddReluBranch shortcut_bn;
+  const BatchNormBranch main = branch(0, ws, store);
+  BatchNormBranch shortcut_bn;
   if (normalised_shortcut_) shortcut_bn = branch(1, ws, store);
-  const BatchNormAddReluBranch* shortcut = normalised_shortcut_ ? &shortcut_bn : nullptr;
+  const BatchNormBranch* shortcut = normalised_shortcut_ ? &shortcut_bn : nullptr;
   forward_ran_ = true;
   Tensor& y = ws.values[outputs[0]];
   if (y.dtype() == DType::kBF16) {
@@ -124,11 +108,11 @@ const float* BatchNormAddReluOp::relu_output(const Workspace& ws) {
 void BatchNormAddReluOp::backward(Workspace& ws, ParamStore& store) {
   FT_CHECK(forward_ran_, kind(), " '", name, "': backward before forward");
   check_wiring(ws, store);
-  const BatchNormAddReluBranch main = branch(0, ws, store);
+  const BatchNormBranch main = branch(0, ws, store);
   FT_CHECK(main.dx != nullptr, kind(), " '", name, "': x has no gradient buffer");
-  BatchNormAddReluBranch shortcut_bn;
+  BatchNormBranch shortcut_bn;
   if (normalised_shortcut_) shortcut_bn = branch(1, ws, store);
-  const BatchNormAddReluBranch* shortcut = normalised_shortcut_ ? &shortcut_bn : nullptr;
+  const BatchNormBranch* shortcut = normalised_shortcut_ ? &shortcut_bn : nullptr;
   const float* dy = ws.grads[outputs[0]].data();
   const float* y = relu_output(ws);
   FT_RUN_ON_CUDA(ws, batchnorm_add_relu_backward_cuda(dy, y, main, shortcut, identity(ws), rows_,

@@ -1,5 +1,6 @@
-// BatchNormReluOp and BatchNormInferenceReluOp: the batchnorm_* functions of
-// model/ops/batchnorm.h with the ReLU applied inside their elementwise passes.
+// BatchNormReluOp and BatchNormInferenceReluOp: the BatchNorm kernels of kernels/batchnorm.h with
+// the ReLU applied inside their elementwise passes (BatchNormActivation::kRelu), on the tensors
+// their model/ops bases resolve.
 // Traffic per element against the unfused pair (fresh gradients, 4 bytes each): forward reads x
 // twice and writes y (3) instead of 3 + relu's 2; backward reads x and dy twice and writes dx
 // (5) instead of relu's 3 (y, dy, dz) + BatchNorm's 5 (x, dz twice, dx). On the CPU the mask
@@ -7,12 +8,39 @@
 // CUDA it is read from y (7).
 #include "fusion/ops/batchnorm_relu.h"
 
+#include "core/check.h"
+
 namespace ft {
 
 BatchNormReluOp::BatchNormReluOp(int batch, int channels, int height, int width, float momentum,
                                  float eps)
-    : BatchNormTrainOp("batchnorm_relu", BatchNormActivation::kRelu, batch, channels, height, width,
-                       momentum, eps) {}
+    : BatchNormTrainOp("batchnorm_relu", batch, channels, height, width, momentum, eps) {}
+
+void BatchNormReluOp::forward_impl(Workspace& ws, const BatchNormBranch& b,
+                                   BatchNormScratch& scratch) {
+  Tensor& y = ws.values[outputs[0]];
+  if (y.dtype() == DType::kBF16) {
+    FT_CHECK(ws.device == Device::kCpu, kind(), " '", name, "': bf16 on ", device_name(ws.device),
+             " is not built; set train.precision: fp32");
+    batchnorm_forward_train(y.bf16_data(), b, rows(), channels(), BatchNormActivation::kRelu,
+                            scratch);
+    return;
+  }
+  FT_RUN_ON_CUDA(ws, batchnorm_forward_train_cuda(y.data(), b, rows(), channels(),
+                                                  BatchNormActivation::kRelu, ws.stream));
+  batchnorm_forward_train(y.data(), b, rows(), channels(), BatchNormActivation::kRelu, scratch);
+}
+
+// dz = dy * [z > 0] is formed on the fly inside both of the backward's passes: the CPU recomputes
+// z from x (BatchNormMask::kRecomputed), so a bf16 y (CPU only) is never read back; cuda reads
+// the mask from y.
+void BatchNormReluOp::backward_impl(Workspace& ws, const BatchNormBranch& b,
+                                    BatchNormScratch& scratch) {
+  const float* dy = ws.grads[outputs[0]].data();
+  FT_RUN_ON_CUDA(ws, batchnorm_backward_cuda(dy, ws.values[outputs[0]].data(), b, rows(),
+                                             channels(), ws.stream));
+  batchnorm_backward(dy, BatchNormMask::kRecomputed, nullptr, b, rows(), channels(), scratch);
+}
 
 OpCost BatchNormReluOp::cost(const Graph& graph) const {
   OpCost cost = batchnorm_cost(*this, graph, channels(), /*batch_statistics=*/true);
@@ -24,8 +52,15 @@ OpCost BatchNormReluOp::cost(const Graph& graph) const {
 
 BatchNormInferenceReluOp::BatchNormInferenceReluOp(int batch, int channels, int height, int width,
                                                    float eps)
-    : BatchNormInferenceBase("batchnorm_inference_relu", BatchNormActivation::kRelu, batch,
-                             channels, height, width, eps) {}
+    : BatchNormInferenceBase("batchnorm_inference_relu", batch, channels, height, width, eps) {}
+
+void BatchNormInferenceReluOp::forward_impl(Workspace& ws, const BatchNormBranch& b,
+                                            BatchNormScratch& scratch) {
+  float* y = ws.values[outputs[0]].data();
+  FT_RUN_ON_CUDA(ws, batchnorm_forward_inference_cuda(y, b, rows(), channels(),
+                                                      BatchNormActivation::kRelu, ws.stream));
+  batchnorm_forward_inference(y, b, rows(), channels(), BatchNormActivation::kRelu, scratch);
+}
 
 OpCost BatchNormInferenceReluOp::cost(const Graph& graph) const {
   OpCost cost = batchnorm_cost(*this, graph, channels(), /*batch_statistics=*/false);

@@ -7,7 +7,7 @@
 // channel c:
 //   dbeta  = sum dz,   dgamma = sum dz * x_hat,   x_hat = (x - mean) * invstd
 //   dx     = gamma * invstd / M * (M dz - sum dz - x_hat * sum dz * x_hat)
-// (derived in model/ops/batchnorm.cpp). Running statistics move exactly as BatchNorm2dOp's.
+// (derived in kernels/batchnorm.cpp). Running statistics move exactly as BatchNorm2dOp's.
 // BatchNormInferenceReluOp (eval graphs): the same with the running statistics; forward only.
 // The unfused twins are BatchNorm2dOp / BatchNormInferenceOp followed by ReluOp;
 // fusion/bn_relu_pass.cpp builds these ops from them and tests/fusion_resnet_test.cpp checks
@@ -34,6 +34,10 @@ class BatchNormReluOp : public BatchNormTrainOp {
   // y may be bf16 (fusion.vertical.cast): forward rounds each element once, and the CPU backward
   // never reads y.
   bool handles_bf16() const override { return true; }
+
+ protected:
+  void forward_impl(Workspace& ws, const BatchNormBranch& b, BatchNormScratch& scratch) override;
+  void backward_impl(Workspace& ws, const BatchNormBranch& b, BatchNormScratch& scratch) override;
 };
 
 class BatchNormInferenceReluOp : public BatchNormInferenceBase {
@@ -43,6 +47,9 @@ class BatchNormInferenceReluOp : public BatchNormInferenceBase {
 
   OpKind op_kind() const override { return OpKind::kBatchNormInferenceRelu; }
   OpCost cost(const Graph& graph) const override;
+
+ protected:
+  void forward_impl(Workspace& ws, const BatchNormBranch& b, BatchNormScratch& scratch) override;
 };
 
 }  // namespace ft

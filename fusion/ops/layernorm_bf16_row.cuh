@@ -1,4 +1,4 @@
-// The warp-per-row LayerNorm of model/ops/layernorm_math.h writing its row in bf16, for the CUDA
+// The warp-per-row LayerNorm of kernels/layernorm_math.h writing its row in bf16, for the CUDA
 // kernels of the ops that normalise straight into a GEMM operand (LayerNormCastOp,
 // ResidualLayerNormOp with a bf16 `normed`): layernorm_warp_row_forward_with's statistics and
 // per-element math, each output rounded once with core/math/bf16_math.h, as the CPU
@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "core/math/bf16_math.h"
-#include "model/ops/layernorm_math.h"
+#include "kernels/layernorm_math.h"
 
 namespace ft {
 

@@ -5,9 +5,9 @@
 #include "core/bf16_cast.h"
 #include "core/check.h"
 #include "core/math/gelu_math.h"
-#include "model/ops/gelu.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm_math.h"
 #include "model/ops/layernorm.h"
-#include "model/ops/layernorm_math.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {

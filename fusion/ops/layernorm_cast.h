@@ -1,7 +1,7 @@
 // Vertical fusion of LayerNorm -> cast under train.precision: bf16: each row is normalised into
 // an L1-resident row buffer and written to y in bf16, so the fp32 output never reaches memory
 // and the cast op's read of it disappears:
-//   y[r] = bf16((x[r] - mean_r) * rstd_r * weight + bias)     (model/ops/layernorm_math.h)
+//   y[r] = bf16((x[r] - mean_r) * rstd_r * weight + bias)     (kernels/layernorm_math.h)
 // The unfused twin is LayerNormOp (model/ops/layernorm.h) -> CastOp (model/ops/cast.h);
 // fusion/cast_pass.cpp builds this op and tests/precision_test.cpp checks the two agree bit for
 // bit (the same row math, rounded once). Backward is LayerNorm's: it reads x, the saved
@@ -51,7 +51,7 @@ class LayerNormCastOp : public Op {
 
 // Vertical fusion of GELU -> cast: y = bf16(gelu_tanh(x)) in one pass (core/math/gelu_math.h). The
 // twin is GeluOp -> CastOp; backward is GELU's (dx += dy gelu'(x), reading x and the fp32 dy),
-// on cuda its kernel (model/ops/gelu.h).
+// on cuda its kernel (kernels/gelu.h).
 // Inputs {x fp32}, outputs {y bf16}, no params.
 class GeluCastOp : public Op {
  public:

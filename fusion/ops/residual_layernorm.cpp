@@ -9,9 +9,9 @@
 
 #include "core/bf16_cast.h"
 #include "core/check.h"
-#include "core/math/dropout_math.h"
-#include "model/ops/layernorm.h"
-#include "model/ops/layernorm_math.h"
+#include "kernels/dropout_math.h"
+#include "kernels/layernorm.h"
+#include "kernels/layernorm_math.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {

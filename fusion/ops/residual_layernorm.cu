@@ -1,7 +1,7 @@
 // [dropout ->] residual add -> LayerNorm on CUDA: the kernels, then their launchers. One warp per
 // row (8 rows per block): lane l writes columns l, l + 32, ... of the residual sum and then
 // normalises that row through layernorm_math.h's warp helpers, reading back only its own writes.
-// The keep decision is core/math/dropout_math.h's, on the element index r * C + c that DropoutOp
+// The keep decision is kernels/dropout_math.h's, on the element index r * C + c that DropoutOp
 // and the CPU kernel hash, so the mask is the same bits on both devices. The weight and bias
 // gradients are LayerNorm's column reduction (model/ops/layernorm.cu), called by the op. A bf16
 // `normed` (train.precision: bf16) is the same row rounded once as it is written
@@ -9,10 +9,10 @@
 #include "core/check.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
-#include "core/math/dropout_math.h"
 #include "fusion/ops/layernorm_bf16_row.cuh"
 #include "fusion/ops/residual_layernorm.h"
-#include "model/ops/layernorm_math.h"
+#include "kernels/dropout_math.h"
+#include "kernels/layernorm_math.h"
 
 namespace ft {
 namespace {

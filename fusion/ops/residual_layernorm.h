@@ -6,7 +6,7 @@
 // The row is written to `out` and normalised while it is still in L1; the dropout'd branch never
 // exists as a tensor. The unfused twin is DropoutOp -> ResidualAddOp -> LayerNormOp
 // (model/ops/dropout.h, residual.h, layernorm.h); the mask is bit-identical to DropoutOp's
-// (element index i = r * C + c), and the row math is model/ops/layernorm_math.h's.
+// (element index i = r * C + c), and the row math is kernels/layernorm_math.h's.
 // Backward: `out` has other readers (the next residual add), so its gradient is the sum
 //   d_out = dout (from those readers) + LN'(d normed)
 // which then flows to both summands: d residual_in += d_out, d branch += d_out * keep / (1 - p).
@@ -14,7 +14,7 @@
 // params {ln weight [C], ln bias [C]}. Forward saves mean, rstd per row and the byte mask, on the
 // workspace's device.
 // CUDA (residual_layernorm.cu): one warp per row for forward and the input gradients, the mask
-// drawn with the same core/math/dropout_math.h helper; the weight and bias gradients go through
+// drawn with the same kernels/dropout_math.h helper; the weight and bias gradients go through
 // LayerNorm's deterministic column reduction (model/ops/layernorm.h) over d normed and out.
 // Thread safety: an op instance belongs to one training thread.
 #pragma once

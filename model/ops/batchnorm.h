@@ -5,8 +5,8 @@
 //   running_mean = (1 - m) running_mean + m mean_c
 //   running_var  = (1 - m) running_var  + m var_c * M / (M - 1)     (unbiased, as PyTorch)
 // Train graphs only: eval graphs normalise with the running statistics in BatchNormInferenceOp
-// (model/ops/batchnorm_inference.h). The math is in the batchnorm_* free functions below, which
-// the fused BatchNormReluOp (fusion/ops/batchnorm_relu.h) calls too.
+// (model/ops/batchnorm_inference.h). The math is in kernels/batchnorm.h, which the fused
+// BatchNormReluOp (fusion/ops/batchnorm_relu.h) calls too; this file holds the family's wiring.
 // Inputs {x [B,H,W,C]}, outputs {y [B,H,W,C]},
 // params {weight (gamma) [C], bias (beta) [C], running_mean [C], running_var [C]}; the last two
 // are buffers (not trainable).
@@ -16,134 +16,20 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/device.h"
-#include "core/tensor.h"
+#include "kernels/batchnorm.h"
 #include "model/graph.h"
 
 namespace ft {
 
-// What the elementwise pass applies to z = gamma * x_hat + beta before it stores y.
-enum class BatchNormActivation {
-  kNone,  // y = z
-  kRelu,  // y = max(z, 0) (0 for NaN, as ReluOp): z itself never reaches memory
-};
-
-// Where backward's ReLU mask comes from: none (plain BatchNorm); the saved output y > 0 of a ReLU
-// applied after the normalisation (BatchNormAddReluOp, whose y is relu(z + s)); or the
-// normalisation's own z = gamma x_hat + beta > 0, recomputed from x with forward's expression
-// (BatchNormReluOp: the same mask as y > 0, bit for bit, without reading y).
-enum class BatchNormMask { kNone, kReluOutput, kRecomputed };
-
-// Buffers the batchnorm_* functions reuse from call to call; each op owns one, so a step
-// allocates nothing.
-struct BatchNormScratch {
-  std::vector<float> chunk_sums;         // [chunks][2][C] float partial sums over row chunks
-  std::vector<double> sums;              // [2][C] their totals, summed in chunk order
-  std::vector<float> coefficients;       // [3][C] per-channel factors of the elementwise passes
-  std::vector<float> mask_coefficients;  // [2][C] forward's {scale, shift} (kRecomputed)
-  // On cuda, on the device (allocated on first use; batchnorm.cu): [2][C] the batch mean and
-  // invstd forward saves for backward, [chunks][2][C] float partial sums, and [3][C]
-  // coefficients. On cuda the ops' host saved_mean/saved_invstd are unused.
-  Tensor device_saved, device_partials, device_coefficients;
-};
-
-// Rows the CUDA reductions sum in float per chunk before the chunks are summed in double (as the
-// CPU's chunks of 128 rows).
-constexpr int64_t kBatchNormCudaRowsPerChunk = 128;
-
-// Batch statistics over the rows (B*H*W) of x [rows, channels]: y = activation(gamma x_hat +
-// beta). Writes the batch mean and 1 / sqrt(batch var + eps) to saved_mean and saved_invstd
-// [channels] for batchnorm_backward, and moves running_mean and running_var (read and written)
-// toward the batch statistics by `momentum`.
-// REQUIRES: rows >= 2 (the unbiased variance needs two values).
-void batchnorm_forward_train(float* y, float* saved_mean, float* saved_invstd, float* running_mean,
-                             float* running_var, const float* x, const float* gamma,
-                             const float* beta, int64_t rows, int channels, float momentum,
-                             float eps, BatchNormActivation activation, BatchNormScratch& scratch);
-// The same with y in bf16 (train.precision: bf16, where y only feeds a convolution's cast): each
-// element rounded once from the value the fp32 form stores (fusion.vertical.cast).
-void batchnorm_forward_train(bf16_bits* y, float* saved_mean, float* saved_invstd,
-                             float* running_mean, float* running_var, const float* x,
-                             const float* gamma, const float* beta, int64_t rows, int channels,
-                             float momentum, float eps, BatchNormActivation activation,
-                             BatchNormScratch& scratch);
-
-// Backward of batchnorm_forward_train: dgamma += ..., dbeta += ..., and dx += ... (= when
-// dx_fresh; see Op::overwrites_fresh_input_grads), with dy masked as `mask` says (see
-// batchnorm.cpp for the math). relu_output is read only for kReluOutput, beta only for
-// kRecomputed; either may be null otherwise.
-void batchnorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy, BatchNormMask mask,
-                        const float* relu_output, const float* x, const float* gamma,
-                        const float* beta, const float* saved_mean, const float* saved_invstd,
-                        int64_t rows, int channels, bool dx_fresh, BatchNormScratch& scratch);
-
-// The per-channel halves of the two functions above, for fused ops that bring their own
-// elementwise pass (fusion/ops/batchnorm_add_relu.h). batchnorm_train_statistics does
-// batchnorm_forward_train's reduction pass and running-statistics update and leaves
-// {scale, shift} [2][C] in scratch.coefficients, so that z = scale x + shift.
-// batchnorm_backward_statistics does batchnorm_backward's reduction pass (dz = dy, or dy masked by
-// `mask`), adds to dgamma and dbeta, and leaves {k_dy, k_x, k_0} [3][C] in
-// scratch.coefficients, so that dx = k_dy dz + k_x (x - mean) + k_0.
-void batchnorm_train_statistics(float* saved_mean, float* saved_invstd, float* running_mean,
-                                float* running_var, const float* x, const float* gamma,
-                                const float* beta, int64_t rows, int channels, float momentum,
-                                float eps, BatchNormScratch& scratch);
-void batchnorm_backward_statistics(float* dgamma, float* dbeta, const float* dy, BatchNormMask mask,
-                                   const float* relu_output, const float* x, const float* gamma,
-                                   const float* beta, const float* saved_mean,
-                                   const float* saved_invstd, int64_t rows, int channels,
-                                   BatchNormScratch& scratch);
-
-// scale = gamma * invstd and shift = beta - mean * scale, so that z = scale x + shift: the
-// coefficients batchnorm_train_statistics leaves, recomputed bit for bit from its saved statistics
-// (for a backward that recomputes z instead of reading a ReLU's output).
-void normalisation_coefficients(float* scale, float* shift, const float* gamma, const float* beta,
-                                const float* mean, const float* invstd, int channels);
-
-// Running statistics: y = activation(gamma (x - running_mean) / sqrt(running_var + eps) + beta).
-// Forward only; nothing is saved and the statistics are not touched.
-void batchnorm_forward_inference(float* y, const float* x, const float* gamma, const float* beta,
-                                 const float* running_mean, const float* running_var, int64_t rows,
-                                 int channels, float eps, BatchNormActivation activation,
-                                 BatchNormScratch& scratch);
-
-// The three functions above on device pointers, enqueued on `stream` (batchnorm.cu; CUDA builds
-// only). partials holds 2 * channels * ceil(rows / kBatchNormCudaRowsPerChunk) floats and
-// coefficients 3 * channels.
-void batchnorm_forward_train_cuda(float* y, float* saved_mean, float* saved_invstd,
-                                  float* running_mean, float* running_var, float* partials,
-                                  float* coefficients, const float* x, const float* gamma,
-                                  const float* beta, int64_t rows, int channels, float momentum,
-                                  float eps, BatchNormActivation activation, CudaStream stream);
-void batchnorm_backward_cuda(float* dx, float* dgamma, float* dbeta, float* partials,
-                             float* coefficients, const float* dy, const float* relu_output,
-                             const float* x, const float* gamma, const float* saved_mean,
-                             const float* saved_invstd, int64_t rows, int channels, bool dx_fresh,
-                             CudaStream stream);
-// The statistics halves on cuda: {scale, shift} [2][C] or {k_dy, k_x, k_0} [3][C] go to
-// `coefficients`.
-void batchnorm_train_statistics_cuda(float* saved_mean, float* saved_invstd, float* running_mean,
-                                     float* running_var, float* partials, float* coefficients,
-                                     const float* x, const float* gamma, const float* beta,
-                                     int64_t rows, int channels, float momentum, float eps,
-                                     CudaStream stream);
-void batchnorm_backward_statistics_cuda(float* dgamma, float* dbeta, float* partials,
-                                        float* coefficients, const float* dy,
-                                        const float* relu_output, const float* x,
-                                        const float* gamma, const float* saved_mean,
-                                        const float* saved_invstd, int64_t rows, int channels,
-                                        CudaStream stream);
-void batchnorm_forward_inference_cuda(float* y, const float* x, const float* gamma,
-                                      const float* beta, const float* running_mean,
-                                      const float* running_var, int64_t rows, int channels,
-                                      float eps, BatchNormActivation activation, CudaStream stream);
-
-// The train-graph members of the BatchNorm family: BatchNorm with batch statistics, then
-// `activation` inside the same passes (kNone: BatchNorm2dOp; kRelu: fusion/'s BatchNormReluOp).
-// Keeps the sizes, the statistics the last forward saved for backward, and the scratch.
+// The train-graph members of the BatchNorm family: BatchNorm with batch statistics (BatchNorm2dOp;
+// fusion/'s BatchNormReluOp). Resolves the op's tensors and statistics on the workspace's device
+// and hands them to the op's forward_impl and backward_impl, which call the kernels. Keeps the
+// sizes, the statistics the last forward saved for backward, and the scratch.
 class BatchNormTrainOp : public Op {
  public:
+  // Checks the wiring, then forward_impl.
   void forward(Workspace& ws, ParamStore& params) override;
+  // Checks that forward ran, then backward_impl with the branch's gradients filled in.
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }
 
@@ -158,12 +44,17 @@ class BatchNormTrainOp : public Op {
  protected:
   // REQUIRES: positive sizes and batch*height*width >= 2 (the unbiased variance needs two);
   // `kind` names the op in the checks' messages.
-  BatchNormTrainOp(const char* kind, BatchNormActivation activation, int batch, int channels,
-                   int height, int width, float momentum, float eps);
+  BatchNormTrainOp(const char* kind, int batch, int channels, int height, int width, float momentum,
+                   float eps);
   int64_t rows() const { return rows_; }
+  // The op's kernels on `b` (x = inputs[0]; y = outputs[0], dy its gradient) in `scratch`.
+  virtual void forward_impl(Workspace& ws, const BatchNormBranch& b, BatchNormScratch& scratch) = 0;
+  virtual void backward_impl(Workspace& ws, const BatchNormBranch& b,
+                             BatchNormScratch& scratch) = 0;
 
  private:
-  BatchNormActivation activation_;
+  BatchNormBranch branch(Workspace& ws, ParamStore& params);
+
   int batch_, channels_, height_, width_;
   int64_t rows_;  // B*H*W, the values per channel
   float momentum_, eps_;
@@ -181,10 +72,12 @@ class BatchNorm2dOp : public BatchNormTrainOp {
 
   OpKind op_kind() const override { return OpKind::kBatchNorm; }
   OpCost cost(const Graph& graph) const override;
+
+ protected:
+  void forward_impl(Workspace& ws, const BatchNormBranch& b, BatchNormScratch& scratch) override;
+  void backward_impl(Workspace& ws, const BatchNormBranch& b, BatchNormScratch& scratch) override;
 };
 
-// On cuda, the device buffers of `scratch` for `rows` x `channels` (kept while the sizes fit).
-void ensure_batchnorm_device_scratch(BatchNormScratch& scratch, int64_t rows, int channels);
 // Shared entry checks of the BatchNorm op family: sizes positive, `rows` (B*H*W) values per
 // channel at least `min_rows`, eps positive, momentum in [0, 1].
 void check_batchnorm_sizes(const char* kind, int batch, int channels, int height, int width,
@@ -192,20 +85,13 @@ void check_batchnorm_sizes(const char* kind, int batch, int channels, int height
 // x and y of `numel` floats, and the four per-channel params of `channels` floats each.
 void check_batchnorm_wiring(const Op& op, const Workspace& ws, const ParamStore& params,
                             int64_t numel, int channels);
-// The batchnorm_* functions on an op of the family: x = inputs[0], y = outputs[0], params
-// {gamma, beta, running_mean, running_var}. The forwards check the wiring first; backward's
-// ReLU mask (kRelu) is read from y on cuda and recomputed from x on the CPU, so a bf16 y (the
-// train forward writes one where the graph wires one; CPU only) is never read back.
-void batchnorm_op_forward_train(const Op& op, Workspace& ws, ParamStore& params, float* saved_mean,
-                                float* saved_invstd, int64_t rows, int channels, float momentum,
-                                float eps, BatchNormActivation activation,
-                                BatchNormScratch& scratch);
-void batchnorm_op_backward(const Op& op, Workspace& ws, ParamStore& params, const float* saved_mean,
-                           const float* saved_invstd, int64_t rows, int channels,
-                           BatchNormActivation activation, BatchNormScratch& scratch);
-void batchnorm_op_forward_inference(const Op& op, Workspace& ws, ParamStore& params, int64_t rows,
-                                    int channels, float eps, BatchNormActivation activation,
-                                    BatchNormScratch& scratch);
+// The `which`-th BatchNorm of a family op on the workspace's device: x = op.inputs[which], params
+// {gamma, beta, running_mean, running_var} = op.params[4 which ...], with `momentum` and `eps`.
+// On cuda its statistics and buffers are scratch's device ones (allocated here); on the CPU the
+// statistics are saved_mean and saved_invstd [channels]. The gradients are left null.
+BatchNormBranch batchnorm_branch(const Op& op, int which, Workspace& ws, ParamStore& params,
+                                 int64_t rows, int channels, float momentum, float eps,
+                                 float* saved_mean, float* saved_invstd, BatchNormScratch& scratch);
 // Op::cost plus the FLOPs of a normalisation and its per-channel params; with batch statistics
 // (`batch_statistics`) also the reduction passes, the backward and the saved mean and invstd.
 OpCost batchnorm_cost(const Op& op, const Graph& graph, int channels, bool batch_statistics);

@@ -1,17 +1,15 @@
 // BatchNormInferenceOp: one elementwise pass, y = scale_c * x + shift_c with scale_c =
 // gamma_c / sqrt(running_var_c + eps) and shift_c = beta_c - running_mean_c * scale_c
-// (batchnorm_forward_inference in model/ops/batchnorm.cpp).
+// (batchnorm_forward_inference in kernels/batchnorm.cpp).
 #include "model/ops/batchnorm_inference.h"
 
 #include "core/check.h"
 
 namespace ft {
 
-BatchNormInferenceBase::BatchNormInferenceBase(const char* kind, BatchNormActivation activation,
-                                               int batch, int channels, int height, int width,
-                                               float eps)
-    : activation_(activation),
-      batch_(batch),
+BatchNormInferenceBase::BatchNormInferenceBase(const char* kind, int batch, int channels,
+                                               int height, int width, float eps)
+    : batch_(batch),
       channels_(channels),
       height_(height),
       width_(width),
@@ -21,7 +19,15 @@ BatchNormInferenceBase::BatchNormInferenceBase(const char* kind, BatchNormActiva
 }
 
 void BatchNormInferenceBase::forward(Workspace& ws, ParamStore& params) {
-  batchnorm_op_forward_inference(*this, ws, params, rows_, channels_, eps_, activation_, scratch_);
+  check_batchnorm_wiring(*this, ws, params, rows_ * channels_, channels_);
+  BatchNormBranch b;
+  b.x = ws.values[inputs[0]].data();
+  b.gamma = params[this->params[0]].value.data();
+  b.beta = params[this->params[1]].value.data();
+  b.running_mean = params[this->params[2]].value.data();
+  b.running_var = params[this->params[3]].value.data();
+  b.eps = eps_;
+  forward_impl(ws, b, scratch_);
 }
 
 void BatchNormInferenceBase::backward(Workspace&, ParamStore&) {
@@ -30,8 +36,15 @@ void BatchNormInferenceBase::backward(Workspace&, ParamStore&) {
 
 BatchNormInferenceOp::BatchNormInferenceOp(int batch, int channels, int height, int width,
                                            float eps)
-    : BatchNormInferenceBase("batchnorm2d_inference", BatchNormActivation::kNone, batch, channels,
-                             height, width, eps) {}
+    : BatchNormInferenceBase("batchnorm2d_inference", batch, channels, height, width, eps) {}
+
+void BatchNormInferenceOp::forward_impl(Workspace& ws, const BatchNormBranch& b,
+                                        BatchNormScratch& scratch) {
+  float* y = ws.values[outputs[0]].data();
+  FT_RUN_ON_CUDA(ws, batchnorm_forward_inference_cuda(y, b, rows(), channels(),
+                                                      BatchNormActivation::kNone, ws.stream));
+  batchnorm_forward_inference(y, b, rows(), channels(), BatchNormActivation::kNone, scratch);
+}
 
 OpCost BatchNormInferenceOp::cost(const Graph& graph) const {
   return batchnorm_cost(*this, graph, channels(), /*batch_statistics=*/false);

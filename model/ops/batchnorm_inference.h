@@ -12,11 +12,12 @@
 
 namespace ft {
 
-// The eval-graph members of the BatchNorm family: the running statistics' normalisation, then
-// `activation` in the same pass (kNone: BatchNormInferenceOp; kRelu: fusion/'s
-// BatchNormInferenceReluOp). Forward only.
+// The eval-graph members of the BatchNorm family: the running statistics' normalisation
+// (BatchNormInferenceOp; fusion/'s BatchNormInferenceReluOp). Checks the wiring and hands the op's
+// tensors to its forward_impl, which calls the kernels. Forward only.
 class BatchNormInferenceBase : public Op {
  public:
+  // Checks the wiring, then forward_impl.
   void forward(Workspace& ws, ParamStore& params) override;
   // Throws ft::Error: an eval graph has no backward.
   void backward(Workspace& ws, ParamStore& params) override;
@@ -30,12 +31,13 @@ class BatchNormInferenceBase : public Op {
 
  protected:
   // REQUIRES: positive sizes and eps; `kind` names the op in the checks' messages.
-  BatchNormInferenceBase(const char* kind, BatchNormActivation activation, int batch, int channels,
-                         int height, int width, float eps);
+  BatchNormInferenceBase(const char* kind, int batch, int channels, int height, int width,
+                         float eps);
   int64_t rows() const { return rows_; }
+  // The op's kernels on `b` (x, params and eps; y = outputs[0]) in `scratch`.
+  virtual void forward_impl(Workspace& ws, const BatchNormBranch& b, BatchNormScratch& scratch) = 0;
 
  private:
-  BatchNormActivation activation_;
   int batch_, channels_, height_, width_;
   int64_t rows_;  // B*H*W
   float eps_;
@@ -49,6 +51,9 @@ class BatchNormInferenceOp : public BatchNormInferenceBase {
 
   OpKind op_kind() const override { return OpKind::kBatchNormInference; }
   OpCost cost(const Graph& graph) const override;
+
+ protected:
+  void forward_impl(Workspace& ws, const BatchNormBranch& b, BatchNormScratch& scratch) override;
 };
 
 }  // namespace ft

@@ -1,22 +1,10 @@
-// The BatchNorm op family's shared wiring (checks, the ops' calls into the batchnorm_* functions
-// on either device, costs) and BatchNorm2dOp itself. The math is in batchnorm.cpp (CPU) and
-// batchnorm.cu (CUDA).
+// The BatchNorm op family's shared wiring (checks, the branch of tensors the kernels of
+// kernels/batchnorm.h run on, costs) and BatchNorm2dOp itself.
 #include "core/check.h"
 #include "model/ops/batchnorm.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
-
-void ensure_batchnorm_device_scratch(BatchNormScratch& scratch, int64_t rows, int channels) {
-  const int64_t chunks = (rows + kBatchNormCudaRowsPerChunk - 1) / kBatchNormCudaRowsPerChunk;
-  auto ensure = [](Tensor& tensor, int64_t numel) {
-    if (!tensor.defined() || tensor.numel() != numel || tensor.device() != Device::kCuda)
-      tensor = Tensor::empty({numel}, Device::kCuda);
-  };
-  ensure(scratch.device_saved, 2 * static_cast<int64_t>(channels));
-  ensure(scratch.device_partials, 2 * chunks * channels);
-  ensure(scratch.device_coefficients, 3 * static_cast<int64_t>(channels));
-}
 
 void check_batchnorm_sizes(const char* kind, int batch, int channels, int height, int width,
                            int64_t min_rows, float momentum, float eps) {
@@ -40,76 +28,30 @@ void check_batchnorm_wiring(const Op& op, const Workspace& ws, const ParamStore&
   expect_numel(params[op.params[3]].value, channels, op, "running_var");
 }
 
-void batchnorm_op_forward_train(const Op& op, Workspace& ws, ParamStore& params, float* saved_mean,
-                                float* saved_invstd, int64_t rows, int channels, float momentum,
-                                float eps, BatchNormActivation activation,
-                                BatchNormScratch& scratch) {
-  check_batchnorm_wiring(op, ws, params, rows * channels, channels);
-  Tensor& y = ws.values[op.outputs[0]];
-  if (y.dtype() == DType::kBF16) {
-    FT_CHECK(ws.device == Device::kCpu, op.kind(), " '", op.name, "': bf16 on ",
-             device_name(ws.device), " is not built; set train.precision: fp32");
-    batchnorm_forward_train(y.bf16_data(), saved_mean, saved_invstd,
-                            params[op.params[2]].value.data(), params[op.params[3]].value.data(),
-                            ws.values[op.inputs[0]].data(), params[op.params[0]].value.data(),
-                            params[op.params[1]].value.data(), rows, channels, momentum, eps,
-                            activation, scratch);
-    return;
+BatchNormBranch batchnorm_branch(const Op& op, int which, Workspace& ws, ParamStore& params,
+                                 int64_t rows, int channels, float momentum, float eps,
+                                 float* saved_mean, float* saved_invstd,
+                                 BatchNormScratch& scratch) {
+  const size_t first = 4 * static_cast<size_t>(which);
+  BatchNormBranch b;
+  b.x = ws.values[op.inputs[which]].data();
+  b.gamma = params[op.params[first]].value.data();
+  b.beta = params[op.params[first + 1]].value.data();
+  b.running_mean = params[op.params[first + 2]].value.data();
+  b.running_var = params[op.params[first + 3]].value.data();
+  b.momentum = momentum;
+  b.eps = eps;
+  if (ws.device == Device::kCuda) {
+    ensure_batchnorm_device_scratch(scratch, rows, channels);
+    b.saved_mean = scratch.device_saved.data();
+    b.saved_invstd = scratch.device_saved.data() + channels;
+    b.partials = scratch.device_partials.data();
+    b.coefficients = scratch.device_coefficients.data();
+  } else {
+    b.saved_mean = saved_mean;
+    b.saved_invstd = saved_invstd;
   }
-  if (ws.device == Device::kCuda) ensure_batchnorm_device_scratch(scratch, rows, channels);
-  FT_RUN_ON_CUDA(ws, batchnorm_forward_train_cuda(
-                         ws.values[op.outputs[0]].data(), scratch.device_saved.data(),
-                         scratch.device_saved.data() + channels, params[op.params[2]].value.data(),
-                         params[op.params[3]].value.data(), scratch.device_partials.data(),
-                         scratch.device_coefficients.data(), ws.values[op.inputs[0]].data(),
-                         params[op.params[0]].value.data(), params[op.params[1]].value.data(), rows,
-                         channels, momentum, eps, activation, ws.stream));
-  batchnorm_forward_train(ws.values[op.outputs[0]].data(), saved_mean, saved_invstd,
-                          params[op.params[2]].value.data(), params[op.params[3]].value.data(),
-                          ws.values[op.inputs[0]].data(), params[op.params[0]].value.data(),
-                          params[op.params[1]].value.data(), rows, channels, momentum, eps,
-                          activation, scratch);
-}
-
-void batchnorm_op_backward(const Op& op, Workspace& ws, ParamStore& params, const float* saved_mean,
-                           const float* saved_invstd, int64_t rows, int channels,
-                           BatchNormActivation activation, BatchNormScratch& scratch) {
-  // Only cuda reads y (the CPU recomputes the mask), and y may be bf16 only on the CPU.
-  [[maybe_unused]] const float* relu_output =
-      activation == BatchNormActivation::kRelu && ws.device == Device::kCuda
-          ? ws.values[op.outputs[0]].data()
-          : nullptr;
-  FT_RUN_ON_CUDA(
-      ws, batchnorm_backward_cuda(
-              ws.grads[op.inputs[0]].data(), params[op.params[0]].grad.data(),
-              params[op.params[1]].grad.data(), scratch.device_partials.data(),
-              scratch.device_coefficients.data(), ws.grads[op.outputs[0]].data(), relu_output,
-              ws.values[op.inputs[0]].data(), params[op.params[0]].value.data(),
-              scratch.device_saved.data(), scratch.device_saved.data() + channels, rows, channels,
-              ws.grad_is_fresh(op.inputs[0]), ws.stream));
-  // The CPU recomputes BatchNormReluOp's mask from x (BatchNormMask::kRecomputed); CUDA reads y.
-  const BatchNormMask mask =
-      activation == BatchNormActivation::kRelu ? BatchNormMask::kRecomputed : BatchNormMask::kNone;
-  batchnorm_backward(ws.grads[op.inputs[0]].data(), params[op.params[0]].grad.data(),
-                     params[op.params[1]].grad.data(), ws.grads[op.outputs[0]].data(), mask,
-                     nullptr, ws.values[op.inputs[0]].data(), params[op.params[0]].value.data(),
-                     params[op.params[1]].value.data(), saved_mean, saved_invstd, rows, channels,
-                     ws.grad_is_fresh(op.inputs[0]), scratch);
-}
-
-void batchnorm_op_forward_inference(const Op& op, Workspace& ws, ParamStore& params, int64_t rows,
-                                    int channels, float eps, BatchNormActivation activation,
-                                    BatchNormScratch& scratch) {
-  check_batchnorm_wiring(op, ws, params, rows * channels, channels);
-  FT_RUN_ON_CUDA(ws, batchnorm_forward_inference_cuda(
-                         ws.values[op.outputs[0]].data(), ws.values[op.inputs[0]].data(),
-                         params[op.params[0]].value.data(), params[op.params[1]].value.data(),
-                         params[op.params[2]].value.data(), params[op.params[3]].value.data(), rows,
-                         channels, eps, activation, ws.stream));
-  batchnorm_forward_inference(ws.values[op.outputs[0]].data(), ws.values[op.inputs[0]].data(),
-                              params[op.params[0]].value.data(), params[op.params[1]].value.data(),
-                              params[op.params[2]].value.data(), params[op.params[3]].value.data(),
-                              rows, channels, eps, activation, scratch);
+  return b;
 }
 
 OpCost batchnorm_cost(const Op& op, const Graph& graph, int channels, bool batch_statistics) {
@@ -128,10 +70,9 @@ OpCost batchnorm_cost(const Op& op, const Graph& graph, int channels, bool batch
   return cost;
 }
 
-BatchNormTrainOp::BatchNormTrainOp(const char* kind, BatchNormActivation activation, int batch,
-                                   int channels, int height, int width, float momentum, float eps)
-    : activation_(activation),
-      batch_(batch),
+BatchNormTrainOp::BatchNormTrainOp(const char* kind, int batch, int channels, int height, int width,
+                                   float momentum, float eps)
+    : batch_(batch),
       channels_(channels),
       height_(height),
       width_(width),
@@ -143,23 +84,45 @@ BatchNormTrainOp::BatchNormTrainOp(const char* kind, BatchNormActivation activat
   saved_invstd_.assign(channels, 0.0f);
 }
 
+BatchNormBranch BatchNormTrainOp::branch(Workspace& ws, ParamStore& params) {
+  return batchnorm_branch(*this, 0, ws, params, rows_, channels_, momentum_, eps_,
+                          saved_mean_.data(), saved_invstd_.data(), scratch_);
+}
+
 void BatchNormTrainOp::forward(Workspace& ws, ParamStore& params) {
-  batchnorm_op_forward_train(*this, ws, params, saved_mean_.data(), saved_invstd_.data(), rows_,
-                             channels_, momentum_, eps_, activation_, scratch_);
+  check_batchnorm_wiring(*this, ws, params, rows_ * channels_, channels_);
+  forward_impl(ws, branch(ws, params), scratch_);
   forward_ran_ = true;
 }
 
-// With kRelu, dz = dy * [z > 0] is formed on the fly inside both of batchnorm_backward's passes.
 void BatchNormTrainOp::backward(Workspace& ws, ParamStore& params) {
   FT_CHECK(forward_ran_, kind(), " '", name, "': backward before forward");
-  batchnorm_op_backward(*this, ws, params, saved_mean_.data(), saved_invstd_.data(), rows_,
-                        channels_, activation_, scratch_);
+  BatchNormBranch b = branch(ws, params);
+  b.dx = ws.grads[inputs[0]].data();
+  b.dx_fresh = ws.grad_is_fresh(inputs[0]);
+  b.dgamma = params[this->params[0]].grad.data();
+  b.dbeta = params[this->params[1]].grad.data();
+  backward_impl(ws, b, scratch_);
 }
 
 BatchNorm2dOp::BatchNorm2dOp(int batch, int channels, int height, int width, float momentum,
                              float eps)
-    : BatchNormTrainOp("batchnorm2d", BatchNormActivation::kNone, batch, channels, height, width,
-                       momentum, eps) {}
+    : BatchNormTrainOp("batchnorm2d", batch, channels, height, width, momentum, eps) {}
+
+void BatchNorm2dOp::forward_impl(Workspace& ws, const BatchNormBranch& b,
+                                 BatchNormScratch& scratch) {
+  float* y = ws.values[outputs[0]].data();
+  FT_RUN_ON_CUDA(ws, batchnorm_forward_train_cuda(y, b, rows(), channels(),
+                                                  BatchNormActivation::kNone, ws.stream));
+  batchnorm_forward_train(y, b, rows(), channels(), BatchNormActivation::kNone, scratch);
+}
+
+void BatchNorm2dOp::backward_impl(Workspace& ws, const BatchNormBranch& b,
+                                  BatchNormScratch& scratch) {
+  const float* dy = ws.grads[outputs[0]].data();
+  FT_RUN_ON_CUDA(ws, batchnorm_backward_cuda(dy, nullptr, b, rows(), channels(), ws.stream));
+  batchnorm_backward(dy, BatchNormMask::kNone, nullptr, b, rows(), channels(), scratch);
+}
 
 OpCost BatchNorm2dOp::cost(const Graph& graph) const {
   return batchnorm_cost(*this, graph, channels(), /*batch_statistics=*/true);

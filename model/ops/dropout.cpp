@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "core/check.h"
-#include "core/math/dropout_math.h"
+#include "kernels/dropout_math.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {

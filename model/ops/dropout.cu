@@ -1,10 +1,10 @@
 // Inverted dropout on CUDA: the kernels, then their launchers. The keep test is
-// core/math/dropout_math.h's, which the CPU loop also calls, so the mask is the same bits on both
+// kernels/dropout_math.h's, which the CPU loop also calls, so the mask is the same bits on both
 // devices for the same (seed, element index). The kernel reads the step's seed from device memory
 // (Workspace::device_dropout_seed), so a replayed CUDA graph draws each step's mask.
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
-#include "core/math/dropout_math.h"
+#include "kernels/dropout_math.h"
 #include "model/ops/dropout.h"
 
 namespace ft {

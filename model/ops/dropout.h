@@ -3,7 +3,7 @@
 // dropout ops at all.
 // The keep decision for element i is hash_uniform(ws.dropout_seed ^ salt, i) >= p (core/rng.h):
 // a pure function of the step's seed, the op's salt and the index, so a CUDA kernel or a rerun
-// draws the same mask (the keep test is core/math/dropout_math.h's, shared with the CUDA kernels of
+// draws the same mask (the keep test is kernels/dropout_math.h's, shared with the CUDA kernels of
 // dropout.cu). Forward stores the mask as bytes for backward, on the workspace's device.
 // Inputs {x}, outputs {y}.
 // Thread safety: an op instance belongs to one training thread.

@@ -1,23 +1,10 @@
-// GELU, tanh approximation, through the host/device helpers of core/math/gelu_math.h.
+// GeluOp: the wiring around the GELU kernels of kernels/gelu.h (CPU and CUDA).
 #include "model/ops/gelu.h"
 
 #include "core/check.h"
-#include "core/math/gelu_math.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
-
-void gelu_forward(float* y, const float* x, int64_t numel) {
-#pragma omp parallel for if (numel > 262144)
-  for (int64_t i = 0; i < numel; ++i) y[i] = gelu_tanh(x[i]);
-}
-
-// Chain rule through an elementwise map: dx = dy * gelu'(x); gelu' is derived in
-// core/math/gelu_math.h.
-void gelu_backward(float* dx, const float* dy, const float* x, int64_t numel) {
-#pragma omp parallel for if (numel > 262144)
-  for (int64_t i = 0; i < numel; ++i) dx[i] += dy[i] * gelu_tanh_grad(x[i]);
-}
 
 GeluOp::GeluOp(int64_t numel) : numel_(numel) {
   FT_CHECK(numel > 0, "GeluOp: non-positive numel ", numel);

@@ -1,24 +1,15 @@
 // GELU activation, tanh approximation (GPT-2), elementwise over `numel` floats:
 //   y = 0.5 x (1 + tanh(s (x + 0.044715 x^3))),  s = sqrt(2/pi)    (core/math/gelu_math.h)
 // Inputs {x}, outputs {y}. Backward reads x again, so nothing is saved.
-// The CPU loops (gelu.cpp) and the CUDA kernels (gelu.cu) call the same helpers; they use a
-// vectorisable exp (libm's scalar tanhf cost 4-30 ns per call and made GELU the most expensive op
-// of a small GPT step).
+// The kernels are kernels/gelu.h's (CPU and CUDA), which fusion/'s GeluCastOp calls too.
 // Thread safety: an op instance belongs to one training thread.
 #pragma once
 #include <cstdint>
 
+#include "kernels/gelu.h"
 #include "model/graph.h"
 
 namespace ft {
-
-void gelu_forward(float* y, const float* x, int64_t numel);
-// dx += dy * gelu'(x).
-void gelu_backward(float* dx, const float* dy, const float* x, int64_t numel);
-// The same on device pointers, enqueued on `stream` (gelu.cu; CUDA builds only).
-void gelu_forward_cuda(float* y, const float* x, int64_t numel, CudaStream stream);
-void gelu_backward_cuda(float* dx, const float* dy, const float* x, int64_t numel,
-                        CudaStream stream);
 
 class GeluOp : public Op {
  public:

@@ -1,36 +1,10 @@
-// LayerNorm over channels, one row per token. Rows are independent in forward and in the input
-// gradient (parallel over rows); the weight/bias gradients reduce over rows (serial).
+// LayerNormOp: the wiring around the LayerNorm kernels of kernels/layernorm.h (CPU and CUDA).
 #include "model/ops/layernorm.h"
 
 #include "core/check.h"
-#include "model/ops/layernorm_math.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
-void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight,
-                       const float* bias, int64_t rows, int64_t channels, int64_t y_stride,
-                       int64_t x_stride) {
-  if (y_stride == 0) y_stride = channels;
-  if (x_stride == 0) x_stride = channels;
-#pragma omp parallel for if (rows * channels > 65536)
-  for (int64_t row = 0; row < rows; ++row)
-    layernorm_row_forward(y + row * y_stride, mean + row, rstd + row, x + row * x_stride, weight,
-                          bias, channels, kLayerNormEps);
-}
-
-void layernorm_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
-                        const float* weight, const float* mean, const float* rstd, int64_t rows,
-                        int64_t channels, int64_t dy_stride, int64_t x_stride) {
-  if (dy_stride == 0) dy_stride = channels;
-  if (x_stride == 0) x_stride = channels;
-#pragma omp parallel for if (rows * channels > 65536)
-  for (int64_t row = 0; row < rows; ++row)
-    layernorm_row_backward_input(dx + row * x_stride, dy + row * dy_stride, x + row * x_stride,
-                                 weight, mean[row], rstd[row], channels);
-  for (int64_t row = 0; row < rows; ++row)
-    layernorm_row_backward_params(dweight, dbias, dy + row * dy_stride, x + row * x_stride,
-                                  mean[row], rstd[row], channels);
-}
 
 LayerNormOp::LayerNormOp(int64_t rows, int64_t channels) : rows_(rows), channels_(channels) {
   FT_CHECK(rows > 0 && channels > 0, "LayerNormOp: non-positive shape rows=", rows,

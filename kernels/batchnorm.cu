@@ -1,4 +1,4 @@
-// BatchNorm on CUDA over NHWC [rows, C], with the helpers of model/ops/batchnorm_math.h that the
+// BatchNorm on CUDA over NHWC [rows, C], with the helpers of kernels/batchnorm_math.h that the
 // CPU loops call too. Each direction is three launches, as the CPU's two passes plus the
 // per-channel step between them:
 //   1. partial sums: a block of 32 channels x 8 row lanes sums one chunk of 128 rows in float
@@ -12,8 +12,8 @@
 
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
-#include "model/ops/batchnorm.h"
-#include "model/ops/batchnorm_math.h"
+#include "kernels/batchnorm.h"
+#include "kernels/batchnorm_math.h"
 
 namespace ft {
 namespace {
@@ -264,6 +264,27 @@ void batchnorm_forward_inference_cuda(float* y, const float* x, const float* gam
   inference<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(
       y, x, gamma, beta, running_mean, running_var, numel, channels, eps);
   FT_CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_forward_train_cuda(float* y, const BatchNormBranch& b, int64_t rows, int channels,
+                                  BatchNormActivation activation, CudaStream stream) {
+  batchnorm_forward_train_cuda(y, b.saved_mean, b.saved_invstd, b.running_mean, b.running_var,
+                               b.partials, b.coefficients, b.x, b.gamma, b.beta, rows, channels,
+                               b.momentum, b.eps, activation, stream);
+}
+
+void batchnorm_backward_cuda(const float* dy, const float* relu_output, const BatchNormBranch& b,
+                             int64_t rows, int channels, CudaStream stream) {
+  batchnorm_backward_cuda(b.dx, b.dgamma, b.dbeta, b.partials, b.coefficients, dy, relu_output, b.x,
+                          b.gamma, b.saved_mean, b.saved_invstd, rows, channels, b.dx_fresh,
+                          stream);
+}
+
+void batchnorm_forward_inference_cuda(float* y, const BatchNormBranch& b, int64_t rows,
+                                      int channels, BatchNormActivation activation,
+                                      CudaStream stream) {
+  batchnorm_forward_inference_cuda(y, b.x, b.gamma, b.beta, b.running_mean, b.running_var, rows,
+                                   channels, b.eps, activation, stream);
 }
 
 }  // namespace ft

@@ -1,4 +1,4 @@
-// Per-element and per-channel BatchNorm math shared by the CPU loops (model/ops/batchnorm.cpp,
+// Per-element and per-channel BatchNorm math shared by the CPU loops (kernels/batchnorm.cpp,
 // which call the element helpers on 8-float vectors as well as on floats) and the CUDA kernels
 // (batchnorm.cu), so CPU tests cover the GPU's arithmetic. The two only differ in how they sum a
 // channel: both sum chunks of rows in float and the chunks in double, the CPU with vector

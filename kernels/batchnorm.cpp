@@ -9,7 +9,7 @@
 // instead of 0.07 ms (BM_BatchNormForwardBackward in bench/resnet_bench.cpp times the op).
 // The ReLU variants (kRelu, relu_output) evaluate the very same expressions as BatchNorm followed
 // by ReluOp, so BatchNormReluOp agrees with the unfused pair bit for bit.
-#include "model/ops/batchnorm.h"
+#include "kernels/batchnorm.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,9 +17,8 @@
 #include <type_traits>
 
 #include "core/check.h"
-#include "model/ops/batchnorm_lanes.h"
-#include "model/ops/batchnorm_math.h"
-#include "model/ops/op_checks.h"
+#include "kernels/batchnorm_lanes.h"
+#include "kernels/batchnorm_math.h"
 
 namespace ft {
 namespace {

@@ -3,7 +3,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
 #include "core/math/gelu_math.h"
-#include "model/ops/gelu.h"
+#include "kernels/gelu.h"
 
 namespace ft {
 namespace {

@@ -1,6 +1,6 @@
 // LayerNorm on CUDA: the kernels, then their launchers. Each LayerNorm of a launch is one entry
 // of a table passed by value (BatchedLayerNormOp's heads; LayerNormOp is a table of one); the row
-// math is model/ops/layernorm_math.h's, which the CPU loops also call.
+// math is kernels/layernorm_math.h's, which the CPU loops also call.
 //   forward, input gradient: one warp per row, 8 rows per block, blockIdx.y picks the LayerNorm.
 //   weight/bias gradients: stage 1 sums each 256-row chunk of every column into scratch (a block
 //   covers 32 columns x 8 row lanes, reads coalesced along the columns); stage 2 adds each
@@ -10,8 +10,8 @@
 #include "core/check.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
-#include "model/ops/layernorm.h"
-#include "model/ops/layernorm_math.h"
+#include "kernels/layernorm.h"
+#include "kernels/layernorm_math.h"
 
 namespace ft {
 namespace {
