@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "app/trainer.h"
+#include "app/training/trainer.h"
 #include "core/gemm.h"
 #include "core/timer.h"
 

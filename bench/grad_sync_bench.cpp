@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "app/config.h"
-#include "app/task.h"
+#include "app/config/config.h"
+#include "app/training/task.h"
 #include "comm/grad_sync.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/mpi/mpi_runtime.h"

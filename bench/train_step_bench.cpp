@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "app/trainer.h"
+#include "app/training/trainer.h"
 
 namespace {
 

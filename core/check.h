@@ -14,7 +14,7 @@ class Error : public std::runtime_error {
 };
 
 // An allocation the machine cannot satisfy (host, GPU or pinned memory): a size from the config
-// or flags, so callers that know which keys drove it (app/task.cpp) catch it to say so.
+// or flags, so callers that know which keys drove it (app/training/task.cpp) catch it to say so.
 class OutOfMemory : public Error {
  public:
   explicit OutOfMemory(const std::string& what) : Error(what) {}

@@ -3,7 +3,7 @@
 // ParamStore's flat buffers (Apex's multi_tensor_apply, chunks of kSweepChunk = 65,536 floats)
 // instead of a loop that visits one tensor at a time. Chunks run in parallel; inside a chunk, a
 // precomputed segment table gives the flat ranges that share a weight-decay flag, so a chunk is a
-// handful of vectorised range updates. app/trainer.cpp picks it; the per-tensor sweep of
+// handful of vectorised range updates. app/training/trainer.cpp picks it; the per-tensor sweep of
 // model/optimizer.cpp is the twin: both call the same range kernels (adamw_update, sgd_update,
 // accumulate_squares), so the two agree bit for bit; tests/fusion_multi_tensor_test.cpp checks it.
 // On cuda (params.device()) the sweep runs the Apex-style kernels of fusion/multi_tensor.cu over

@@ -14,7 +14,7 @@
 
 namespace ft {
 
-// Mirrors the fusion.* config keys (app/config.h), so fusion/ does not depend on app/.
+// Mirrors the fusion.* config keys (app/config/config.h), so fusion/ does not depend on app/.
 struct FusionOptions {
   bool enabled = true;  // false: no compute fusion at all; the executed graph is the built one
   bool fold_bn = true;  // inference.fold_bn: eval graphs fold BatchNorm into the convolution
@@ -34,7 +34,7 @@ struct FusionOptions {
     double max_padding_overhead = 0.25;  // conv_shortcut: extra FLOPs / useful FLOPs allowed
   } horizontal;
   // The whole training step as one captured CUDA graph, replayed each step (train.device cuda;
-  // app/trainer_graph.cpp): the limit of horizontal launch fusion. Not a graph pass.
+  // app/training/trainer_graph.cpp): the limit of horizontal launch fusion. Not a graph pass.
   bool cuda_graph = false;
   int max_ops = 4;    // eager ops one fused op may absorb; 1 fuses nothing
   int tile_kb = 256;  // live intermediates per row tile of a fused row-tiled op

@@ -1,6 +1,6 @@
-// libFuzzer target: `fusiontrain bench --variants` / `--ablation` / `--sweep` (app/bench.cpp), and
-// the configs bench builds from them (app/bench_job.cpp's variant_config: the config file, then
-// each variant's overrides, through the config reader).
+// libFuzzer target: `fusiontrain bench --variants` / `--ablation` / `--sweep`
+// (app/analysis/bench.cpp), and the configs bench builds from them (app/jobs/bench_job.cpp's
+// variant_config: the config file, then each variant's overrides, through the config reader).
 // Input: one mode byte, then the flag's value. 's': --sweep VALUE; 'a': --variants VALUE
 // --ablation; anything else: --variants VALUE. Every variant of an accepted list must have a
 // unique, non-empty name and at least one override; the overrides of the first kMaxConfigs
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "app/bench.h"
-#include "app/config.h"
+#include "app/analysis/bench.h"
+#include "app/config/config.h"
 #include "core/check.h"
 #include "fuzz/fuzz_util.h"
 

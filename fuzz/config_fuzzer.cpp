@@ -1,4 +1,4 @@
-// libFuzzer target: the YAML config reader (app/config.cpp) with `--set` overrides.
+// libFuzzer target: the YAML config reader (app/config/config.cpp) with `--set` overrides.
 // Input: a config file's content, optionally followed by a line "#--set"; every line after it is
 // one `--set` override (at most 8; blank lines skipped). The content goes to parse_config, which
 // load_config calls with a file's bytes (load_config itself zero-fills a 4 MiB read buffer per
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "app/config.h"
+#include "app/config/config.h"
 #include "core/check.h"
 #include "fuzz/fuzz_util.h"
 

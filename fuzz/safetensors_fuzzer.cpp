@@ -5,14 +5,14 @@
 // must agree. A file that reads must encode again (encode_safetensors) to bytes that decode to
 // the same tensors (dtype, F32 or BF16, included) and metadata. Its metadata then goes where
 // checkpoints' and exports' goes today without the model code: the embedded "config" through
-// parse_config, as checkpoint_config (app/checkpoint.cpp) and `sample --model` read it. Refusals
-// (ft::Error) are fine.
+// parse_config, as checkpoint_config (app/training/checkpoint.cpp) and `sample --model` read it.
+// Refusals (ft::Error) are fine.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
 
-#include "app/config.h"
+#include "app/config/config.h"
 #include "core/check.h"
 #include "core/safetensors.h"
 #include "fuzz/fuzz_util.h"

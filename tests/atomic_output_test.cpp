@@ -15,7 +15,7 @@
 #include <filesystem>
 #include <string>
 
-#include "app/run_layout.h"
+#include "app/training/run_layout.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "tests/run_command.h"

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "app/bench.h"
+#include "app/analysis/bench.h"
 #include "run_command.h"
 
 namespace ft {

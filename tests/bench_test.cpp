@@ -1,8 +1,8 @@
-// `fusiontrain bench`'s variant expansion and statistics (app/bench.h): the default list and
-// its overrides, --ablation, ad hoc variants, sweeps, the speedup and ratio of medians, the
+// `fusiontrain bench`'s variant expansion and statistics (app/analysis/bench.h): the default list
+// and its overrides, --ablation, ad hoc variants, sweeps, the speedup and ratio of medians, the
 // machine-load warning, launches per step and throughput. The binary itself is in
 // bench_binary_test.cpp.
-#include "app/bench.h"
+#include "app/analysis/bench.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -17,7 +17,7 @@
 #include <set>
 #include <string>
 
-#include "app/machine_load.h"
+#include "app/analysis/machine_load.h"
 #include "core/check.h"
 #include "run_command.h"
 

@@ -1,9 +1,10 @@
 // The capture guard (core/capture_guard.h): while a thread captures a CUDA graph, every path that
 // would make the host wait throws. Checked here on the CPU: the flag itself, the guarded paths a
-// CPU run can reach, and the captured step's sequence (app/trainer_graph.cpp: zeroing, forward,
-// backward with GradSync's device-path bucket launches, finish, the optimizer step) run under the
-// flag after two eager steps, as the trainer runs it, for an eager and a fused GPT. A host read or
-// blocking collective added to that sequence fails here before it fails a capture on a GPU.
+// CPU run can reach, and the captured step's sequence (app/training/trainer_graph.cpp: zeroing,
+// forward, backward with GradSync's device-path bucket launches, finish, the optimizer step) run
+// under the flag after two eager steps, as the trainer runs it, for an eager and a fused GPT. A
+// host read or blocking collective added to that sequence fails here before it fails a capture on a
+// GPU.
 #include "core/capture_guard.h"
 
 #include <gtest/gtest.h>

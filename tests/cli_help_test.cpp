@@ -1,4 +1,4 @@
-// The command line's own errors and help (app/cli_help.h): a mistyped job or flag names the
+// The command line's own errors and help (app/cli/cli_help.h): a mistyped job or flag names the
 // closest valid one, --version names the commit, --help lists the presets and where every config
 // key is documented, and a missing --config file names the closest preset.
 #include <gtest/gtest.h>

@@ -221,7 +221,7 @@ TEST(Cli, FlagsTakeTheRangesOfTheirConfigKeys) {
   // With --config the flags are checked before the checkpoint is read.
   const std::string sample =
       "sample --checkpoint /nonexistent.safetensors --config configs/gpt_tiny.yaml ";
-  // The ranges themselves are the schema's (app/config_fields.cpp).
+  // The ranges themselves are the schema's (app/config/config_fields.cpp).
   const RunResult hot = run(sample + "--temperature 1e30");
   expect_error(hot, "--temperature: expected a number in ");
   expect_error(hot, "got 1e+30 (the range of inference.temperature)");

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "app/config.h"
+#include "app/config/config.h"
 #include "comm/comm_dtype.h"
 #include "config_test_util.h"
 

@@ -13,8 +13,8 @@
 #include <string>
 #include <thread>
 
-#include "app/config.h"
-#include "app/yaml_documents.h"
+#include "app/config/config.h"
+#include "app/config/yaml_documents.h"
 #include "config_test_util.h"
 #include "fifo_test_util.h"
 #include "tests/run_command.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "app/config.h"
+#include "app/config/config.h"
 #include "core/check.h"
 #include "tests/config_test_util.h"
 
@@ -54,9 +54,10 @@ TEST(Config, CrossFieldChecks) {
   EXPECT_NO_THROW(parse_config("comm:\n  emulate:\n    bandwidth_gbps: 5\n", "bw.yaml"));
 }
 
-// Every key only one architecture reads, found by reading app/task.cpp, app/sample_job.cpp,
-// app/inference_model.cpp and model/: set under the other one, whatever the value (here the
-// default), it is refused naming the key, where it was set and model.arch.
+// Every key only one architecture reads, found by reading app/training/task.cpp,
+// app/jobs/sample_job.cpp, app/inference/inference_model.cpp and model/: set under the other one,
+// whatever the value (here the default), it is refused naming the key, where it was set and
+// model.arch.
 TEST(Config, KeysOfTheOtherArchAreRefused) {
   const std::map<std::string, std::string> defaults = [] {
     const auto flat = flatten_config(Config{});

@@ -1,7 +1,7 @@
 // Tests for the strict YAML config: presets, error messages, overrides, round trips and the
 // generated reference doc. Rules across fields (cross-field checks, keys of the other arch or
 // optimizer, resolved dumps) are in tests/config_rules_test.cpp.
-#include "app/config.h"
+#include "app/config/config.h"
 
 #include <gtest/gtest.h>
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "app/config.h"
+#include "app/config/config.h"
 #include "core/check.h"
 
 namespace ft::config_test {

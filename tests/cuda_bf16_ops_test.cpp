@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "app/config.h"
-#include "app/trainer.h"
+#include "app/config/config.h"
+#include "app/training/trainer.h"
 #include "core/check.h"
 #include "cuda_test_util.h"
 #include "device_compare_util.h"
@@ -277,8 +277,8 @@ Config gpt_tiny_bf16(const std::string& device, bool fused) {
 // together, plus attention, the optimizer writing the copies, and eval. bf16 rounding carries the
 // devices' fp32 differences into whole elements now and then, so the losses drift apart faster
 // than in fp32 (tests/cuda_train_test.cpp allows 2e-3): 1e-2 after 20 steps. While the config
-// refuses train.precision bf16 on cuda (app/config_checks.cpp says which ops are missing), the
-// test skips with that reason, which a GPU check counts as a failure.
+// refuses train.precision bf16 on cuda (app/config/config_checks.cpp says which ops are missing),
+// the test skips with that reason, which a GPU check counts as a failure.
 TEST(CudaBf16Train, GptTinyTwentyStepsMatchTheCpuFusedAndEager) {
   FT_SKIP_WITHOUT_GPU();
   for (const bool fused : {false, true}) {

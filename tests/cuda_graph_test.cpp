@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "app/trainer.h"
+#include "app/training/trainer.h"
 #include "core/determinism.h"
 #include "cuda_test_util.h"
 

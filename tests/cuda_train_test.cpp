@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "app/trainer.h"
+#include "app/training/trainer.h"
 #include "cuda_test_util.h"
 #include "run_command.h"
 

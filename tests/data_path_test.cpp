@@ -8,7 +8,7 @@
 #include <fstream>
 #include <string>
 
-#include "app/config.h"
+#include "app/config/config.h"
 #include "tests/guard_test_util.h"
 
 namespace ft {

@@ -1,7 +1,7 @@
-// The choices app/device_setup.h and comm/backend_choice.h make without touching a GPU: which
-// backend reduces gradients (checked here where no GPU is visible, so every machine "shares" zero
-// GPUs) and the start-up refusal of train.device: cuda.
-#include "app/device_setup.h"
+// The choices app/training/device_setup.h and comm/backend_choice.h make without touching a GPU:
+// which backend reduces gradients (checked here where no GPU is visible, so every machine "shares"
+// zero GPUs) and the start-up refusal of train.device: cuda.
+#include "app/training/device_setup.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "app/config.h"
+#include "app/config/config.h"
 #include "comm/backend_choice.h"
 #include "core/check.h"
 

@@ -1,6 +1,6 @@
-// `export --dtype bf16` and reading bf16 exports (app/inference_model.h): half the data bytes,
-// every tensor the fp32 value (a GPT's master, a ResNet's folded weight) rounded to nearest, ties
-// to even, the dtype in the metadata; infer, sample and scripts/load_export.py reading them as
+// `export --dtype bf16` and reading bf16 exports (app/inference/inference_model.h): half the data
+// bytes, every tensor the fp32 value (a GPT's master, a ResNet's folded weight) rounded to nearest,
+// ties to even, the dtype in the metadata; infer, sample and scripts/load_export.py reading them as
 // those values widened exactly; and an export whose metadata contradicts its tensors refused.
 // `--precision bf16` runs are in tests/inference_bf16_test.cpp.
 #include <gtest/gtest.h>
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "app/inference_model.h"
-#include "app/task.h"
+#include "app/inference/inference_model.h"
+#include "app/training/task.h"
 #include "core/atomic_file.h"
 #include "core/math/bf16_math.h"
 #include "model/gpt.h"

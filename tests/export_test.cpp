@@ -1,7 +1,7 @@
-// Tests for `fusiontrain export` and `infer` (app/inference_model.h): the export's names and
-// metadata read by a plain JSON parser, the export -> infer round trip against the unfolded eval
-// model, PyTorch reproducing the logits from the file alone (scripts/load_export.py), GPT exports,
-// and clear errors for corrupt, truncated or wrong files and checkpoints without running
+// Tests for `fusiontrain export` and `infer` (app/inference/inference_model.h): the export's names
+// and metadata read by a plain JSON parser, the export -> infer round trip against the unfolded
+// eval model, PyTorch reproducing the logits from the file alone (scripts/load_export.py), GPT
+// exports, and clear errors for corrupt, truncated or wrong files and checkpoints without running
 // statistics. Checkpoints are written directly (tests/fold_test_util.h), not trained.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "app/inference_model.h"
-#include "app/task.h"
+#include "app/inference/inference_model.h"
+#include "app/training/task.h"
 #include "core/atomic_file.h"
 #include "core/device.h"
 #include "model/gpt.h"

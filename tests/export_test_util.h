@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "app/config.h"
-#include "app/inference_model.h"
-#include "app/task.h"
+#include "app/config/config.h"
+#include "app/inference/inference_model.h"
+#include "app/training/task.h"
 #include "tests/fold_test_util.h"
 #include "tests/run_command.h"
 

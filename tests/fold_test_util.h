@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "app/config.h"
+#include "app/config/config.h"
 #include "core/image_data.h"
 #include "core/rng.h"
 #include "core/safetensors.h"

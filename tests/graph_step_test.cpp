@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "app/config.h"
+#include "app/config/config.h"
 #include "core/allocator.h"
 #include "core/check.h"
 #include "core/rng.h"

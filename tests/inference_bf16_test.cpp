@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "app/inference_model.h"
-#include "app/task.h"
+#include "app/inference/inference_model.h"
+#include "app/training/task.h"
 #include "core/atomic_file.h"
 #include "core/device.h"
 #include "core/gemm.h"

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "app/bandwidth.h"
+#include "app/jobs/bandwidth.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "core/check.h"
 #include "core/device.h"

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "app/config.h"
-#include "app/task.h"
-#include "app/trainer.h"
+#include "app/config/config.h"
+#include "app/training/task.h"
+#include "app/training/trainer.h"
 #include "comm/communicator.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "core/image_data.h"
@@ -254,7 +254,7 @@ void expect_replicas_agree(Communicator& comm, const Trained& trained, bool dete
   if (deterministic) {
     EXPECT_GE(trained.rank_order_calls, trained.allreduce_calls)
         << what << ": comm.deterministic: true did not reach the gradient allreduces (is "
-        << "GradSyncOptions::deterministic set from CommConfig in app/trainer.cpp?)";
+        << "GradSyncOptions::deterministic set from CommConfig in app/training/trainer.cpp?)";
   } else {
     EXPECT_EQ(trained.rank_order_calls, 0) << what << ": native run asked for rank order";
   }

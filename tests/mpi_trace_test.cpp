@@ -1,8 +1,8 @@
-// Timeline trace on 2 and 3 ranks (app/trace.h): rank 0 writes one file holding every rank's
-// events; every gradient bucket has a communication slice on every rank in every traced step; with
-// comm.overlap on at least one bucket's allreduce starts under backward (before the step's last
-// backward op ends), with it off every bucket starts after that op.
-// ctest runs this under mpirun with 2 and 3 ranks.
+// Timeline trace on 2 and 3 ranks (app/training/trace.h): rank 0 writes one file holding every
+// rank's events; every gradient bucket has a communication slice on every rank in every traced
+// step; with comm.overlap on at least one bucket's allreduce starts under backward (before the
+// step's last backward op ends), with it off every bucket starts after that op. ctest runs this
+// under mpirun with 2 and 3 ranks.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "app/jobs.h"
+#include "app/jobs/jobs.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "tests/mpi_test_main.h"
 #include "tests/trace_test_util.h"

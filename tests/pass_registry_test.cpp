@@ -14,13 +14,13 @@
 #include <string>
 #include <vector>
 
-#include "app/bench.h"
-#include "app/config.h"
-#include "app/config_schema.h"
-#include "app/fusion_advice.h"
-#include "app/plan.h"
-#include "app/task.h"
-#include "app/tune.h"
+#include "app/analysis/bench.h"
+#include "app/analysis/fusion_advice.h"
+#include "app/analysis/plan.h"
+#include "app/analysis/tune.h"
+#include "app/config/config.h"
+#include "app/config/config_schema.h"
+#include "app/training/task.h"
 #include "core/check.h"
 #include "fusion/passes.h"
 #include "fusion/pipeline.h"

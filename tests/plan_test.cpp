@@ -1,7 +1,7 @@
 // `plan`: the report builder on a tiny GPT (fusion off leaves the graph alone, totals are sums
 // over ops, eval needs less memory than train), the memory model on a hand-built chain, and the
 // CLI's errors and JSON.
-#include "app/plan.h"
+#include "app/analysis/plan.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -13,8 +13,8 @@
 #include <sstream>
 #include <string>
 
-#include "app/config.h"
-#include "app/task.h"
+#include "app/config/config.h"
+#include "app/training/task.h"
 #include "model/ops/gelu.h"
 #include "run_command.h"
 

@@ -1,10 +1,10 @@
-// The per-op profiler (app/profiler.h) and the fusion advice drawn from it (app/fusion_advice.h):
-// on a tiny GPT, a profiled run's op rows plus "outside ops" add up to the step time measured
-// here; every op of the executed graph appears with one call per micro-batch of each measured
-// step; the advice on the eager graph recommends gemm_epilogue for linear -> gelu and reports
-// the key's state, and on the fused graph it names no enabled pass. Hand-built graphs pin the
-// two rules' thresholds.
-#include "app/profiler.h"
+// The per-op profiler (app/analysis/profiler.h) and the fusion advice drawn from it
+// (app/analysis/fusion_advice.h): on a tiny GPT, a profiled run's op rows plus "outside ops" add up
+// to the step time measured here; every op of the executed graph appears with one call per
+// micro-batch of each measured step; the advice on the eager graph recommends gemm_epilogue for
+// linear -> gelu and reports the key's state, and on the fused graph it names no enabled pass.
+// Hand-built graphs pin the two rules' thresholds.
+#include "app/analysis/profiler.h"
 
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "app/fusion_advice.h"
-#include "app/trainer.h"
+#include "app/analysis/fusion_advice.h"
+#include "app/training/trainer.h"
 #include "core/timer.h"
 
 namespace ft {

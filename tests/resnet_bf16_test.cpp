@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "app/trainer.h"
+#include "app/training/trainer.h"
 #include "core/rng.h"
 #include "fusion/pipeline.h"
 #include "model/executor.h"

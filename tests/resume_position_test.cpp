@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "app/task.h"
-#include "app/trainer.h"
+#include "app/training/task.h"
+#include "app/training/trainer.h"
 #include "core/check.h"
 #include "core/safetensors.h"
 

@@ -1,12 +1,12 @@
-// The cluster simulator (app/simulate.h) against figures worked out by hand: a four-op backward
-// with two buckets (three per-parameter buckets with bucketing off), every bucketing × overlap
-// mode, the ring formula's factors, and the link parser's errors.
-#include "app/simulate.h"
+// The cluster simulator (app/analysis/simulate.h) against figures worked out by hand: a four-op
+// backward with two buckets (three per-parameter buckets with bucketing off), every bucketing ×
+// overlap mode, the ring formula's factors, and the link parser's errors.
+#include "app/analysis/simulate.h"
 
 #include <gtest/gtest.h>
 
-#include "app/config.h"
-#include "app/trainer.h"
+#include "app/config/config.h"
+#include "app/training/trainer.h"
 #include "comm/emulated_link.h"
 #include "core/check.h"
 

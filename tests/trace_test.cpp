@@ -1,8 +1,8 @@
-// Timeline trace on one process (app/trace.h): `fusiontrain train` with train.trace writes valid
-// Chrome trace-event JSON of the window's steps, every slice nests in its step, ops of one track
-// never overlap, and every op of the executed graph appears once forward and once backward in
+// Timeline trace on one process (app/training/trace.h): `fusiontrain train` with train.trace writes
+// valid Chrome trace-event JSON of the window's steps, every slice nests in its step, ops of one
+// track never overlap, and every op of the executed graph appears once forward and once backward in
 // each traced step, in graph order and reverse graph order.
-#include "app/trace.h"
+#include "app/training/trace.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "app/jobs.h"
-#include "app/trainer.h"
+#include "app/jobs/jobs.h"
+#include "app/training/trainer.h"
 #include "tests/trace_test_util.h"
 
 namespace ft {

@@ -1,4 +1,4 @@
-// Shared checks of a timeline trace file (app/trace.h) for tests/trace_test.cpp and
+// Shared checks of a timeline trace file (app/training/trace.h) for tests/trace_test.cpp and
 // tests/mpi_trace_test.cpp: parsing, grouping by rank, track and step, and the invariants every
 // trace must hold whatever the rank count.
 #pragma once

@@ -13,7 +13,7 @@
 #include <set>
 #include <sstream>
 
-#include "app/trainer.h"
+#include "app/training/trainer.h"
 #include "core/check.h"
 #include "core/text_data.h"
 #include "tests/run_command.h"

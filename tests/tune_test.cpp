@@ -1,9 +1,9 @@
-// `fusiontrain tune`: the pure parts of app/tune.h (budget split, sweep values, candidate
+// `fusiontrain tune`: the pure parts of app/analysis/tune.h (budget split, sweep values, candidate
 // overrides) and the binary on a one-layer GPT: it ends within --budget-steps, says when the
 // budget stopped it, lists every measured point with its spread, skips bucket sizes on one rank
 // with a note, measures the input config's own fusion as a point, and writes a YAML that
 // load_config accepts and that holds the winner.
-#include "app/tune.h"
+#include "app/analysis/tune.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -16,8 +16,8 @@
 #include <optional>
 #include <string>
 
-#include "app/bench.h"
-#include "app/config.h"
+#include "app/analysis/bench.h"
+#include "app/config/config.h"
 #include "run_command.h"
 
 namespace ft {

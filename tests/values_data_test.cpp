@@ -12,7 +12,7 @@
 #include <iterator>
 #include <new>
 
-#include "app/task.h"
+#include "app/training/task.h"
 #include "core/check.h"
 #include "core/idx.h"
 #include "core/image_data.h"

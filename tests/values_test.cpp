@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "app/config.h"
+#include "app/config/config.h"
 #include "core/check.h"
 #include "tests/run_command.h"
 

@@ -1,0 +1,23 @@
+// train.device for this process: cpu, or cuda once a GPU is known to be usable. Called at the
+// start of every job that computes (train, bench, tune, eval), so `train.device: cuda` on a
+// machine without a GPU, or with a build without the CUDA path, stops with one clear sentence
+// before any data is read.
+// Thread safety: call from the main thread, before any tensor is made on the device.
+#pragma once
+#include <string>
+
+#include "app/config/config.h"
+#include "core/device.h"
+
+namespace ft {
+
+// cpu: nothing to do. cuda: throws a user error (no source path) when no device can be used;
+// otherwise selects this rank's GPU (local_rank modulo the devices) and applies train.tf32.
+Device setup_device(const Config& config, int local_rank);
+// The same for a job without a config: `device` is "cpu" or "cuda" as `setting` names it
+// ("infer --device"); `instead` is what the error suggests ("--device cpu"). Throws a user error
+// for any other name.
+Device setup_device(const std::string& device, const std::string& setting,
+                    const std::string& instead, int local_rank);
+
+}  // namespace ft
