@@ -15,8 +15,8 @@
 #include "core/math/bf16_math.h"
 #include "core/math/fast_exp.h"
 #include "fusion/ops/attention_tile_gemm.h"
+#include "kernels/attention_heads.h"
 #include "kernels/online_softmax.h"
-#include "model/ops/attention_heads.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
