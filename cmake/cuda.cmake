@@ -85,7 +85,7 @@ if(FT_CUDA_ENABLED)
   set_target_properties(ft_nccl PROPERTIES IMPORTED_LOCATION ${FT_NCCL_LIBRARY}
                                            INTERFACE_INCLUDE_DIRECTORIES ${FT_NCCL_INCLUDE_DIR})
 
-  # Each op's CUDA kernels live beside its CPU kernels (model/ops/gelu.cpp and gelu.cu), so each
+  # Each op's CUDA kernels live beside its CPU kernels (kernels/gelu.cpp and gelu.cu), so each
   # folder library takes its own .cu files; FT_HAVE_CUDA=1 is public on ft_core, so every target
   # above it compiles its CUDA dispatch. ft_cuda stays as the one name tests and tools link.
   foreach(folder core kernels model fusion comm)

@@ -1,5 +1,5 @@
 // Where tensors live and how an op picks the kernel of their device. Each op keeps its CPU kernel
-// and its CUDA kernel side by side (model/ops/gelu.cpp and gelu.cu); the op's forward and backward
+// and its CUDA kernel side by side (kernels/gelu.cpp and gelu.cu); the op's forward and backward
 // start with FT_RUN_ON_CUDA(ws, launcher(...)), which runs the CUDA launcher and returns when the
 // workspace is on the GPU. Builds without CUDA compile the macro away, so CPU-only builds need no
 // CUDA symbol, and model code never branches on the device.

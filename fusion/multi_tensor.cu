@@ -1,14 +1,14 @@
 // The multi-tensor passes on CUDA (Apex's multi_tensor_apply): each launch takes its table of
 // (tensor, chunk) blocks in its kernel arguments (fusion/multi_tensor_launch.h), and block b
-// updates one chunk of one tensor with the helpers of model/optimizer_math.h that the CPU range
+// updates one chunk of one tensor with the helpers of kernels/optimizer_math.h that the CPU range
 // kernels also call, and (train.precision: bf16) rounds each updated value into its bf16 copy
 // with core/math/bf16_math.h, as the CPU passes do. The kernels, then the launchers.
 #include "core/cuda/cuda_check.h"
 #include "core/math/bf16_math.h"
 #include "fusion/multi_tensor.h"
 #include "fusion/multi_tensor_launch.h"
-#include "model/optimizer_math.h"
-#include "model/step_control.h"
+#include "kernels/optimizer_math.h"
+#include "kernels/step_control.h"
 
 namespace ft {
 namespace {
@@ -29,9 +29,9 @@ __device__ inline void write_bf16_copies(const Bf16CopyTarget& copies, const flo
 
 // __grid_constant__: the table stays in the kernel-parameter space; the block reads its entries
 // from there instead of copying ~4 KB into each thread's local memory.
-// With a control (a CUDA-graph step, model/step_control.h) the constants, the clip scale and the
+// With a control (a CUDA-graph step, kernels/step_control.h) the constants, the clip scale and the
 // skip decision come from device memory; without one, from the arguments. The scaled gradient is
-// __fmul_rn so that it is never contracted into an FMA (see model/optimizer.cu).
+// __fmul_rn so that it is never contracted into an FMA (see kernels/optimizer.cu).
 __global__ void multi_tensor_adamw_kernel(const __grid_constant__ MultiTensorLaunch<4> launch,
                                           AdamWStep step, const DeviceStepControl* control,
                                           Bf16CopyTarget copies) {
@@ -76,7 +76,7 @@ __global__ void multi_tensor_zero_kernel(const __grid_constant__ MultiTensorLaun
   for (int64_t i = threadIdx.x; i < range.count; i += kMultiTensorThreads) data[i] = 0.0f;
 }
 
-// Block b of the pass sums its chunk as model/optimizer.cu's per-tensor blocks do, so both cuda
+// Block b of the pass sums its chunk as kernels/optimizer.cu's per-tensor blocks do, so both cuda
 // norms give the same partials in the same order.
 __global__ void multi_tensor_square_sum_kernel(
     double* partials, const __grid_constant__ MultiTensorLaunch<1> launch) {

@@ -106,7 +106,7 @@ namespace ft {
 // The multi-tensor kernels (multi_tensor.cu; CUDA builds only), one launch per table, enqueued
 // on `stream`. Array order in the tables: AdamW {value, grad, exp_avg, exp_avg_sq}; SGD {value,
 // grad, momentum_buffer}; zero, scale and the norm {grad}. A non-null `control` (device memory,
-// model/step_control.h) overrides `step` and supplies the clip scale and the skip decision.
+// kernels/step_control.h) overrides `step` and supplies the clip scale and the skip decision.
 struct DeviceStepControl;
 void multi_tensor_adamw_cuda(const std::vector<MultiTensorLaunch<4>>& launches,
                              const AdamWStep& step, const DeviceStepControl* control,

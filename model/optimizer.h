@@ -2,9 +2,10 @@
 // clipping and gradient zeroing. Every pass over the parameters goes through a ParamSweep, a
 // narrow interface saying how a sweep over the flat buffers is carried out: this file implements
 // the per-tensor one (the twin); fusion/multi_tensor.h implements the chunked one, and app/
-// chooses between them. Both call the range kernels below, so they agree bitwise. On cuda
-// (params.device()) both run kernels over the same per-element helpers (model/optimizer_math.h),
-// the per-tensor one launch per tensor, the multi-tensor one a few launches per pass.
+// chooses between them. Both call the range kernels of kernels/optimizer.h, so they agree
+// bitwise. On cuda (params.device()) both run kernels over the same per-element helpers
+// (kernels/optimizer_math.h), the per-tensor one launch per tensor, the multi-tensor one a few
+// launches per pass.
 // State tensors mirror the flat parameter buffer, so a parameter's state is a view at the same
 // offset, and checkpoints store it per parameter under "optim.<slot>.<name>" either way.
 // Thread safety: not synchronised; the training thread owns it.
@@ -16,7 +17,7 @@
 #include <vector>
 
 #include "core/device.h"
-#include "model/optimizer_math.h"
+#include "kernels/optimizer.h"
 #include "model/params.h"
 
 namespace ft {
@@ -28,54 +29,6 @@ struct OptimizerOptions {
   float momentum = 0.9f;
   bool nesterov = false;
 };
-
-// AdamWStep, SgdStep and the per-element math (adamw_element, sgd_element) live in
-// model/optimizer_math.h, shared with the CUDA kernels.
-// Updates `count` consecutive floats of value, exp_avg and exp_avg_sq from grad.
-void adamw_update(float* value, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t count,
-                  const AdamWStep& step, bool weight_decay);
-
-void sgd_update(float* value, float* momentum_buffer, const float* grad, int64_t count,
-                const SgdStep& step, bool weight_decay);
-
-// The gradient norm's summation order, the same for both sweeps so their norms agree bitwise:
-// the flat gradient buffer is cut into chunks of kSweepChunk floats; in a chunk, lane L (flat
-// index % kNormLanes) sums the squares of its floats in double in index order; a chunk adds its
-// lanes in lane order, and the total adds the chunks in chunk order. Lanes let the chunked pass
-// vectorise while a tensor boundary inside a chunk changes nothing.
-constexpr int64_t kSweepChunk = 65536;  // floats per chunk of a multi-tensor pass
-constexpr int kNormLanes = 8;
-using NormLanes = std::array<double, kNormLanes>;
-// Adds the squares of grad[0, count), which start at flat index `flat_index`, into `lanes`.
-void accumulate_squares(NormLanes& lanes, const float* grad, int64_t flat_index, int64_t count);
-double sum_chunk_lanes(const std::vector<NormLanes>& chunk_lanes);
-
-struct DeviceStepControl;  // model/step_control.h
-
-// The same on device pointers, one launch per call, enqueued on `stream` (optimizer.cu; CUDA
-// builds only). They are the per-tensor sweep's kernels on cuda. A non-null `control` (device
-// memory) overrides `step` and supplies the clip scale and the skip decision (step_control.h).
-void adamw_update_cuda(float* value, float* exp_avg, float* exp_avg_sq, const float* grad,
-                       int64_t count, const AdamWStep& step, bool weight_decay,
-                       const DeviceStepControl* control, CudaStream stream);
-void sgd_update_cuda(float* value, float* momentum_buffer, const float* grad, int64_t count,
-                     const SgdStep& step, bool weight_decay, const DeviceStepControl* control,
-                     CudaStream stream);
-void scale_cuda(float* data, int64_t count, float scale, CudaStream stream);
-// The norm on cuda sums in double too, but in its own deterministic order (not the CPU lane order
-// above, so cuda and cpu norms agree to rounding, not bitwise): each (tensor, chunk of
-// kSweepChunk floats of that tensor) gives one partial sum, written to partials[c] for the
-// tensor's c-th chunk; square_sum_total_cuda then adds `count` partials in a fixed tree and
-// copies the total to the host, the only host synchronisation of a sweep.
-// REQUIRES: partials holds ceil(count / kSweepChunk) doubles (device memory).
-void square_sum_partials_cuda(double* partials, const float* data, int64_t count,
-                              CudaStream stream);
-// REQUIRES: total is one device double, distinct from partials[0, count).
-double square_sum_total_cuda(double* total, const double* partials, int64_t count,
-                             CudaStream stream);
-// The same without the copy to the host: *total is written on the device (0 when count is 0).
-void square_sum_total_on_device_cuda(double* total, const double* partials, int64_t count,
-                                     CudaStream stream);
 
 // How a sweep over the flat parameter buffers is carried out: what the optimizers, clipping and
 // zeroing need. State tensors are laid out like ParamStore::flat_values(), on params.device().
@@ -107,7 +60,7 @@ class ParamSweep {
   virtual bool writes_bf16_copies() const { return false; }
 
   // While set (a CUDA-graph step), the cuda adamw and sgd passes read their constants, the clip
-  // scale and the skip decision from `control` (device memory, model/step_control.h) instead of
+  // scale and the skip decision from `control` (device memory, kernels/step_control.h) instead of
   // their `step` argument. Null clears it. REQUIRES: control outlives its use.
   void set_device_control(const DeviceStepControl* control) { device_control_ = control; }
   const DeviceStepControl* device_control() const { return device_control_; }
@@ -129,7 +82,7 @@ class Optimizer {
   // device (params.device() at construction).
   virtual std::vector<std::pair<std::string, Tensor*>> state_slots() = 0;
   // The constants step() would use at `lr` for the step after steps_taken(), into the host copy
-  // of a CUDA-graph step's control (model/step_control.h); step() itself is then replayed.
+  // of a CUDA-graph step's control (kernels/step_control.h); step() itself is then replayed.
   virtual void next_step_constants(float lr, DeviceStepControl* control) const = 0;
   int64_t steps_taken() const { return steps_taken_; }
   void set_steps_taken(int64_t steps) { steps_taken_ = steps; }

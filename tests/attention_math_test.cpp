@@ -1,4 +1,4 @@
-// The online softmax of core/math/online_softmax.h, which FlashAttentionOp's CPU and CUDA kernels
+// The online softmax of kernels/online_softmax.h, which FlashAttentionOp's CPU and CUDA kernels
 // and the CUDA classifier share, against a two-pass softmax in double: rows fed in pieces (key
 // tiles) whose maximum grows, shrinks and jumps, an attention-style output row rescaled with the
 // returned factor, one entry at a time, merges of partial states (the GPU's reductions), fully
@@ -9,7 +9,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/math/online_softmax.h"
+#include "kernels/online_softmax.h"
 
 namespace ft {
 namespace {

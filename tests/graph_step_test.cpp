@@ -16,9 +16,9 @@
 #include "core/allocator.h"
 #include "core/check.h"
 #include "core/rng.h"
+#include "kernels/step_control.h"
 #include "model/gpt.h"
 #include "model/optimizer.h"
-#include "model/step_control.h"
 
 namespace ft {
 namespace {

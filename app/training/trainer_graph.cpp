@@ -5,7 +5,7 @@
 //
 // What a replay cannot take from its captured arguments lives in device memory: the batch, its
 // token grouping and the dropout seed (Executor::stage_inputs, before each launch), and the
-// step's scalars in a DeviceStepControl (model/step_control.h): the host writes the optimizer's
+// step's scalars in a DeviceStepControl (kernels/step_control.h): the host writes the optimizer's
 // constants for the coming step, the graph writes the loss, the norm, the clip scale and whether
 // any rank diverged, and the host reads them back after the launch, the step's one
 // synchronisation. The optimizer kernels skip a diverged step on the device, so a skipped replay
@@ -18,7 +18,7 @@
 #include "app/training/trainer.h"
 #include "core/check.h"
 #include "core/timer.h"
-#include "model/step_control.h"
+#include "kernels/step_control.h"
 
 #if defined(FT_HAVE_CUDA)
 #include "core/cuda/cuda_context.h"

@@ -111,7 +111,7 @@ void BatchedLayerNormOp::backward(Workspace& ws, ParamStore& params) {
 }
 
 #if defined(FT_HAVE_CUDA)
-// The same table the CPU loops walk, as model/ops/layernorm.cu's launch entries.
+// The same table the CPU loops walk, as kernels/layernorm.cu's launch entries.
 void BatchedLayerNormOp::forward_cuda(Workspace& ws, ParamStore& params) {
   std::vector<LayerNormCudaTensors> norms(count_);
   for (int n = 0; n < count_; ++n) {

@@ -8,7 +8,7 @@
 // them (last op first), so a weight shared by every head gets bit-for-bit the unfused gradient.
 // Inputs {x_0 .. x_{count-1}}, outputs {y_0 .. y_{count-1}}, each [rows, channels], possibly a
 // column view; params {w_0, b_0, w_1, b_1, ...}, where pairs may name the same parameters.
-// On cuda the same table of LayerNorms goes to model/ops/layernorm.cu's batched kernels (one
+// On cuda the same table of LayerNorms goes to kernels/layernorm.cu's batched kernels (one
 // launch per 32 LayerNorms); their parameter gradients are also added last LayerNorm first.
 // Thread safety: an op instance belongs to one training thread.
 #pragma once

@@ -1,6 +1,6 @@
 // Fused classifier on CUDA (see classifier.h): the logits GEMM through gemm_cuda, then one block
 // per row that finds the row's max and normaliser in one pass with the online softmax of
-// core/math/online_softmax.h (each thread over a strided share, then merged across the block),
+// kernels/online_softmax.h (each thread over a strided share, then merged across the block),
 // and writes dlogits = (softmax - onehot) / rows with the same exp as the CPU loop; the loss is
 // reduced by mean_row_losses_cuda, in a fixed order. In bf16 the GEMMs read bf16 x and wte, and
 // backward rounds dloss · dlogits once (core/math/bf16_math.h) for both of its GEMMs.
@@ -8,8 +8,8 @@
 #include "core/cuda/launch.h"
 #include "core/gemm.h"
 #include "core/math/bf16_math.h"
-#include "core/math/online_softmax.h"
 #include "fusion/ops/classifier.h"
+#include "kernels/online_softmax.h"
 #include "model/ops/cross_entropy.h"
 
 namespace ft {

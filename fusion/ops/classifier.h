@@ -45,7 +45,7 @@ void classifier_backward(float* dx, bool overwrite_dx, float* dwte, float dloss,
 // The same on device pointers, enqueued on `stream` (classifier.cu; CUDA builds only). Forward
 // runs one logits GEMM over all rows (`tile_rows` is a CPU cache block; the GPU streams the
 // logits through L2 either way), then one block per row: the online softmax of
-// core/math/online_softmax.h, the row's loss into row_losses [rows] and, unless `dlogits` is
+// kernels/online_softmax.h, the row's loss into row_losses [rows] and, unless `dlogits` is
 // null, its dlogits; then mean_row_losses_cuda (model/ops/cross_entropy.h) writes loss[0].
 // Backward reads d loss from the device (`dloss`), so it cannot be a GEMM's host alpha: dwte +=
 // dlogits^T (dloss x) and dx (+|=) dloss (dlogits wte) go through `scratch` [rows, C].

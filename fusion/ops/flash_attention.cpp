@@ -14,9 +14,9 @@
 #include "core/check.h"
 #include "core/math/bf16_math.h"
 #include "core/math/fast_exp.h"
-#include "core/math/online_softmax.h"
 #include "fusion/ops/attention_tile_gemm.h"
-#include "model/ops/attention_heads.h"
+#include "kernels/attention_heads.h"
+#include "kernels/online_softmax.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
@@ -206,7 +206,7 @@ void flash_attention_forward(float* y, float* lse, const float* q, const float* 
             float tile_max = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : tile_max)
             for (int64_t s = 0; s < lanes; ++s) tile_max = row[s] > tile_max ? row[s] : tile_max;
-            // Online softmax (core/math/online_softmax.h): with m' = max(m, tile max), the
+            // Online softmax (kernels/online_softmax.h): with m' = max(m, tile max), the
             // earlier terms of l and of the output were weighted by exp(S - m) and are rescaled
             // by exp(m - m').
             OnlineSoftmax& state = row_state[r];

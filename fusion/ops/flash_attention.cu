@@ -3,7 +3,7 @@
 // head_dim + 1 floats: a warp whose lanes walk 32 different rows of a tile along d then hits 32
 // different banks (head_dim even). The CPU kernel's `tile` does not apply; the tile is fixed.
 //   forward: block per (b, h, query tile); a warp owns 4 query rows, lane c the key c of each key
-//     tile, and runs the online softmax of core/math/online_softmax.h over the key tiles (the
+//     tile, and runs the online softmax of kernels/online_softmax.h over the key tiles (the
 //     helpers the CPU kernel calls), the output row spread over the lanes (d = lane + 32 x).
 //   backward (FlashAttention-2), without atomics so it is reproducible: D_t = <dY_t, Y_t> first,
 //     then a kernel per key tile that walks the query rows below it for dK and dV, and one per
@@ -11,8 +11,8 @@
 //     dS = scale P (dP - D) tile by tile with the same device function.
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/reduce.cuh"
-#include "core/math/online_softmax.h"
 #include "fusion/ops/flash_attention.h"
+#include "kernels/online_softmax.h"
 
 namespace ft {
 namespace {

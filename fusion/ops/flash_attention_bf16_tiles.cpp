@@ -18,9 +18,9 @@
 #if defined(__AVX512BF16__)
 #include <cmath>
 
-#include "core/math/online_softmax.h"
 #include "fusion/ops/attention_tile_dot_bf16.h"
 #include "fusion/ops/flash_attention_bf16.h"
+#include "kernels/online_softmax.h"
 
 namespace ft::attention_bf16 {
 namespace {

@@ -13,7 +13,7 @@
 #endif
 #include "fusion/ops/flash_attention.h"
 #include "fusion/ops/flash_attention_bf16.h"
-#include "model/ops/attention_heads.h"
+#include "kernels/attention_heads.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {

@@ -1,5 +1,5 @@
 // LayerNorm -> cast and GELU -> cast on CUDA: the kernels, then their launchers. LayerNorm is one
-// warp per row (8 rows per block), as model/ops/layernorm.cu and residual_layernorm.cu, through
+// warp per row (8 rows per block), as kernels/layernorm.cu and residual_layernorm.cu, through
 // the bf16 row helper of fusion/ops/layernorm_bf16_row.cuh; GELU is a grid-stride loop over
 // core/math/gelu_math.h. Both round with core/math/bf16_math.h, so they write the bits their CPU
 // twins in layernorm_cast.cpp write from the same fp32 values.

@@ -3,7 +3,7 @@
 // normalises that row through layernorm_math.h's warp helpers, reading back only its own writes.
 // The keep decision is kernels/dropout_math.h's, on the element index r * C + c that DropoutOp
 // and the CPU kernel hash, so the mask is the same bits on both devices. The weight and bias
-// gradients are LayerNorm's column reduction (model/ops/layernorm.cu), called by the op. A bf16
+// gradients are LayerNorm's column reduction (kernels/layernorm.cu), called by the op. A bf16
 // `normed` (train.precision: bf16) is the same row rounded once as it is written
 // (fusion/ops/layernorm_bf16_row.cuh), as the CPU rounds its fp32 row buffer.
 #include "core/check.h"

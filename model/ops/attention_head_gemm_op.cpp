@@ -1,6 +1,6 @@
 #include "model/ops/attention_head_gemm_op.h"
 
-#include "model/ops/attention_heads.h"
+#include "kernels/attention_heads.h"
 
 namespace ft {
 

@@ -1,7 +1,7 @@
 // Attention mix on CUDA: the GEMMs of attention_mix.cpp through gemm_cuda, as strided batches
 // (attention_head_gemms_cuda of attention_scores.h); no kernels of its own.
 #include "core/gemm.h"
-#include "model/ops/attention_heads.h"
+#include "kernels/attention_heads.h"
 #include "model/ops/attention_mix.h"
 #include "model/ops/attention_scores.h"
 #include "model/ops/linear.h"

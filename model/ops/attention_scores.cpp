@@ -4,7 +4,7 @@
 
 #include "core/check.h"
 #include "core/gemm.h"
-#include "model/ops/attention_heads.h"
+#include "kernels/attention_heads.h"
 #include "model/ops/linear.h"
 #include "model/ops/op_checks.h"
 

@@ -1,7 +1,7 @@
 // Attention scores on CUDA: the GEMMs of attention_scores.cpp through gemm_cuda, as strided
 // batches over the heads (or the sequences); no kernels of its own.
 #include "core/gemm.h"
-#include "model/ops/attention_heads.h"
+#include "kernels/attention_heads.h"
 #include "model/ops/attention_scores.h"
 #include "model/ops/linear.h"
 

@@ -37,7 +37,7 @@ void attention_scores_backward_cuda(float* dq, float* dk, const float* dscores, 
                                     bool overwrite_dq, bool overwrite_dk, int batch, int seq_len,
                                     int channels, int n_head, CudaStream stream);
 // The attention GEMMs on CUDA: `per_head` has the heads of one sequence as its batch (built by
-// model/ops/attention_heads.h); sequence b's operands start seq_offset_{a,b,c} * b elements
+// kernels/attention_heads.h); sequence b's operands start seq_offset_{a,b,c} * b elements
 // further. Runs `batch` strided-batch GEMMs over the heads, or, with more sequences than heads,
 // n_head strided-batch GEMMs over the sequences (fewer launches, the same products).
 void attention_head_gemms_cuda(float* c, GemmOperand a, GemmOperand b, const GemmArgs& per_head,

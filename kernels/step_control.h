@@ -13,7 +13,7 @@
 
 #include "core/device.h"
 #include "core/hd.h"
-#include "model/optimizer_math.h"
+#include "kernels/optimizer_math.h"
 
 namespace ft {
 

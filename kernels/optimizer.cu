@@ -1,17 +1,17 @@
-// The per-tensor sweep's kernels on CUDA (model/optimizer.h): one launch per tensor and pass, over
-// the helpers of model/optimizer_math.h that the CPU range kernels also call, then the
+// The per-tensor sweep's kernels on CUDA (optimizer.h): one launch per tensor and pass, over
+// the helpers of kernels/optimizer_math.h that the CPU range kernels also call, then the
 // gradient norm's final reduction, which fusion/multi_tensor.cu shares.
 #include "core/capture_guard.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
-#include "model/optimizer.h"
-#include "model/optimizer_math.h"
-#include "model/step_control.h"
+#include "kernels/optimizer.h"
+#include "kernels/optimizer_math.h"
+#include "kernels/step_control.h"
 
 namespace ft {
 namespace {
 
-// With a control (a CUDA-graph step, model/step_control.h) the constants, the clip scale and the
+// With a control (a CUDA-graph step, kernels/step_control.h) the constants, the clip scale and the
 // skip decision come from device memory; without one, from the arguments. The scaled gradient is
 // __fmul_rn: a plain product may be contracted into the FMA of sgd_element's grad + decay * value,
 // which rounds once where the eager step (clipped in place, then read) rounds twice.

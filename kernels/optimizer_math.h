@@ -1,5 +1,5 @@
 // The per-element optimizer math, shared by the CPU range kernels (model/optimizer.cpp) and the
-// CUDA kernels (model/optimizer.cu, fusion/multi_tensor.cu), so the CPU tests cover the GPU's
+// CUDA kernels (kernels/optimizer.cu, fusion/multi_tensor.cu), so the CPU tests cover the GPU's
 // math. Under nvcc the helpers are __host__ __device__ (core/hd.h); the device-only block
 // reduction of the gradient norm at the end is shared by both CUDA files.
 // Thread safety: pure functions.
