@@ -2,10 +2,11 @@
 // doing (XLA's ShouldFuse/Fuse): a pass records a Decision for every candidate it looks at,
 // fused or skipped with the reason, which is what `fusiontrain plan` prints. Each pass declares
 // itself in a PassInfo (its key, family, switch, the op kinds it creates and the passes it must
-// run after), kept with the others' in fusion/pass_infos.cpp; PassRegistry::standard() (fusion/
-// pass_registry.h) lists them once, and bench, tune, fusion advice and the config schema derive
-// their pass keys from that list. This header and fusion/pass.cpp need nothing of the engine.
-// Thread safety: passes are stateless; run on the thread that builds the graph.
+// run after), kept with the others' in fusion/pass_infos.cpp; fusion/standard_passes.def lists the
+// standard ones once, in run order, and bench, tune, fusion advice and the config schema derive
+// their pass keys from that list (PassRegistry::standard()). This header and fusion/pass.cpp need
+// nothing of the engine. Thread safety: passes are stateless; run on the thread that builds the
+// graph.
 #pragma once
 #include <string>
 #include <vector>

@@ -14,16 +14,15 @@ bool lists(const std::vector<std::string>& names, const char* name) {
 
 }  // namespace
 
-// The one list of keys, in run order. cuda_graph is no entry: it replays the whole step,
-// whatever the passes did. FusionPipeline::standard() must list the same passes in this order.
+// fusion/standard_passes.def's entries, in its order.
 const PassRegistry& PassRegistry::standard() {
   static const PassRegistry registry = [] {
     PassRegistry list;
-    for (const PassInfo& (*info)() :
-         {fold_bn_info, qkv_info, batched_layernorm_info, multi_tensor_info, conv_shortcut_info,
-          gemm_epilogue_info, residual_layernorm_info, classifier_info, attention_info,
-          bn_relu_info, cast_info})
-      list.add(info());
+#define FT_PASS(name) list.add(name##_info());
+#define FT_SWITCH(name) FT_PASS(name)
+#include "fusion/standard_passes.def"
+#undef FT_SWITCH
+#undef FT_PASS
     list.check_after_names();
     return list;
   }();
@@ -36,8 +35,7 @@ void PassRegistry::add(const PassInfo& info) {
     if (lists(entry->after, info.name))
       FT_FAIL("fusion pipeline order: pass '", entry->name, "' must run after '", info.name,
               "' (its PassInfo::after says so), but '", info.name,
-              "' is listed after it; move it up in the list (fusion/pass_registry.cpp and "
-              "fusion/pipeline.cpp)");
+              "' is listed after it; move it up in the list (fusion/standard_passes.def)");
   }
   entries_.push_back(&info);
 }

@@ -3,8 +3,8 @@
 // only lists pass keys reads one: the config schema, bench's variants and --ablation keys, tune
 // and fusion advice. It holds no pass, so they link without the passes and the engine behind them
 // (the fuzz build links only fusion/pass.cpp, pass_infos.cpp and pass_registry.cpp).
-// standard() is the one list of the standard pipeline's keys in run order; FusionPipeline::
-// standard() (fusion/pipeline.h) checks that its passes are exactly these entries, in this order.
+// standard() is the standard pipeline's keys in run order, expanded from fusion/standard_passes.def
+// as FusionPipeline::standard() (fusion/pipeline.h) expands its passes, and checked against it.
 // A FusionPipeline holds a registry of its own entries, so a test's pipeline with a pass of its
 // own hands its registry to the same consumers.
 // Thread safety: standard() is built once (function-local static) and read-only afterwards; add()
@@ -20,7 +20,7 @@ namespace ft {
 class PassRegistry {
  public:
   // Every PassInfo of fusion/pass_infos.h, in the order the standard pipeline runs them; built
-  // once. Adding a pass to it is one line in fusion/pass_registry.cpp.
+  // once. Adding a pass to it is one line in fusion/standard_passes.def.
   static const PassRegistry& standard();
 
   // Appends `info`. Throws ft::Error when its key is already listed, or when an entry already

@@ -35,21 +35,16 @@ void check_created_kinds(const PassInfo& info, const std::set<OpKind>& before, c
 
 }  // namespace
 
-// The passes, in PassRegistry::standard()'s order (fusion/pass_registry.cpp), which the check at
-// the end holds this list to.
+// fusion/standard_passes.def's passes and switches, in its order. check_entries() holds the
+// result to PassRegistry::standard(), which expands the same list: a pass whose info() returns
+// some other PassInfo than its fusion/pass_infos.h entry fails here.
 FusionPipeline FusionPipeline::standard() {
   FusionPipeline pipeline;
-  pipeline.add(make_fold_bn_pass());
-  pipeline.add(make_qkv_pass());
-  pipeline.add(make_batched_layernorm_pass());
-  pipeline.add_switch(multi_tensor_info());
-  pipeline.add(make_conv_shortcut_pass());
-  pipeline.add(make_gemm_epilogue_pass());
-  pipeline.add(make_residual_layernorm_pass());
-  pipeline.add(make_classifier_pass());
-  pipeline.add(make_attention_pass());
-  pipeline.add(make_bn_relu_pass());
-  pipeline.add(make_cast_pass());
+#define FT_PASS(name) pipeline.add(make_##name##_pass());
+#define FT_SWITCH(name) pipeline.add_switch(name##_info());
+#include "fusion/standard_passes.def"
+#undef FT_SWITCH
+#undef FT_PASS
   pipeline.check_entries(PassRegistry::standard());
   return pipeline;
 }
@@ -75,8 +70,8 @@ void FusionPipeline::check_entries(const PassRegistry& expected) const {
                   ? " (another PassInfo object of the same key: a pass's info() must return its "
                     "fusion/pass_infos.h entry)"
                   : ""),
-             "; FusionPipeline::standard() (fusion/pipeline.cpp) and PassRegistry::standard() "
-             "(fusion/pass_registry.cpp) must list the same passes in the same order");
+             "; a pipeline standing for the standard one must list fusion/standard_passes.def's "
+             "entries in its order");
 }
 
 FusionResult FusionPipeline::run(Graph& graph, const ParamStore& params,

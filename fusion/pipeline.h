@@ -4,9 +4,10 @@
 // the executed graph is exactly the built one.
 // Beside its passes a pipeline holds their PassInfo (and those of switches that rewrite no graph,
 // such as fusion.horizontal.multi_tensor) as a PassRegistry (fusion/pass_registry.h): what key
-// listings read. standard() checks that its list is PassRegistry::standard(), entry for entry.
-// Order constraints are declared by each pass (PassInfo::after) and checked as passes are added.
-// Thread safety: used by the training thread while building graphs.
+// listings read. standard() expands fusion/standard_passes.def, as PassRegistry::standard() does,
+// and checks that the two agree entry for entry. Order constraints are declared by each pass
+// (PassInfo::after) and checked as passes are added. Thread safety: used by the training thread
+// while building graphs.
 #pragma once
 #include <memory>
 #include <string>
@@ -32,8 +33,8 @@ struct FusionResult {
 
 class FusionPipeline {
  public:
-  // Every pass of fusion/passes.h and every switch, in order. Throws ft::Error when that list is
-  // not PassRegistry::standard()'s (check_entries): the two lists cannot drift apart.
+  // Every pass and switch of fusion/standard_passes.def, in its order. Throws ft::Error when that
+  // list is not PassRegistry::standard()'s (check_entries), say a pass whose info() is a copy.
   static FusionPipeline standard();
 
   // Appends a pass. Throws ft::Error when its key is already listed, or when a pass already

@@ -78,6 +78,14 @@ HeadOffsets head_offsets(int64_t bh, int n_head, int64_t T, int64_t hd,
           b * T * strides.y + h * hd};
 }
 
+// The q, k and v rows of the head at `next`: what forward and backward both read first.
+void prefetch_qkv(const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+                  const HeadOffsets& next, const AttentionStrides& strides, int64_t T, int64_t hd) {
+  prefetch_rows(q + next.q, strides.q, T, hd);
+  prefetch_rows(k + next.k, strides.k, T, hd);
+  prefetch_rows(v + next.v, strides.v, T, hd);
+}
+
 void require_native(const char* what) {
   FT_CHECK(flash_attention_bf16_native(), what,
            ": the AVX512-BF16 kernels do not run here (check flash_attention_bf16_native())");
@@ -115,11 +123,7 @@ void flash_attention_forward_bf16(float* y, float* lse, const bf16_bits* q, cons
   for_each_head("flash_attention_forward_bf16", strides, batch, seq_len, channels, n_head, tile,
                 [&](int64_t bh, const HeadOffsets& at, const HeadOffsets* next,
                     const attention_bf16::HeadGeometry& g, unsigned char* scratch) {
-                  if (next != nullptr) {
-                    prefetch_rows(q + next->q, strides.q, T, g.hd);
-                    prefetch_rows(k + next->k, strides.k, T, g.hd);
-                    prefetch_rows(v + next->v, strides.v, T, g.hd);
-                  }
+                  if (next != nullptr) prefetch_qkv(q, k, v, *next, strides, T, g.hd);
                   attention_bf16::forward_head(y + at.y, lse + bh * T, q + at.q, k + at.k, v + at.v,
                                                strides, g, scratch);
                 });
@@ -134,9 +138,7 @@ void flash_attention_backward_bf16(float* dq, float* dk, float* dv, const float*
                 [&](int64_t bh, const HeadOffsets& at, const HeadOffsets* next,
                     const attention_bf16::HeadGeometry& g, unsigned char* scratch) {
                   if (next != nullptr) {
-                    prefetch_rows(q + next->q, strides.q, T, g.hd);
-                    prefetch_rows(k + next->k, strides.k, T, g.hd);
-                    prefetch_rows(v + next->v, strides.v, T, g.hd);
+                    prefetch_qkv(q, k, v, *next, strides, T, g.hd);
                     prefetch_rows(dy + next->y, strides.y, T, g.hd);
                     prefetch_rows(y + next->y, strides.y, T, g.hd);
                     prefetch_rows(dq + next->q, strides.q, T, g.hd);
