@@ -206,7 +206,7 @@ TEST(ClassifierPassTest, FusesTheGptLmHeadInTrainAndEvalGraphs) {
     EXPECT_EQ(classifier.forward_kind(), mode == GraphMode::kTrain
                                              ? ClassifierForward::kLossAndDlogits
                                              : ClassifierForward::kLossOnly);
-    EXPECT_EQ(classifier.tile_rows(), 3 * 8);  // 256 KiB holds 256 rows of 1 KiB; 24 exist
+    EXPECT_EQ(classifier.tile_rows(), 3 * 8);  // 1024 KiB holds 1024 rows of 1 KiB; 24 exist
     EXPECT_FALSE(graph.values[graph.output].needs_grad);
   }
 }

@@ -232,7 +232,7 @@ TEST(GemmEpiloguePassTest, FusesLinearThenGeluAndNothingElse) {
   EXPECT_EQ(m.graph.ops[1]->op_kind(), OpKind::kLinear);
   const auto& op = static_cast<const LinearGeluOp&>(*m.graph.ops[0]);
   EXPECT_EQ(op.forward_kind(), LinearGeluForward::kTiledKeepPreactivation);
-  EXPECT_EQ(op.tile_rows(), 6);  // 256 KiB / (4 · 32) = 2048 rows, clamped to the 6 there are
+  EXPECT_EQ(op.tile_rows(), 6);  // 1024 KiB / (4 · 32) = 8192 rows, clamped to the 6 there are
 }
 
 TEST(GemmEpiloguePassTest, RefusesAnOutputWithTwoConsumers) {
