@@ -2,7 +2,7 @@
 // AttentionMixOp, two [B, NH, T, T] intermediates) against FlashAttentionOp (online softmax over
 // tiles, a [B, NH, T] log-sum-exp), q/k/v as views of one [B*T, 3C] buffer as after the QKV
 // fusion. Shapes: B=4, NH=4, hd=32 at T = 64 (gpt_tiny), 256 and 1024, and gpt_small (B=8,
-// T=128, C=256, NH=8). Flash runs at the tile the pass picks for tile_kb 256 (256, clamped to T) and at tile 64.
+// T=128, C=256, NH=8). Flash runs at tile 256 (what tile_kb 256 picks; clamped to T) and 64.
 // Counters:
 //   stored_bytes  activations kept from forward for backward besides q, k, v, y
 //                 (chain: scores + probs; flash: the log-sum-exp)

@@ -50,8 +50,8 @@ void linear_shapes(benchmark::internal::Benchmark* bench) {
   }
 }
 // gpt_small's MLP c_fc (rows 1024, 256 -> 1024) in fp32 and bf16: forward and dx over all rows,
-// and over the row tiles Linear+GELU runs them in (64 rows at fusion.tile_kb 256, 256 at the default 1024),
-// which shows what tiling costs each precision's GEMM.
+// and over the row tiles Linear+GELU runs them in (64 rows at fusion.tile_kb 256, 256 at the
+// default 1024), which shows what tiling costs each precision's GEMM.
 void mlp_tile_shapes(benchmark::internal::Benchmark* bench) {
   for (int bf16 : {0, 1})
     for (int rows : {1024, 256, 64}) {

@@ -37,7 +37,7 @@ struct FusionOptions {
   // The whole training step as one captured CUDA graph, replayed each step (train.device cuda;
   // app/training/trainer_graph.cpp): the limit of horizontal launch fusion. Not a graph pass.
   bool cuda_graph = false;
-  int max_ops = 4;    // eager ops one fused op may absorb; 1 fuses nothing
+  int max_ops = 4;  // eager ops one fused op may absorb; 1 fuses nothing
   // Live intermediates per row tile of a fused row-tiled op. 1024 (a Zen 4 core's L2): bf16's
   // Linear+GELU tiles need the rows (docs/mixed_precision.md, "Row tiles"); fp32 is the same.
   int tile_kb = 1024;
