@@ -6,9 +6,10 @@
 //   y = gamma_c * (x - mean_c) / sqrt(var_c + eps) + beta_c
 //   running_mean = (1 - m) running_mean + m mean_c
 //   running_var  = (1 - m) running_var  + m var_c * M / (M - 1)     (unbiased, as PyTorch)
-// An activation (BatchNormActivation) may run inside the elementwise pass, and backward may mask
-// dy by it (BatchNormMask): the fused ops' variants, computed with the very same expressions as
-// the eager chain (batchnorm_math.h), so the two agree bit for bit.
+// Only plain BatchNorm is here. Its loops (batchnorm_loops.h, and batchnorm_cuda_loops.cuh on
+// CUDA) are generic over the elementwise pass's output and backward's dz, and fusion/'s ReLU
+// variants (fusion/ops/batchnorm_relu_kernels.h) instantiate them with a ReLU, so the fused ops
+// evaluate the very same expressions as the eager chain and the two agree bit for bit.
 // Thread safety: loops are parallel over row chunks with OpenMP, and statistics are summed in a
 // fixed chunk order, so results do not depend on the thread count; a BatchNormScratch belongs to
 // one caller at a time.
@@ -21,25 +22,13 @@
 
 namespace ft {
 
-// What the elementwise pass applies to z = gamma * x_hat + beta before it stores y.
-enum class BatchNormActivation {
-  kNone,  // y = z
-  kRelu,  // y = max(z, 0) (0 for NaN, as ReluOp): z itself never reaches memory
-};
-
-// Where backward's ReLU mask comes from: none (plain BatchNorm); the saved output y > 0 of a ReLU
-// applied after the normalisation (BatchNormAddReluOp, whose y is relu(z + s)); or the
-// normalisation's own z = gamma x_hat + beta > 0, recomputed from x with forward's expression
-// (BatchNormReluOp: the same mask as y > 0, bit for bit, without reading y).
-enum class BatchNormMask { kNone, kReluOutput, kRecomputed };
-
 // Buffers the batchnorm_* functions reuse from call to call; each op owns one, so a step
 // allocates nothing.
 struct BatchNormScratch {
   std::vector<float> chunk_sums;         // [chunks][2][C] float partial sums over row chunks
   std::vector<double> sums;              // [2][C] their totals, summed in chunk order
   std::vector<float> coefficients;       // [3][C] per-channel factors of the elementwise passes
-  std::vector<float> mask_coefficients;  // [2][C] forward's {scale, shift} (kRecomputed)
+  std::vector<float> mask_coefficients;  // [2][C] forward's {scale, shift} (fusion's ReLU masks)
   // On cuda, on the device (allocated on first use; batchnorm.cu): [2][C] the batch mean and
   // invstd forward saves for backward, [chunks][2][C] float partial sums, and [3][C]
   // coefficients. On cuda the ops' host saved_mean/saved_invstd are unused.
@@ -50,48 +39,29 @@ struct BatchNormScratch {
 // CPU's chunks of 128 rows).
 constexpr int64_t kBatchNormCudaRowsPerChunk = 128;
 
-// Batch statistics over the rows (B*H*W) of x [rows, channels]: y = activation(gamma x_hat +
-// beta). Writes the batch mean and 1 / sqrt(batch var + eps) to saved_mean and saved_invstd
-// [channels] for batchnorm_backward, and moves running_mean and running_var (read and written)
-// toward the batch statistics by `momentum`.
+// Batch statistics over the rows (B*H*W) of x [rows, channels]: y = gamma x_hat + beta.
+// Writes the batch mean and 1 / sqrt(batch var + eps) to saved_mean and saved_invstd [channels]
+// for batchnorm_backward, and moves running_mean and running_var (read and written) toward the
+// batch statistics by `momentum`.
 // REQUIRES: rows >= 2 (the unbiased variance needs two values).
 void batchnorm_forward_train(float* y, float* saved_mean, float* saved_invstd, float* running_mean,
                              float* running_var, const float* x, const float* gamma,
                              const float* beta, int64_t rows, int channels, float momentum,
-                             float eps, BatchNormActivation activation, BatchNormScratch& scratch);
-// The same with y in bf16 (train.precision: bf16, where y only feeds a convolution's cast): each
-// element rounded once from the value the fp32 form stores (fusion.vertical.cast).
-void batchnorm_forward_train(bf16_bits* y, float* saved_mean, float* saved_invstd,
-                             float* running_mean, float* running_var, const float* x,
-                             const float* gamma, const float* beta, int64_t rows, int channels,
-                             float momentum, float eps, BatchNormActivation activation,
-                             BatchNormScratch& scratch);
+                             float eps, BatchNormScratch& scratch);
 
 // Backward of batchnorm_forward_train: dgamma += ..., dbeta += ..., and dx += ... (= when
-// dx_fresh; see Op::overwrites_fresh_input_grads), with dy masked as `mask` says (see
-// batchnorm.cpp for the math). relu_output is read only for kReluOutput, beta only for
-// kRecomputed; either may be null otherwise.
-void batchnorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy, BatchNormMask mask,
-                        const float* relu_output, const float* x, const float* gamma,
-                        const float* beta, const float* saved_mean, const float* saved_invstd,
+// dx_fresh; see Op::overwrites_fresh_input_grads); the math is derived in batchnorm_loops.h.
+void batchnorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy, const float* x,
+                        const float* gamma, const float* saved_mean, const float* saved_invstd,
                         int64_t rows, int channels, bool dx_fresh, BatchNormScratch& scratch);
 
-// The per-channel halves of the two functions above, for fused ops that bring their own
-// elementwise pass (fusion/ops/batchnorm_add_relu.h). batchnorm_train_statistics does
-// batchnorm_forward_train's reduction pass and running-statistics update and leaves
-// {scale, shift} [2][C] in scratch.coefficients, so that z = scale x + shift.
-// batchnorm_backward_statistics does batchnorm_backward's reduction pass (dz = dy, or dy masked by
-// `mask`), adds to dgamma and dbeta, and leaves {k_dy, k_x, k_0} [3][C] in
-// scratch.coefficients, so that dx = k_dy dz + k_x (x - mean) + k_0.
+// The per-channel half of batchnorm_forward_train, for fused ops that bring their own
+// elementwise pass (fusion/ops/batchnorm_add_relu.h): the reduction pass and running-statistics
+// update, leaving {scale, shift} [2][C] in scratch.coefficients, so that z = scale x + shift.
 void batchnorm_train_statistics(float* saved_mean, float* saved_invstd, float* running_mean,
                                 float* running_var, const float* x, const float* gamma,
                                 const float* beta, int64_t rows, int channels, float momentum,
                                 float eps, BatchNormScratch& scratch);
-void batchnorm_backward_statistics(float* dgamma, float* dbeta, const float* dy, BatchNormMask mask,
-                                   const float* relu_output, const float* x, const float* gamma,
-                                   const float* beta, const float* saved_mean,
-                                   const float* saved_invstd, int64_t rows, int channels,
-                                   BatchNormScratch& scratch);
 
 // scale = gamma * invstd and shift = beta - mean * scale, so that z = scale x + shift: the
 // coefficients batchnorm_train_statistics leaves, recomputed bit for bit from its saved statistics
@@ -99,50 +69,48 @@ void batchnorm_backward_statistics(float* dgamma, float* dbeta, const float* dy,
 void normalisation_coefficients(float* scale, float* shift, const float* gamma, const float* beta,
                                 const float* mean, const float* invstd, int channels);
 
-// Running statistics: y = activation(gamma (x - running_mean) / sqrt(running_var + eps) + beta).
+// Running statistics: y = gamma (x - running_mean) / sqrt(running_var + eps) + beta.
 // Forward only; nothing is saved and the statistics are not touched.
 void batchnorm_forward_inference(float* y, const float* x, const float* gamma, const float* beta,
                                  const float* running_mean, const float* running_var, int64_t rows,
-                                 int channels, float eps, BatchNormActivation activation,
-                                 BatchNormScratch& scratch);
+                                 int channels, float eps, BatchNormScratch& scratch);
 
-// The three functions above on device pointers, enqueued on `stream` (batchnorm.cu; CUDA builds
+// The functions above on device pointers, enqueued on `stream` (batchnorm.cu; CUDA builds
 // only). partials holds 2 * channels * ceil(rows / kBatchNormCudaRowsPerChunk) floats and
 // coefficients 3 * channels.
 void batchnorm_forward_train_cuda(float* y, float* saved_mean, float* saved_invstd,
                                   float* running_mean, float* running_var, float* partials,
                                   float* coefficients, const float* x, const float* gamma,
                                   const float* beta, int64_t rows, int channels, float momentum,
-                                  float eps, BatchNormActivation activation, CudaStream stream);
+                                  float eps, CudaStream stream);
 void batchnorm_backward_cuda(float* dx, float* dgamma, float* dbeta, float* partials,
-                             float* coefficients, const float* dy, const float* relu_output,
-                             const float* x, const float* gamma, const float* saved_mean,
-                             const float* saved_invstd, int64_t rows, int channels, bool dx_fresh,
-                             CudaStream stream);
-// The statistics halves on cuda: {scale, shift} [2][C] or {k_dy, k_x, k_0} [3][C] go to
-// `coefficients`.
+                             float* coefficients, const float* dy, const float* x,
+                             const float* gamma, const float* saved_mean, const float* saved_invstd,
+                             int64_t rows, int channels, bool dx_fresh, CudaStream stream);
+// The statistics half of forward on cuda: {scale, shift} [2][C] go to `coefficients`.
 void batchnorm_train_statistics_cuda(float* saved_mean, float* saved_invstd, float* running_mean,
                                      float* running_var, float* partials, float* coefficients,
                                      const float* x, const float* gamma, const float* beta,
                                      int64_t rows, int channels, float momentum, float eps,
                                      CudaStream stream);
-void batchnorm_backward_statistics_cuda(float* dgamma, float* dbeta, float* partials,
-                                        float* coefficients, const float* dy,
-                                        const float* relu_output, const float* x,
-                                        const float* gamma, const float* saved_mean,
-                                        const float* saved_invstd, int64_t rows, int channels,
-                                        CudaStream stream);
+// Backward's per-channel step on cuda, from the chunk partials {sum dz, sum dz (x - mean)} that a
+// partial-sums launch of batchnorm_cuda_loops.cuh left in `partials`: dgamma, dbeta += and
+// {k_dy, k_x, k_0} [3][C] to `coefficients`, so that dx = k_dy dz + k_x (x - mean) + k_0.
+void batchnorm_backward_coefficients_cuda(float* dgamma, float* dbeta, float* coefficients,
+                                          const float* partials, const float* gamma,
+                                          const float* saved_invstd, int64_t rows, int channels,
+                                          CudaStream stream);
 void batchnorm_forward_inference_cuda(float* y, const float* x, const float* gamma,
                                       const float* beta, const float* running_mean,
                                       const float* running_var, int64_t rows, int channels,
-                                      float eps, BatchNormActivation activation, CudaStream stream);
+                                      float eps, CudaStream stream);
 
 // On cuda, the device buffers of `scratch` for `rows` x `channels` (kept while the sizes fit).
 void ensure_batchnorm_device_scratch(BatchNormScratch& scratch, int64_t rows, int channels);
 
 // One BatchNorm of an op on one device: where its data and statistics live (host pointers on the
 // CPU, device pointers on cuda), as the ops resolve them from their wiring
-// (batchnorm_branch in kernels/batchnorm.h).
+// (batchnorm_branch in model/ops/batchnorm.h).
 struct BatchNormBranch {
   const float* x = nullptr;
   const float* gamma = nullptr;
@@ -165,20 +133,16 @@ struct BatchNormBranch {
 // (backward) its gradients; inference reads only x, the params and eps. The cuda forms take the
 // branch's device buffers (batchnorm.cu; CUDA builds only).
 void batchnorm_forward_train(float* y, const BatchNormBranch& b, int64_t rows, int channels,
-                             BatchNormActivation activation, BatchNormScratch& scratch);
-void batchnorm_forward_train(bf16_bits* y, const BatchNormBranch& b, int64_t rows, int channels,
-                             BatchNormActivation activation, BatchNormScratch& scratch);
-void batchnorm_backward(const float* dy, BatchNormMask mask, const float* relu_output,
-                        const BatchNormBranch& b, int64_t rows, int channels,
+                             BatchNormScratch& scratch);
+void batchnorm_backward(const float* dy, const BatchNormBranch& b, int64_t rows, int channels,
                         BatchNormScratch& scratch);
 void batchnorm_forward_inference(float* y, const BatchNormBranch& b, int64_t rows, int channels,
-                                 BatchNormActivation activation, BatchNormScratch& scratch);
+                                 BatchNormScratch& scratch);
 void batchnorm_forward_train_cuda(float* y, const BatchNormBranch& b, int64_t rows, int channels,
-                                  BatchNormActivation activation, CudaStream stream);
-void batchnorm_backward_cuda(const float* dy, const float* relu_output, const BatchNormBranch& b,
-                             int64_t rows, int channels, CudaStream stream);
+                                  CudaStream stream);
+void batchnorm_backward_cuda(const float* dy, const BatchNormBranch& b, int64_t rows, int channels,
+                             CudaStream stream);
 void batchnorm_forward_inference_cuda(float* y, const BatchNormBranch& b, int64_t rows,
-                                      int channels, BatchNormActivation activation,
-                                      CudaStream stream);
+                                      int channels, CudaStream stream);
 
 }  // namespace ft

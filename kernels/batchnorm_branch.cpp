@@ -1,5 +1,5 @@
 // The BatchNorm kernels on a BatchNormBranch (the ops' calls; batchnorm.cu has the cuda forms),
-// and the device scratch they run in on cuda. The math is in batchnorm.cpp.
+// and the device scratch they run in on cuda. The math is in batchnorm_loops.h.
 #include "kernels/batchnorm.h"
 
 namespace ft {
@@ -16,28 +16,21 @@ void ensure_batchnorm_device_scratch(BatchNormScratch& scratch, int64_t rows, in
 }
 
 void batchnorm_forward_train(float* y, const BatchNormBranch& b, int64_t rows, int channels,
-                             BatchNormActivation activation, BatchNormScratch& scratch) {
+                             BatchNormScratch& scratch) {
   batchnorm_forward_train(y, b.saved_mean, b.saved_invstd, b.running_mean, b.running_var, b.x,
-                          b.gamma, b.beta, rows, channels, b.momentum, b.eps, activation, scratch);
+                          b.gamma, b.beta, rows, channels, b.momentum, b.eps, scratch);
 }
 
-void batchnorm_forward_train(bf16_bits* y, const BatchNormBranch& b, int64_t rows, int channels,
-                             BatchNormActivation activation, BatchNormScratch& scratch) {
-  batchnorm_forward_train(y, b.saved_mean, b.saved_invstd, b.running_mean, b.running_var, b.x,
-                          b.gamma, b.beta, rows, channels, b.momentum, b.eps, activation, scratch);
-}
-
-void batchnorm_backward(const float* dy, BatchNormMask mask, const float* relu_output,
-                        const BatchNormBranch& b, int64_t rows, int channels,
+void batchnorm_backward(const float* dy, const BatchNormBranch& b, int64_t rows, int channels,
                         BatchNormScratch& scratch) {
-  batchnorm_backward(b.dx, b.dgamma, b.dbeta, dy, mask, relu_output, b.x, b.gamma, b.beta,
-                     b.saved_mean, b.saved_invstd, rows, channels, b.dx_fresh, scratch);
+  batchnorm_backward(b.dx, b.dgamma, b.dbeta, dy, b.x, b.gamma, b.saved_mean, b.saved_invstd, rows,
+                     channels, b.dx_fresh, scratch);
 }
 
 void batchnorm_forward_inference(float* y, const BatchNormBranch& b, int64_t rows, int channels,
-                                 BatchNormActivation activation, BatchNormScratch& scratch) {
+                                 BatchNormScratch& scratch) {
   batchnorm_forward_inference(y, b.x, b.gamma, b.beta, b.running_mean, b.running_var, rows,
-                              channels, b.eps, activation, scratch);
+                              channels, b.eps, scratch);
 }
 
 }  // namespace ft

@@ -1,4 +1,4 @@
-// The 8-float vectors the BatchNorm family's CPU loops work in (kernels/batchnorm.cpp,
+// The 8-float vectors the BatchNorm family's CPU loops work in (kernels/batchnorm_loops.h,
 // fusion/ops/batchnorm_add_relu.cpp): a channel is every C-th float of NHWC activations, so a
 // row's channels are a few vectors and per-channel sums are vectors of partial sums. GCC/Clang
 // vector extensions, compiled for whatever the build targets (AVX2 at least).

@@ -1,8 +1,9 @@
-// Per-element and per-channel BatchNorm math shared by the CPU loops (kernels/batchnorm.cpp,
+// Per-element and per-channel BatchNorm math shared by the CPU loops (kernels/batchnorm_loops.h,
 // which call the element helpers on 8-float vectors as well as on floats) and the CUDA kernels
-// (batchnorm.cu), so CPU tests cover the GPU's arithmetic. The two only differ in how they sum a
-// channel: both sum chunks of rows in float and the chunks in double, the CPU with vector
-// accumulators, CUDA with a block tree.
+// (batchnorm.cu, batchnorm_cuda_loops.cuh), and by fusion/'s variants of them (whose ReLU math is
+// fusion/ops/batchnorm_relu_math.h), so CPU tests cover the GPU's arithmetic. The two only differ
+// in how they sum a channel: both sum chunks of rows in float and the chunks in double, the CPU
+// with vector accumulators, CUDA with a block tree.
 // Thread safety: pure functions.
 #pragma once
 #include <math.h>
@@ -11,19 +12,11 @@
 
 namespace ft {
 
-// dy where the ReLU passed its input (y > 0), else 0; y > 0 exactly where z > 0. T is float or a
-// GCC vector of floats (whose ?: selects per lane).
+// z = scale * x + shift: the normalisation of the elementwise pass. T is float or a GCC vector of
+// floats.
 template <typename T>
-FT_HD T batchnorm_relu_masked(T dy, T y, T zero) {
-  return y > zero ? dy : zero;
-}
-
-// z = scale * x + shift, then max(z, 0) when relu (0 for NaN, as ReluOp).
-template <bool kRelu, typename T>
-FT_HD T batchnorm_scale_shift(T scale, T x, T shift, T zero) {
-  const T z = scale * x + shift;
-  if (kRelu) return z > zero ? z : zero;
-  return z;
+FT_HD T batchnorm_scale_shift(T scale, T x, T shift) {
+  return scale * x + shift;
 }
 
 // The input gradient k_dy dz + k_x (x - mean) + k_0 (coefficients from

@@ -1,15 +1,18 @@
 // BatchNormAddReluOp on the CPU. Forward statistics come from batchnorm_train_statistics
-// (kernels/batchnorm.h); backward's from batchnorm_backward_statistics with an identity
-// shortcut, and from pair_backward_statistics (both BatchNorms in one pass, the mask recomputed
-// from x and x_s) with a shortcut BatchNorm. One elementwise pass per direction does the rest,
-// with the helpers the unfused ops use (batchnorm_scale_shift, batchnorm_input_gradient,
-// relu_value, relu_gradient) and the unfused reductions' summation order, so the two agree bit
-// for bit. The op's wiring is in batchnorm_add_relu_op.cpp.
+// (kernels/batchnorm.h); backward's from batchnorm_relu_backward_statistics
+// (batchnorm_relu_kernels.h) with an identity shortcut, and from pair_backward_statistics (both
+// BatchNorms in one pass, the mask recomputed from x and x_s) with a shortcut BatchNorm. One
+// elementwise pass per direction does the rest, with the helpers the unfused ops use
+// (batchnorm_scale_shift, batchnorm_input_gradient, relu_value, relu_gradient) and the unfused
+// reductions' summation order, so the two agree bit for bit. The op's wiring is in
+// batchnorm_add_relu_op.cpp.
 #include "fusion/ops/batchnorm_add_relu.h"
 
 #include <algorithm>
 
 #include "core/check.h"
+#include "fusion/ops/batchnorm_relu_kernels.h"
+#include "fusion/ops/batchnorm_relu_math.h"
 #include "kernels/batchnorm_lanes.h"
 #include "kernels/batchnorm_math.h"
 #include "model/ops/relu.h"
@@ -36,9 +39,8 @@ void add_relu_rows(Out* y, const float* x, const float* scale, const float* shif
     const int64_t row = r * channels;
 #pragma omp simd
     for (int c = 0; c < channels; ++c) {
-      const float z = batchnorm_scale_shift<false>(scale[c], x[row + c], shift[c], 0.0f);
-      const float s = kNormalised ? batchnorm_scale_shift<false>(s_scale[c], shortcut[row + c],
-                                                                 s_shift[c], 0.0f)
+      const float z = batchnorm_scale_shift(scale[c], x[row + c], shift[c]);
+      const float s = kNormalised ? batchnorm_scale_shift(s_scale[c], shortcut[row + c], s_shift[c])
                                   : shortcut[row + c];
       y[row + c] = output_value(relu_value(z + s), y);
     }
@@ -63,8 +65,7 @@ struct GradientPass {
 template <typename V>
 V pair_masked_dy(V dy, V x, V xs, V scale, V shift, V s_scale, V s_shift) {
   const V zero = {};
-  const V u = batchnorm_scale_shift<false>(scale, x, shift, zero) +
-              batchnorm_scale_shift<false>(s_scale, xs, s_shift, zero);
+  const V u = batchnorm_scale_shift(scale, x, shift) + batchnorm_scale_shift(s_scale, xs, s_shift);
   return batchnorm_relu_masked(dy, u, zero);
 }
 
@@ -118,7 +119,8 @@ void gradient_rows(const GradientPass& pass, bool dx_fresh, ShortcutWrite shortc
 // Backward's reduction pass of both BatchNorms at once, reading dy, x and x_s (not y, and not dy
 // twice): over the rows of a chunk, first[c] = sum du, second[c] = sum du (x - mean) and
 // third[c] = sum du (x_s - mean_s). Rows alternate between two accumulators, as in
-// batchnorm.cpp's reduction, so each sum is the one the unfused BatchNorm forms, bit for bit.
+// kernels/batchnorm_loops.h's reduction, so each sum is the one the unfused BatchNorm forms, bit
+// for bit.
 void pair_sums_chunk(const GradientPass& p, int64_t begin, int64_t end, float* first, float* second,
                      float* third) {
   using namespace batchnorm_lanes;
@@ -252,9 +254,9 @@ void batchnorm_add_relu_backward(const float* dy, const float* y, const BatchNor
                     nullptr,         nullptr,     rows,    channels};
   if (shortcut_bn == nullptr) {
     // The reduction reads du = dy [y > 0] straight from dy and y.
-    batchnorm_backward_statistics(main.dgamma, main.dbeta, dy, BatchNormMask::kReluOutput, y,
-                                  main.x, main.gamma, main.beta, main.saved_mean, main.saved_invstd,
-                                  rows, channels, scratch[0]);
+    batchnorm_relu_backward_statistics(main.dgamma, main.dbeta, dy, BatchNormMask::kReluOutput, y,
+                                       main.x, main.gamma, main.beta, main.saved_mean,
+                                       main.saved_invstd, rows, channels, scratch[0]);
     pass.k = scratch[0].coefficients.data();
     gradient_rows<false>(pass, main.dx_fresh, shortcut_write(identity.dr, identity.dr_fresh));
     return;

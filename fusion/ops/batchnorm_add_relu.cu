@@ -1,9 +1,11 @@
 // BatchNormAddReluOp on CUDA: each branch's statistics are BatchNorm's own launches
-// (batchnorm_train_statistics_cuda, batchnorm_backward_statistics_cuda in kernels/batchnorm.cu),
-// then one elementwise kernel per direction with the helpers the CPU loops call.
+// (batchnorm_train_statistics_cuda in kernels/batchnorm.cu; backward's with the ReLU mask,
+// batchnorm_relu_backward_statistics_cuda in batchnorm_relu_kernels.cu), then one elementwise
+// kernel per direction with the helpers the CPU loops call.
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
 #include "fusion/ops/batchnorm_add_relu.h"
+#include "fusion/ops/batchnorm_relu_kernels.h"
 #include "kernels/batchnorm_math.h"
 #include "model/ops/relu.h"
 
@@ -17,10 +19,9 @@ __global__ void add_relu_kernel(float* y, const float* x, const float* coefficie
                                 int channels) {
   FT_GRID_STRIDE_LOOP(i, numel) {
     const int c = static_cast<int>(i % channels);
-    const float z =
-        batchnorm_scale_shift<false>(coefficients[c], x[i], coefficients[channels + c], 0.0f);
-    const float s = kNormalised ? batchnorm_scale_shift<false>(s_coefficients[c], shortcut[i],
-                                                               s_coefficients[channels + c], 0.0f)
+    const float z = batchnorm_scale_shift(coefficients[c], x[i], coefficients[channels + c]);
+    const float s = kNormalised ? batchnorm_scale_shift(s_coefficients[c], shortcut[i],
+                                                        s_coefficients[channels + c])
                                 : shortcut[i];
     y[i] = relu_value(z + s);
   }
@@ -95,9 +96,9 @@ void batchnorm_add_relu_backward_cuda(const float* dy, const float* y, const Bat
   if (rows <= 0 || channels <= 0) return;
   for (const BatchNormBranch* b : {&main, shortcut_bn}) {
     if (b == nullptr) continue;
-    batchnorm_backward_statistics_cuda(b->dgamma, b->dbeta, b->partials, b->coefficients, dy, y,
-                                       b->x, b->gamma, b->saved_mean, b->saved_invstd, rows,
-                                       channels, stream);
+    batchnorm_relu_backward_statistics_cuda(b->dgamma, b->dbeta, b->partials, b->coefficients, dy,
+                                            y, b->x, b->gamma, b->saved_mean, b->saved_invstd, rows,
+                                            channels, stream);
   }
   const bool normalised = shortcut_bn != nullptr;
   float* ds = normalised ? shortcut_bn->dx : identity.dr;

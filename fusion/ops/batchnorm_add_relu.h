@@ -9,7 +9,7 @@
 //   identity shortcut:    dr (+)= du
 //   normalised shortcut:  BN_s's backward with du as its output gradient;
 // the main BatchNorm's backward also takes du (dbeta = sum du, dgamma = sum du x_hat,
-// dx = gamma invstd / M (M du - dbeta - x_hat dgamma); derived in kernels/batchnorm.cpp).
+// dx = gamma invstd / M (M du - dbeta - x_hat dgamma); derived in kernels/batchnorm_loops.h).
 // du is formed as each element is read and never stored.
 // Per element (4 bytes each, fresh gradients) against the unfused chain: forward reads x twice
 // and r once and writes y (4) instead of BatchNorm's 3 + add+ReLU's 3; with BN_s, 5 instead of 9.

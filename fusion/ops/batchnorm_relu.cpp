@@ -1,6 +1,6 @@
-// BatchNormReluOp and BatchNormInferenceReluOp: the BatchNorm kernels of kernels/batchnorm.h with
-// the ReLU applied inside their elementwise passes (BatchNormActivation::kRelu), on the tensors
-// their model/ops bases resolve.
+// BatchNormReluOp and BatchNormInferenceReluOp: BatchNorm's ReLU variants
+// (batchnorm_relu_kernels.h), the ReLU applied inside BatchNorm's elementwise passes, on the
+// tensors their model/ops bases resolve.
 // Traffic per element against the unfused pair (fresh gradients, 4 bytes each): forward reads x
 // twice and writes y (3) instead of 3 + relu's 2; backward reads x and dy twice and writes dx
 // (5) instead of relu's 3 (y, dy, dz) + BatchNorm's 5 (x, dz twice, dx). On the CPU the mask
@@ -9,6 +9,7 @@
 #include "fusion/ops/batchnorm_relu.h"
 
 #include "core/check.h"
+#include "fusion/ops/batchnorm_relu_kernels.h"
 
 namespace ft {
 
@@ -22,13 +23,11 @@ void BatchNormReluOp::forward_impl(Workspace& ws, const BatchNormBranch& b,
   if (y.dtype() == DType::kBF16) {
     FT_CHECK(ws.device == Device::kCpu, kind(), " '", name, "': bf16 on ", device_name(ws.device),
              " is not built; set train.precision: fp32");
-    batchnorm_forward_train(y.bf16_data(), b, rows(), channels(), BatchNormActivation::kRelu,
-                            scratch);
+    batchnorm_relu_forward_train(y.bf16_data(), b, rows(), channels(), scratch);
     return;
   }
-  FT_RUN_ON_CUDA(ws, batchnorm_forward_train_cuda(y.data(), b, rows(), channels(),
-                                                  BatchNormActivation::kRelu, ws.stream));
-  batchnorm_forward_train(y.data(), b, rows(), channels(), BatchNormActivation::kRelu, scratch);
+  FT_RUN_ON_CUDA(ws, batchnorm_relu_forward_train_cuda(y.data(), b, rows(), channels(), ws.stream));
+  batchnorm_relu_forward_train(y.data(), b, rows(), channels(), scratch);
 }
 
 // dz = dy * [z > 0] is formed on the fly inside both of the backward's passes: the CPU recomputes
@@ -37,9 +36,9 @@ void BatchNormReluOp::forward_impl(Workspace& ws, const BatchNormBranch& b,
 void BatchNormReluOp::backward_impl(Workspace& ws, const BatchNormBranch& b,
                                     BatchNormScratch& scratch) {
   const float* dy = ws.grads[outputs[0]].data();
-  FT_RUN_ON_CUDA(ws, batchnorm_backward_cuda(dy, ws.values[outputs[0]].data(), b, rows(),
-                                             channels(), ws.stream));
-  batchnorm_backward(dy, BatchNormMask::kRecomputed, nullptr, b, rows(), channels(), scratch);
+  FT_RUN_ON_CUDA(ws, batchnorm_relu_backward_cuda(dy, ws.values[outputs[0]].data(), b, rows(),
+                                                  channels(), ws.stream));
+  batchnorm_relu_backward(dy, BatchNormMask::kRecomputed, nullptr, b, rows(), channels(), scratch);
 }
 
 OpCost BatchNormReluOp::cost(const Graph& graph) const {
@@ -57,9 +56,8 @@ BatchNormInferenceReluOp::BatchNormInferenceReluOp(int batch, int channels, int 
 void BatchNormInferenceReluOp::forward_impl(Workspace& ws, const BatchNormBranch& b,
                                             BatchNormScratch& scratch) {
   float* y = ws.values[outputs[0]].data();
-  FT_RUN_ON_CUDA(ws, batchnorm_forward_inference_cuda(y, b, rows(), channels(),
-                                                      BatchNormActivation::kRelu, ws.stream));
-  batchnorm_forward_inference(y, b, rows(), channels(), BatchNormActivation::kRelu, scratch);
+  FT_RUN_ON_CUDA(ws, batchnorm_relu_forward_inference_cuda(y, b, rows(), channels(), ws.stream));
+  batchnorm_relu_forward_inference(y, b, rows(), channels(), scratch);
 }
 
 OpCost BatchNormInferenceReluOp::cost(const Graph& graph) const {

@@ -7,7 +7,7 @@
 // channel c:
 //   dbeta  = sum dz,   dgamma = sum dz * x_hat,   x_hat = (x - mean) * invstd
 //   dx     = gamma * invstd / M * (M dz - sum dz - x_hat * sum dz * x_hat)
-// (derived in kernels/batchnorm.cpp). Running statistics move exactly as BatchNorm2dOp's.
+// (derived in kernels/batchnorm_loops.h). Running statistics move exactly as BatchNorm2dOp's.
 // BatchNormInferenceReluOp (eval graphs): the same with the running statistics; forward only.
 // The unfused twins are BatchNorm2dOp / BatchNormInferenceOp followed by ReluOp;
 // fusion/bn_relu_pass.cpp builds these ops from them and tests/fusion_resnet_test.cpp checks

@@ -5,8 +5,9 @@
 //   running_mean = (1 - m) running_mean + m mean_c
 //   running_var  = (1 - m) running_var  + m var_c * M / (M - 1)     (unbiased, as PyTorch)
 // Train graphs only: eval graphs normalise with the running statistics in BatchNormInferenceOp
-// (model/ops/batchnorm_inference.h). The math is in kernels/batchnorm.h, which the fused
-// BatchNormReluOp (fusion/ops/batchnorm_relu.h) calls too; this file holds the family's wiring.
+// (model/ops/batchnorm_inference.h). The math is in kernels/batchnorm.h, whose loops the fused
+// BatchNormReluOp (fusion/ops/batchnorm_relu.h) runs with a ReLU
+// (fusion/ops/batchnorm_relu_kernels.h); this file holds the family's wiring.
 // Inputs {x [B,H,W,C]}, outputs {y [B,H,W,C]},
 // params {weight (gamma) [C], bias (beta) [C], running_mean [C], running_var [C]}; the last two
 // are buffers (not trainable).

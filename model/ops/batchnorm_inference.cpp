@@ -1,6 +1,6 @@
 // BatchNormInferenceOp: one elementwise pass, y = scale_c * x + shift_c with scale_c =
 // gamma_c / sqrt(running_var_c + eps) and shift_c = beta_c - running_mean_c * scale_c
-// (batchnorm_forward_inference in kernels/batchnorm.cpp).
+// (batchnorm_forward_inference in kernels/batchnorm.h).
 #include "model/ops/batchnorm_inference.h"
 
 #include "core/check.h"
@@ -41,9 +41,8 @@ BatchNormInferenceOp::BatchNormInferenceOp(int batch, int channels, int height, 
 void BatchNormInferenceOp::forward_impl(Workspace& ws, const BatchNormBranch& b,
                                         BatchNormScratch& scratch) {
   float* y = ws.values[outputs[0]].data();
-  FT_RUN_ON_CUDA(ws, batchnorm_forward_inference_cuda(y, b, rows(), channels(),
-                                                      BatchNormActivation::kNone, ws.stream));
-  batchnorm_forward_inference(y, b, rows(), channels(), BatchNormActivation::kNone, scratch);
+  FT_RUN_ON_CUDA(ws, batchnorm_forward_inference_cuda(y, b, rows(), channels(), ws.stream));
+  batchnorm_forward_inference(y, b, rows(), channels(), scratch);
 }
 
 OpCost BatchNormInferenceOp::cost(const Graph& graph) const {

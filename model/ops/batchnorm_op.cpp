@@ -112,16 +112,15 @@ BatchNorm2dOp::BatchNorm2dOp(int batch, int channels, int height, int width, flo
 void BatchNorm2dOp::forward_impl(Workspace& ws, const BatchNormBranch& b,
                                  BatchNormScratch& scratch) {
   float* y = ws.values[outputs[0]].data();
-  FT_RUN_ON_CUDA(ws, batchnorm_forward_train_cuda(y, b, rows(), channels(),
-                                                  BatchNormActivation::kNone, ws.stream));
-  batchnorm_forward_train(y, b, rows(), channels(), BatchNormActivation::kNone, scratch);
+  FT_RUN_ON_CUDA(ws, batchnorm_forward_train_cuda(y, b, rows(), channels(), ws.stream));
+  batchnorm_forward_train(y, b, rows(), channels(), scratch);
 }
 
 void BatchNorm2dOp::backward_impl(Workspace& ws, const BatchNormBranch& b,
                                   BatchNormScratch& scratch) {
   const float* dy = ws.grads[outputs[0]].data();
-  FT_RUN_ON_CUDA(ws, batchnorm_backward_cuda(dy, nullptr, b, rows(), channels(), ws.stream));
-  batchnorm_backward(dy, BatchNormMask::kNone, nullptr, b, rows(), channels(), scratch);
+  FT_RUN_ON_CUDA(ws, batchnorm_backward_cuda(dy, b, rows(), channels(), ws.stream));
+  batchnorm_backward(dy, b, rows(), channels(), scratch);
 }
 
 OpCost BatchNorm2dOp::cost(const Graph& graph) const {
