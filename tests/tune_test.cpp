@@ -1,8 +1,9 @@
 // `fusiontrain tune`: the pure parts of app/analysis/tune.h (budget split, sweep values, candidate
 // overrides) and the binary on a one-layer GPT: it ends within --budget-steps, says when the
 // budget stopped it, lists every measured point with its spread, skips bucket sizes on one rank
-// with a note, measures the input config's own fusion as a point, and writes a YAML that
-// load_config accepts and that holds the winner.
+// with a note, measures the input config's own fusion as a point, tries the row tiles
+// (fusion.tile_kb) or says why not, and writes a YAML that load_config accepts and that holds
+// the winner.
 #include "app/analysis/tune.h"
 
 #include <gtest/gtest.h>
@@ -40,6 +41,16 @@ TEST(TunePlan, BucketValuesArePowersOfTwoCoarseThenNeighbours) {
   EXPECT_EQ(tune_fine_bucket_values(0.25), (std::vector<double>{0.5}));
   EXPECT_EQ(tune_fine_bucket_values(64), (std::vector<double>{32}));
   EXPECT_EQ(tune_max_ops_values(), (std::vector<int>{2, 3, 4, 6, 8}));
+}
+
+// The row-tile stage tries a quarter and four times the current fusion.tile_kb, inside the key's
+// range and never the current value again.
+TEST(TunePlan, TileKbValuesAreAQuarterAndFourTimesTheCurrent) {
+  EXPECT_EQ(tune_tile_kb_values(1024), (std::vector<int>{256, 4096}));
+  EXPECT_EQ(tune_tile_kb_values(8), (std::vector<int>{4, 32}));
+  EXPECT_EQ(tune_tile_kb_values(4), (std::vector<int>{16}));
+  EXPECT_EQ(tune_tile_kb_values(65536), (std::vector<int>{16384}));
+  EXPECT_EQ(tune_tile_kb_values(30000), (std::vector<int>{7500, 65536}));
 }
 
 // The max_ops stage starts where every fusion the passes stage kept still fits in one op: the
@@ -181,6 +192,20 @@ TEST(TuneBinary, EndsWithinItsBudgetAndWritesAConfigThatLoads) {
   }
   EXPECT_EQ(input_points, 1) << json.dump(1);
   const std::vector<std::string> notes = json["notes"];
+  // The row-tile stage runs (or says why not): a quarter and four times the default tile_kb.
+  int tile_points = 0;
+  for (const nlohmann::json& point : points) {
+    if (point["stage"] != "tile_kb" || point["against"].get<std::string>().empty()) continue;
+    ++tile_points;
+    const std::vector<std::string> overrides = point["overrides"];
+    EXPECT_TRUE(contains(overrides, "fusion.tile_kb=256") ||
+                contains(overrides, "fusion.tile_kb=4096"))
+        << point.dump();
+  }
+  const bool tile_note = std::any_of(notes.begin(), notes.end(), [](const std::string& note) {
+    return note.find("tile_kb: skipped") == 0 || note.find("budget spent") == 0;
+  });
+  EXPECT_TRUE(tile_points > 0 || tile_note) << json.dump(1);
   bool bucket_note = false;
   for (const std::string& note : notes)
     bucket_note =

@@ -45,6 +45,16 @@ std::vector<int> tune_max_ops_values() {
   return {2, 3, 4, 6, 8};
 }
 
+std::vector<int> tune_tile_kb_values(int current) {
+  std::vector<int> values;
+  for (int64_t candidate : {static_cast<int64_t>(current) / 4, static_cast<int64_t>(current) * 4}) {
+    const int clamped = static_cast<int>(std::clamp<int64_t>(candidate, 4, 65536));
+    if (clamped != current && std::find(values.begin(), values.end(), clamped) == values.end())
+      values.push_back(clamped);
+  }
+  return values;
+}
+
 std::vector<std::string> tune_fusion_overrides(const std::vector<std::string>& on,
                                                const PassRegistry& passes) {
   std::vector<std::string> overrides = {"fusion.enabled=true"};

@@ -16,6 +16,9 @@
 //      the smallest value that keeps every fusion the kept passes made at the config's own cap
 //      (attention absorbs 3 ops, so with it kept the sweep starts at 3; skipped when no pass was
 //      kept);
+//   3b. fusion.tile_kb at a quarter and at four times its value (tune_tile_kb_values), each
+//      against the current best and kept as a pass is; the first kept ends the stage (skipped
+//      when no pass was kept);
 //   4. (more than one rank only) comm.bucket_mb over 0.25..64 MB: every other power of two, then
 //      the neighbours of the fastest; then comm.first_bucket_mb the same way, over the values at
 //      or below the chosen comm.bucket_mb (config validation wants first <= bucket).
@@ -52,6 +55,9 @@ std::vector<double> tune_coarse_bucket_values();
 std::vector<double> tune_fine_bucket_values(double best);
 // 2, 3, 4, 6, 8.
 std::vector<int> tune_max_ops_values();
+// The fusion.tile_kb values the row-tile stage tries against `current`: a quarter and four times
+// it, within the key's range [4, 65536] and never `current` itself (1024: 256 and 4096).
+std::vector<int> tune_tile_kb_values(int current);
 // The smallest of tune_max_ops_values() at which the config with `overrides` fuses its training
 // graph into no more ops than at its own fusion.max_ops (the cap stage 2 measured at); the last
 // value when none does. Builds the graphs (app/jobs/tune_job.cpp), unlike the functions around it.
@@ -80,7 +86,7 @@ std::vector<std::string> tune_unique_overrides(const std::vector<std::string>& o
 
 // One measured point.
 struct TunePoint {
-  // "profile", "passes", "input", "max_ops", "bucket_mb", "first_bucket_mb"; a second
+  // "profile", "passes", "input", "max_ops", "tile_kb", "bucket_mb", "first_bucket_mb"; a second
   // measurement (`confirmation`) has its stage's name + " again", e.g. "passes again".
   std::string stage;
   std::string name;

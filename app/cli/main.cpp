@@ -117,7 +117,9 @@ int main(int argc, char** argv) {
   ft::TuneArgs tune_args;
   tune_args.config_path = kDefaultConfig;
   CLI::App* tune = app.add_subcommand(
-      "tune", "profile, then keep the fusion passes, max_ops and bucket sizes that measure faster");
+      "tune",
+      "profile, then keep the fusion passes, max_ops, tile_kb and bucket sizes that measure "
+      "faster");
   add_config_flags(tune, &tune_args.config_path, &tune_args.overrides);
   tune->add_option("--budget-steps", tune_args.budget_steps,
                    "training steps of all measurements together (default 400)")

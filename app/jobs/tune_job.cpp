@@ -228,11 +228,11 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
     if (recommended[k] > 0.5f) report.recommended_keys.push_back(bench_ablation_keys()[k]);
 
   // Plan the rest: a change is 2 points, and 2 more when it is faster beyond noise and measured
-  // again (try_change), so 4 per pass, 4 for the input's own fusion, up to 4 changes of max_ops;
-  // 2 x (5 + 3) bucket points.
+  // again (try_change), so 4 per pass, 4 for the input's own fusion, up to 4 changes of max_ops,
+  // 4 per tile_kb value; 2 x (5 + 3) bucket points.
   const bool sweep_buckets = world_size > 1 && base.comm.bucketing;
   const int planned =
-      4 * static_cast<int>(report.recommended_keys.size()) + 4 + 16 + (sweep_buckets ? 16 : 0);
+      4 * static_cast<int>(report.recommended_keys.size()) + 4 + 16 + 8 + (sweep_buckets ? 16 : 0);
   const TuneMeasureSize size =
       plan_tune_measure(args.budget_steps - report.steps_used, std::max(1, planned));
 
@@ -296,6 +296,30 @@ int run_tune(const TuneArgs& args, Communicator* comm) {
       if (change.measured) best = change.keep ? candidate : current;
       if (!change.keep) break;
       current = candidate;
+    }
+  }
+
+  // 3b. Row tiles: fusion.tile_kb's default was measured on one CPU (docs/mixed_precision.md,
+  // "Row tiles"), and a CPU with another L2 or precision may want other tiles. A quarter and four
+  // times the current value, each against the best so far, kept the way a pass is.
+  if (spent) {
+  } else if (kept_keys.empty()) {
+    report.notes.push_back("tile_kb: skipped, no fusion pass was kept");
+  } else {
+    const int current =
+        load_config(args.config_path, with(args.overrides, best.overrides)).fusion.tile_kb;
+    const BenchVariant untiled = best;
+    for (int tile_kb : tune_tile_kb_values(current)) {
+      const std::string setting = "tile_kb=" + std::to_string(tile_kb);
+      const BenchVariant candidate{untiled.name + "," + setting,
+                                   with(untiled.overrides, {"fusion." + setting})};
+      const auto change = tuner.try_change("tile_kb", best, candidate, size, &best_ms);
+      spent = change.spent;
+      if (spent) break;
+      if (change.keep) {
+        best = candidate;
+        break;
+      }
     }
   }
 
