@@ -20,12 +20,8 @@ namespace ft {
 int run_eval(const EvalArgs& args) {
   FT_REQUIRE(!args.checkpoint_path.empty(), "eval needs --checkpoint FILE");
   const SafetensorsFile checkpoint = load_checkpoint_file(args.checkpoint_path);
-  const Config config = args.config_path.empty()
-                            ? checkpoint_config(checkpoint, args.checkpoint_path, args.overrides)
-                            : load_config(args.config_path, args.overrides);
-  // Before building a model of the wrong kind, whose errors would only list missing tensors.
-  require_same_model(checkpoint, args.checkpoint_path, config,
-                     model_config_source(args.overrides, args.config_path));
+  const Config config =
+      config_for_checkpoint(checkpoint, args.checkpoint_path, args.config_path, args.overrides);
   omp_set_num_threads(resolve_threads(config.train.threads));
   std::unique_ptr<Task> task = make_task(config, 0, 1);
   const Device device = setup_device(config, 0);

@@ -34,11 +34,8 @@ int run_export(const ExportArgs& args) {
       "' is the --checkpoint file; writing the export there would replace the checkpoint, ",
       "so choose another --out");
   const SafetensorsFile checkpoint = load_checkpoint_file(args.checkpoint_path);
-  const Config config = args.config_path.empty()
-                            ? checkpoint_config(checkpoint, args.checkpoint_path, args.overrides)
-                            : load_config(args.config_path, args.overrides);
-  require_same_model(checkpoint, args.checkpoint_path, config,
-                     model_config_source(args.overrides, args.config_path));
+  const Config config =
+      config_for_checkpoint(checkpoint, args.checkpoint_path, args.config_path, args.overrides);
   // An export is the folded model by definition: it holds no BatchNorm tensors and infer rebuilds
   // the folded graph, so inference.fold_bn false could only be ignored here.
   FT_REQUIRE(

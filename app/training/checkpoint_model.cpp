@@ -86,4 +86,15 @@ void require_same_model(const SafetensorsFile& file, const std::string& path, co
   }
 }
 
+Config config_for_checkpoint(const SafetensorsFile& checkpoint, const std::string& checkpoint_path,
+                             const std::string& config_path,
+                             const std::vector<std::string>& overrides) {
+  const Config config = config_path.empty()
+                            ? checkpoint_config(checkpoint, checkpoint_path, overrides)
+                            : load_config(config_path, overrides);
+  require_same_model(checkpoint, checkpoint_path, config,
+                     model_config_source(overrides, config_path));
+  return config;
+}
+
 }  // namespace ft

@@ -23,4 +23,11 @@ std::string model_config_source(const std::vector<std::string>& overrides,
 void require_same_model(const SafetensorsFile& file, const std::string& path, const Config& config,
                         const std::string& config_source);
 
+// The config eval and export run `checkpoint` (read from `checkpoint_path`) with: `config_path`
+// with `overrides` when a path is given, else the checkpoint's embedded config with them. Checked
+// with require_same_model before it is returned, so no model of the wrong kind is ever built.
+Config config_for_checkpoint(const SafetensorsFile& checkpoint, const std::string& checkpoint_path,
+                             const std::string& config_path,
+                             const std::vector<std::string>& overrides);
+
 }  // namespace ft
