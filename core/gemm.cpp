@@ -228,6 +228,7 @@ void run_with_host_epilogue(float* c, GemmOperand a, GemmOperand b, const GemmAr
 
 bool timing_enabled = false;
 double timed_ms = 0.0;
+double conv_timed = 0.0;  // ConvTimeGuard's sum
 bool tf32_enabled = false;
 
 }  // namespace
@@ -237,6 +238,15 @@ void set_gemm_timing(bool on) {
 }
 double gemm_timed_ms() {
   return timed_ms;
+}
+ConvTimeGuard::ConvTimeGuard() {
+  if (timing_enabled) start_ms_ = now_ms();
+}
+ConvTimeGuard::~ConvTimeGuard() {
+  if (start_ms_ >= 0) conv_timed += now_ms() - start_ms_;
+}
+double conv_timed_ms() {
+  return conv_timed;
 }
 void set_gemm_tf32(bool on) {
   tf32_enabled = on;

@@ -133,5 +133,19 @@ bool gemm_tf32();
 // Off by default (two clock reads per call); not synchronised: the training thread only.
 void set_gemm_timing(bool on);
 double gemm_timed_ms();
+// Convolutions (oneDNN's and our Winograd kernels, which do not call gemm()) time each pass with
+// this guard, under the same switch, into conv_timed_ms(), so the share of a step outside matrix
+// work covers the ResNet too.
+class ConvTimeGuard {
+ public:
+  ConvTimeGuard();
+  ~ConvTimeGuard();
+  ConvTimeGuard(const ConvTimeGuard&) = delete;
+  ConvTimeGuard& operator=(const ConvTimeGuard&) = delete;
+
+ private:
+  double start_ms_ = -1;  // -1: timing was off when the pass began
+};
+double conv_timed_ms();
 
 }  // namespace ft

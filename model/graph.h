@@ -165,6 +165,9 @@ class Op {
   virtual bool handles_bf16() const { return false; }
   // FLOPs of forward and backward; the default counts none (data movement only).
   virtual OpCost cost(const Graph& graph) const;
+  // What the op chose by measuring while it ran (e.g. model.conv_algorithm: measure), for the
+  // profile to show; empty for ops that choose nothing at run time.
+  virtual std::string runtime_choice() const { return {}; }
 
   std::string name;
   std::vector<ValueId> inputs;

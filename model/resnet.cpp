@@ -17,6 +17,27 @@
 #include "model/ops/residual.h"
 
 namespace ft {
+
+const char* conv_algorithm_name(ConvAlgorithm algorithm) {
+  switch (algorithm) {
+    case ConvAlgorithm::kOneDnn:
+      return "onednn";
+    case ConvAlgorithm::kMeasure:
+      return "measure";
+    default:
+      return "auto";
+  }
+}
+
+bool conv_algorithm_from_name(const std::string& name, ConvAlgorithm* algorithm) {
+  for (ConvAlgorithm candidate :
+       {ConvAlgorithm::kAuto, ConvAlgorithm::kOneDnn, ConvAlgorithm::kMeasure})
+    if (name == conv_algorithm_name(candidate)) {
+      *algorithm = candidate;
+      return true;
+    }
+  return false;
+}
 namespace {
 
 constexpr int kStages = 3;

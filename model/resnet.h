@@ -13,6 +13,7 @@
 // graphs of several batch sizes (training and evaluation).
 // Thread safety: builders are pure functions of their arguments; the results belong to the caller.
 #pragma once
+#include <string>
 #include <vector>
 
 #include "model/graph.h"
@@ -30,6 +31,10 @@ struct ResnetShape {
   ConvAlgorithm conv_algorithm = ConvAlgorithm::kAuto;  // for every convolution
   float bn_eps = 1e-5f;                                 // every BatchNorm's, as PyTorch's default
 };
+
+// model.conv_algorithm's values (auto, onednn, measure) and back; false for any other name.
+const char* conv_algorithm_name(ConvAlgorithm algorithm);
+bool conv_algorithm_from_name(const std::string& name, ConvAlgorithm* algorithm);
 
 struct BatchNormParamIds {
   ParamId weight = -1, bias = -1;

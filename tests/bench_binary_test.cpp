@@ -215,6 +215,20 @@ TEST(BenchBinary, VariantsThatChangeTheWorkOrTraceAreRefused) {
   }
 }
 
+// The convolution algorithm is not work (every value computes the same convolutions), so
+// variants may compare them.
+TEST(BenchBinary, ConvAlgorithmVariantsCompare) {
+  const test::RunResult result = test::run_fusiontrain(
+      "bench --config configs/resnet8.yaml --set model.resnet_width=16 --set train.batch_size=4 "
+      "--steps 1 --warmup 1 --variants auto:model.conv_algorithm=auto,"
+      "measure:model.conv_algorithm=measure,onednn:model.conv_algorithm=onednn",
+      120);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  for (const char* variant : {"auto", "measure", "onednn"})
+    EXPECT_NE(result.output.find(std::string("\n| ") + variant + " |"), std::string::npos)
+        << variant << ": " << result.output;
+}
+
 }  // namespace
 }  // namespace ft
 

@@ -385,5 +385,19 @@ TEST(BenchThroughput, GemmShareOfTheMedianComputeStep) {
   EXPECT_DOUBLE_EQ(json["variants"][1]["gemm_ms"].get<double>(), 6.0);
 }
 
+// Convolutions count as matrix work beside the GEMMs (the ResNet's step is mostly convolutions).
+TEST(BenchThroughput, ConvolutionsJoinTheGemmShare) {
+  std::vector<BenchVariantResult> results = {result_with("auto", {20, 20, 20}, 3.0)};
+  results[0].gemm_ms = {1, 1, 1};
+  results[0].conv_ms = {14, 15, 15};
+  const std::vector<BenchSummary> summaries = summarize_bench(results);
+  const std::string text = bench_throughput_text(results, summaries, 0);
+  EXPECT_NE(text.find("GEMMs 1.0 ms, convolutions 15.0 ms (80% of compute, 20% outside)"),
+            std::string::npos)
+      << text;
+  const nlohmann::json json = nlohmann::json::parse(bench_to_json({}, results, summaries));
+  EXPECT_DOUBLE_EQ(json["variants"][0]["conv_ms"].get<double>(), 15.0);
+}
+
 }  // namespace
 }  // namespace ft

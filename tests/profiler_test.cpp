@@ -188,6 +188,38 @@ class KindOp : public Op {
   OpKind kind_;
 };
 
+// An op that reports a choice it made by timing, as Conv2dOp does under conv_algorithm: measure.
+class ChoosingOp : public KindOp {
+ public:
+  ChoosingOp() : KindOp(OpKind::kConv2d) {}
+  std::string runtime_choice() const override { return "forward a 1.0 ms <= b 2.0 ms"; }
+};
+
+TEST(Profiler, ShowsWhatOpsChoseByMeasuring) {
+  Graph graph;
+  graph.input = graph.add_value("x", {4});
+  const ValueId y = graph.add_value("y", {4});
+  graph.output = graph.loss = graph.add_value("loss", {1});
+  graph.add_op<ChoosingOp>("timed_conv", {graph.input}, {y}, {});
+  graph.add_op<KindOp>("plain_loss", {y}, {graph.loss}, {}, OpKind::kCrossEntropy);
+  Profiler profiler(graph, 0);
+  profiler.begin_step();
+  for (int op = 0; op < 2; ++op)
+    for (const bool backward : {false, true})
+      profiler.on_op(*graph.ops[op], op, backward, 0.0, 1.0);
+  profiler.end_step(5.0);
+  const std::string text = format_profile(profiler.profile());
+  const size_t section = text.find("chosen by measurement");
+  ASSERT_NE(section, std::string::npos) << text;
+  EXPECT_NE(text.find("timed_conv                   forward a 1.0 ms <= b 2.0 ms", section),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("plain_loss", section), std::string::npos) << text;
+  const nlohmann::json json = profile_json(profiler.profile());
+  EXPECT_EQ(json["ops"][0]["runtime_choice"], "forward a 1.0 ms <= b 2.0 ms");
+  EXPECT_FALSE(json["ops"][1].contains("runtime_choice"));
+}
+
 // x -> linear -> a -> gelu -> b -> relu -> c -> loss, all rows x 64; with `second_reader` the
 // relu reads a instead and the loss reads b and c.
 Graph linear_gelu_graph(int64_t rows, bool second_reader) {

@@ -74,7 +74,10 @@ class ConvTest : public ::testing::TestWithParam<ConvParam> {};
 
 ConvAlgorithm expected_algorithm(const ConvCase& c, ActivationLayout layout,
                                  ConvAlgorithm algorithm) {
-  if (algorithm != ConvAlgorithm::kAuto && algorithm != ConvAlgorithm::kOneDnn) return algorithm;
+  // kMeasure resolves as kOneDnn; its Winograd alternative is chosen (or not) by timing.
+  if (algorithm != ConvAlgorithm::kAuto && algorithm != ConvAlgorithm::kOneDnn &&
+      algorithm != ConvAlgorithm::kMeasure)
+    return algorithm;
   const bool same = c.stride == 1 && 2 * c.padding == c.kernel - 1;
   const bool nhwc = layout == ActivationLayout::kNhwc;
   if (algorithm == ConvAlgorithm::kAuto && same && nhwc && c.kernel == 3 &&
@@ -95,6 +98,8 @@ const char* algorithm_name(ConvAlgorithm algorithm) {
       return "transposed";
     case ConvAlgorithm::kWinograd:
       return "winograd";
+    case ConvAlgorithm::kMeasure:
+      return "measure";
   }
   return "?";
 }
@@ -134,6 +139,11 @@ TEST_P(ConvTest, ForwardAndBackwardMatchNaiveConvolution) {
   EXPECT_STREQ(op.forward_impl(), "");
   g.executor->forward(g.ws);
   EXPECT_STRNE(op.forward_impl(), "");
+  // kMeasure times its two candidates, on each pass's first call, where Winograd applies.
+  const bool measures = path == ConvAlgorithm::kMeasure && c.in_channels % 16 == 0 &&
+                        c.out_channels % 16 == 0 && c.kernel == 3 && c.stride == 1 &&
+                        c.padding == 1;
+  EXPECT_EQ(op.runtime_choice().rfind("forward ", 0) == 0, measures) << op.runtime_choice();
   std::vector<double> y(g.ws.values[g.y].numel(), 0.0);
   g.naive.for_each_tap([&](int64_t xi, int64_t wi, int64_t yi) { y[yi] += double(x[xi]) * w[wi]; });
   for (size_t i = 0; i < y.size(); ++i)
@@ -148,6 +158,8 @@ TEST_P(ConvTest, ForwardAndBackwardMatchNaiveConvolution) {
   g.ws.grads[g.x].fill(0.5f);
   g.params[g.weight].grad.fill(0.5f);
   op.backward(g.ws, g.params);
+  EXPECT_EQ(op.runtime_choice().find("; backward ") != std::string::npos, measures)
+      << op.runtime_choice();
   std::vector<double> dx(g.ws.grads[g.x].numel(), 0.5), dw(g.params[g.weight].grad.numel(), 0.5);
   g.naive.for_each_tap([&](int64_t xi, int64_t wi, int64_t yi) {
     dx[xi] += double(w[wi]) * dy.data()[yi];
@@ -210,8 +222,10 @@ std::vector<ConvParam> conv_params() {
   for (const ConvCase& c : kConvCases) {
     params.emplace_back(c, ActivationLayout::kNhwc, ConvAlgorithm::kDirect);
     params.emplace_back(c, ActivationLayout::kNhwc, ConvAlgorithm::kAuto);
-    if (c.in_channels % 16 == 0)  // the oneDNN twin of a Winograd case
+    if (c.in_channels % 16 == 0) {  // the oneDNN twin of a Winograd case, and the two timed
       params.emplace_back(c, ActivationLayout::kNhwc, ConvAlgorithm::kOneDnn);
+      params.emplace_back(c, ActivationLayout::kNhwc, ConvAlgorithm::kMeasure);
+    }
     if (c.in_channels <= 3) params.emplace_back(c, ActivationLayout::kNchw, ConvAlgorithm::kDirect);
   }
   return params;

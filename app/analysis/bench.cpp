@@ -247,6 +247,7 @@ std::vector<BenchSummary> summarize_bench(const std::vector<BenchVariantResult>&
         !summary.baseline && summary.speedup_low <= 1.0 && summary.speedup_high >= 1.0;
     summary.compute_ms = median(result.compute_ms);
     if (!result.gemm_ms.empty()) summary.gemm_ms = median(result.gemm_ms);
+    if (!result.conv_ms.empty()) summary.conv_ms = median(result.conv_ms);
     summary.comm_ms = median(result.comm_ms);
     summary.exposed_ms = median(result.exposed_ms);
     summary.allreduces_per_step = median(result.allreduce_calls);

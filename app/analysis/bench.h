@@ -70,6 +70,7 @@ struct BenchVariantResult {
   std::vector<double> step_ms, compute_ms, comm_ms, exposed_ms;
   // cpu: wall time inside gemm() (core/gemm.h) per step; empty on cuda, where it is not timed.
   std::vector<double> gemm_ms;
+  std::vector<double> conv_ms;  // the same for convolutions (core/gemm.h's ConvTimeGuard)
   std::vector<double> allreduce_calls;
   size_t ops_per_step = 0;           // ops of the executed training graph
   double bytes_moved = 0;            // app/analysis/plan.h: forward bytes of the executed graph
@@ -102,6 +103,7 @@ struct BenchSummary {
   bool within_noise = false;  // the interval straddles 1.0
   double compute_ms = 0, comm_ms = 0, exposed_ms = 0, allreduces_per_step = 0;  // medians
   double gemm_ms = -1;  // median; -1 when not timed (cuda)
+  double conv_ms = 0;   // median; 0 when not timed or no convolution ran
   double final_loss = 0;
   double loss_relative_error = 0;               // |loss - baseline loss| / |baseline loss|
   double loss_tolerance = kBenchLossTolerance;  // kBenchCrossPrecision... across precisions

@@ -63,13 +63,17 @@ std::string format_launches_per_step(const std::optional<LaunchCounts>& launches
          (launches->graphs > 0 ? ", graph " + per_step_text(launches->graphs, rounds) : "") + ")";
 }
 
-// ", GEMMs 212.4 ms (83% of compute, 17% outside)": the cpu step's GEMM share; "" on cuda.
+// ", GEMMs 212.4 ms (83% of compute, 17% outside)": the cpu step's GEMM share, with
+// ", convolutions 20.1 ms" before the parenthesis when any ran; "" on cuda.
 static std::string gemm_share_text(const BenchSummary& summary) {
   if (summary.gemm_ms < 0 || summary.compute_ms <= 0) return "";
-  const double share = summary.gemm_ms / summary.compute_ms;
-  char text[128];
-  std::snprintf(text, sizeof(text), ", GEMMs %.1f ms (%.0f%% of compute, %.0f%% outside)",
-                summary.gemm_ms, 100 * share, 100 * (1 - share));
+  const double share = (summary.gemm_ms + summary.conv_ms) / summary.compute_ms;
+  char convs[64] = "";
+  if (summary.conv_ms > 0)
+    std::snprintf(convs, sizeof(convs), ", convolutions %.1f ms", summary.conv_ms);
+  char text[160];
+  std::snprintf(text, sizeof(text), ", GEMMs %.1f ms%s (%.0f%% of compute, %.0f%% outside)",
+                summary.gemm_ms, convs, 100 * share, 100 * (1 - share));
   return text;
 }
 
@@ -152,6 +156,7 @@ std::string bench_to_json(const BenchRunInfo& info, const std::vector<BenchVaria
                         {"note", s.note},
                         {"compute_ms", s.compute_ms},
                         {"gemm_ms", s.gemm_ms < 0 ? nlohmann::json() : nlohmann::json(s.gemm_ms)},
+                        {"conv_ms", s.gemm_ms < 0 ? nlohmann::json() : nlohmann::json(s.conv_ms)},
                         {"comm_ms", s.comm_ms},
                         {"exposed_comm_ms", s.exposed_ms},
                         {"ops_per_step", result.ops_per_step},

@@ -48,14 +48,17 @@ void Profiler::end_step(double step_ms) {
   ++steps_seen_;
 }
 
-void Profiler::on_op(const Op&, int op_index, bool backward, double start_ms, double end_ms) {
+void Profiler::on_op(const Op& op, int op_index, bool backward, double start_ms, double end_ms) {
   if (measuring_) {
     FT_CHECK(op_index >= 0 && op_index < static_cast<int>(profile_.ops.size()),
              "profiler saw op index ", op_index, " of a graph with ", profile_.ops.size(),
              " ops: it observes an executor of another graph");
-    OpTimes& times = backward ? profile_.ops[op_index].backward : profile_.ops[op_index].forward;
+    ProfileOp& profiled = profile_.ops[op_index];
+    OpTimes& times = backward ? profiled.backward : profiled.forward;
     ++times.count;
     times.total_ms += end_ms - start_ms;
+    // Measured choices are made in the first (warm-up) steps, so by now they are final.
+    if (backward && profiled.runtime_choice.empty()) profiled.runtime_choice = op.runtime_choice();
   }
 }
 
@@ -201,17 +204,26 @@ std::string format_profile(const Profile& profile, int top) {
   append(text, "  %-28s %-20s | %6d %8.3f %8s %6.1f%%   (optimizer, clipping, zeroing, comm)\n",
          "outside ops", "-", profile.steps, profile.outside_ms() / profile.steps, "-",
          100.0 * profile.share(profile.outside_ms()));
+  bool any_choice = false;
+  for (const ProfileOp& op : profile.ops) {
+    if (op.runtime_choice.empty()) continue;
+    if (!any_choice) text += "chosen by measurement (fastest first)\n";
+    any_choice = true;
+    append(text, "  %-28s %s\n", op.name.c_str(), op.runtime_choice.c_str());
+  }
   return text;
 }
 
 nlohmann::json profile_json(const Profile& profile) {
   nlohmann::json ops = nlohmann::json::array();
-  for (const ProfileOp& op : profile.ops)
+  for (const ProfileOp& op : profile.ops) {
     ops.push_back({{"index", op.op_index},
                    {"name", op.name},
                    {"kind", op_kind_name(op.kind)},
                    {"forward", times_json(op.forward, profile)},
                    {"backward", times_json(op.backward, profile)}});
+    if (!op.runtime_choice.empty()) ops.back()["runtime_choice"] = op.runtime_choice;
+  }
   nlohmann::json kinds = nlohmann::json::array();
   for (const KindTotals& row : kind_totals(profile))
     kinds.push_back({{"kind", op_kind_name(row.kind)},

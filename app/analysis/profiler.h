@@ -32,6 +32,7 @@ struct ProfileOp {
   std::string name;
   OpKind kind = OpKind::kOther;
   OpTimes forward, backward;
+  std::string runtime_choice;  // Op::runtime_choice() as last seen
   double total_ms() const { return forward.total_ms + backward.total_ms; }
 };
 
@@ -82,6 +83,7 @@ struct KindTotals {
   OpKind kind = OpKind::kOther;
   int ops = 0;
   OpTimes forward, backward;
+  std::string runtime_choice;  // Op::runtime_choice() as last seen
   double total_ms() const { return forward.total_ms + backward.total_ms; }
 };
 // One row per op kind of the profile, by forward + backward time, longest first.

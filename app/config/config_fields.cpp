@@ -75,9 +75,11 @@ std::vector<Field> build_fields(const PassRegistry& passes) {
        "n in ResNet-(6n+2): residual blocks per stage (resnet)"},
       {FT_KEY(model.resnet_width), in(1, 1024),
        "channels of the first stage, doubled per stage (resnet)"},
-      {FT_KEY(model.conv_algorithm), one_of({"auto", "onednn"}),
-       "auto: Winograd F(4x4,3x3) for 3x3 stride-1 convs with 16k channels, oneDNN elsewhere; "
-       "onednn: oneDNN everywhere (resnet)"},
+      {FT_KEY(model.conv_algorithm), one_of({"auto", "onednn", "measure"}),
+       "auto: Winograd F(4x4,3x3) for 3x3 stride-1 convs with 16k channels (in bf16 with bf16 "
+       "instructions: oneDNN's bf16 kernels), oneDNN elsewhere; onednn: oneDNN everywhere; "
+       "measure: where Winograd applies, time it against oneDNN on each conv's first forward and "
+       "backward and keep the faster per pass (resnet)"},
 
       {FT_KEY(train.steps), at_least(1), "optimizer steps"},
       {FT_KEY(train.batch_size), in(1, 65536), "examples per rank per micro-batch"},

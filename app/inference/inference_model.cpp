@@ -39,10 +39,6 @@ nlohmann::json plan_of(const Graph& graph, const ParamStore& params) {
   return plan;
 }
 
-std::string conv_algorithm_name(ConvAlgorithm algorithm) {
-  return algorithm == ConvAlgorithm::kOneDnn ? "onednn" : "auto";
-}
-
 nlohmann::json model_json(const ResnetShape& shape) {
   return {{"resnet_blocks", shape.blocks_per_stage},
           {"resnet_width", shape.width},
@@ -94,9 +90,9 @@ ResnetShape shape_from_json(const nlohmann::json& model, const std::string& path
     shape.classes = field_of<int>(model, "classes", "an integer", path);
     shape.bn_eps = field_of<float>(model, "bn_eps", "a number", path);
     const std::string algorithm = field_of<std::string>(model, "conv_algorithm", "a string", path);
-    FT_REQUIRE(algorithm == "auto" || algorithm == "onednn", path,
-               ": export metadata model.conv_algorithm is '", algorithm, "', not auto or onednn");
-    shape.conv_algorithm = algorithm == "onednn" ? ConvAlgorithm::kOneDnn : ConvAlgorithm::kAuto;
+    FT_REQUIRE(conv_algorithm_from_name(algorithm, &shape.conv_algorithm), path,
+               ": export metadata model.conv_algorithm is '", algorithm,
+               "', not one of auto, onednn, measure");
     FT_REQUIRE(shape.blocks_per_stage >= 1 && shape.blocks_per_stage <= 64 && shape.width >= 1 &&
                    shape.width <= 1024 && shape.image_size >= 1 && shape.image_size <= 4096 &&
                    shape.in_channels >= 1 && shape.classes >= 2 && shape.bn_eps > 0,

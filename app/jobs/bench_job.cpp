@@ -233,10 +233,12 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
       BenchVariantResult& result = run.results[v];
       profilers[v]->begin_step();
       const LaunchCounts launches_before = launch_counts();
-      const double gemm_before = gemm_timed_ms();
+      const double gemm_before = gemm_timed_ms(), conv_before = conv_timed_ms();
       const StepStats stats = trainer.train_step();
-      if (trainer.params().device() == Device::kCpu)
+      if (trainer.params().device() == Device::kCpu) {
         result.gemm_ms.push_back(gemm_timed_ms() - gemm_before);
+        result.conv_ms.push_back(conv_timed_ms() - conv_before);
+      }
       if (result.launches) *result.launches += launch_counts() - launches_before;
       profilers[v]->end_step(stats.step_ms);
       if (traced) {
@@ -276,14 +278,16 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
 
 // A step time compares variants only when each does the same work per step: a variant that
 // changes the batch, the accumulation or the model (once "x 4.373x" for a quarter of the work)
-// is refused, naming the key and both values. train.trace would time ops on the host inside the
-// timed rounds, so bench takes --trace instead.
+// is refused, naming the key and both values. model.conv_algorithm is not work: each value
+// computes the same convolutions, and comparing the algorithms is what a user benches. train.trace
+// would time ops on the host inside the timed rounds, so bench takes --trace instead.
 void require_same_work_per_step(const std::vector<Config>& configs,
                                 const std::vector<BenchVariant>& variants, const char* flag) {
   auto work_keys = [](const Config& config) {
     std::map<std::string, std::string> keys;
     for (const auto& [key, value] : flatten_config(config))
-      if (key.rfind("model.", 0) == 0 || key == "train.batch_size" || key == "train.grad_accum")
+      if ((key.rfind("model.", 0) == 0 && key != "model.conv_algorithm") ||
+          key == "train.batch_size" || key == "train.grad_accum")
         keys[key] = value;
     return keys;
   };

@@ -195,8 +195,9 @@ class GptTask : public Task {
 
 ResnetShape resnet_shape(const ModelConfig& model) {
   ResnetShape shape{model.resnet_blocks, model.resnet_width};
-  shape.conv_algorithm =
-      model.conv_algorithm == "onednn" ? ConvAlgorithm::kOneDnn : ConvAlgorithm::kAuto;
+  // The schema admits exactly the names conv_algorithm_from_name knows.
+  FT_CHECK(conv_algorithm_from_name(model.conv_algorithm, &shape.conv_algorithm),
+           "model.conv_algorithm '", model.conv_algorithm, "' passed the schema but is unknown");
   return shape;
 }
 

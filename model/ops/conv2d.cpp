@@ -116,17 +116,22 @@ Shape Conv2dOp::input_shape() const {
   return {batch_, height_, width_, in_channels_};
 }
 
+bool Conv2dOp::winograd_applies() const {
+  const bool same = stride_ == 1 && 2 * padding_ == kernel_ - 1;
+  return same && kernel_ == 3 && input_layout == ActivationLayout::kNhwc &&
+         winograd_supports(in_channels_, out_channels_);
+}
+
 ConvAlgorithm Conv2dOp::resolved_algorithm() const {
   const bool nhwc = input_layout == ActivationLayout::kNhwc;
   const bool same = stride_ == 1 && 2 * padding_ == kernel_ - 1;
   const bool transposed_applies = same && in_channels_ >= 8 && nhwc;
-  const bool winograd_applies =
-      same && kernel_ == 3 && nhwc && winograd_supports(in_channels_, out_channels_);
   switch (algorithm) {
     case ConvAlgorithm::kAuto:
-      if (winograd_applies) return ConvAlgorithm::kWinograd;
+      if (winograd_applies()) return ConvAlgorithm::kWinograd;
       [[fallthrough]];
     case ConvAlgorithm::kOneDnn:
+    case ConvAlgorithm::kMeasure:  // Winograd is its alternative (make_measured_alternative)
       return transposed_applies ? ConvAlgorithm::kTransposed : ConvAlgorithm::kDirect;
     case ConvAlgorithm::kDirect:
       return ConvAlgorithm::kDirect;
@@ -137,7 +142,7 @@ ConvAlgorithm Conv2dOp::resolved_algorithm() const {
                " channels");
       return ConvAlgorithm::kTransposed;
     case ConvAlgorithm::kWinograd:
-      FT_CHECK(winograd_applies, "conv2d '", name, "': Winograd needs a 3x3 kernel, stride 1, ",
+      FT_CHECK(winograd_applies(), "conv2d '", name, "': Winograd needs a 3x3 kernel, stride 1, ",
                "padding 1, NHWC input and channels that are multiples of 16; got kernel ", kernel_,
                ", stride ", stride_, ", padding ", padding_, ", ", in_channels_, " -> ",
                out_channels_, " channels");
@@ -147,7 +152,8 @@ ConvAlgorithm Conv2dOp::resolved_algorithm() const {
 }
 
 const char* Conv2dOp::forward_impl() const {
-  return primitives_ ? primitives_->forward_impl.c_str() : "";
+  const Primitives* p = forward_choice_ != nullptr ? forward_choice_ : primitives_.get();
+  return p != nullptr ? p->forward_impl.c_str() : "";
 }
 
 CudnnConvShape cudnn_conv_shape(int batch, int in_channels, int out_channels, int height, int width,
@@ -173,9 +179,9 @@ CudnnConvShape Conv2dOp::cudnn_shape() const {
                           padding_, input_layout);
 }
 
-void Conv2dOp::run_forward(float* y, const void* x, const void* weight, const void* weight_source,
-                           uint64_t version) {
-  Primitives& p = *primitives_;
+void Conv2dOp::run_forward(Primitives& p, float* y, const void* x, const void* weight,
+                           const void* weight_source, uint64_t version) {
+  const ConvTimeGuard timed;
   // The forward weights (transformed, flipped or reordered) are redone only when the parameters
   // may have changed: every train forward (ParamStore::version moves), but an eval graph between
   // optimizer steps reuses them, as an inference engine prepacks its weights.
@@ -213,9 +219,9 @@ void Conv2dOp::run_forward(float* y, const void* x, const void* weight, const vo
   cpu_stream().wait();
 }
 
-void Conv2dOp::run_backward(float* dx, bool dx_fresh, float* dweight, const void* dy, const void* x,
-                            const void* weight) {
-  Primitives& p = *primitives_;
+void Conv2dOp::run_backward(Primitives& p, float* dx, bool dx_fresh, float* dweight, const void* dy,
+                            const void* x, const void* weight) {
+  const ConvTimeGuard timed;
   p.forward_weights_valid = false;
   if (p.algorithm == ConvAlgorithm::kWinograd) {
     const auto* x_data = static_cast<const float*>(x);
@@ -268,17 +274,21 @@ void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
   FT_RUN_ON_CUDA(
       ws, conv2d_forward_cuda(y.data(), x.data(), weight.value.data(), cudnn_conv(), ws.stream));
   if (!primitives_) build_primitives(x.dtype());
-  Primitives& p = *primitives_;
-  FT_CHECK(p.input == x.dtype(), "conv2d '", name, "': built for a ", dtype_name(p.input),
-           " input, given ", dtype_name(x.dtype()));
+  FT_CHECK(primitives_->input == x.dtype(), "conv2d '", name, "': built for a ",
+           dtype_name(primitives_->input), " input, given ", dtype_name(x.dtype()));
+  Primitives* p = alternative_ ? forward_choice_ : primitives_.get();
+  if (p == nullptr) p = forward_choice_ = &measure_forward(y.data(), x, weight, params.version());
+  forward_with(*p, y.data(), x, weight, params.version());
+}
+
+void Conv2dOp::forward_with(Primitives& p, float* y, const Tensor& x, const Param& weight,
+                            uint64_t version) {
   if (x.dtype() == DType::kF32)
-    return run_forward(y.data(), x.data(), weight.value.data(), weight.value.data(),
-                       params.version());
+    return run_forward(p, y, x.data(), weight.value.data(), weight.value.data(), version);
   const bf16_bits* weight_copy = bf16_weight(weight);
-  if (!p.widens())
-    return run_forward(y.data(), x.bf16_data(), weight_copy, weight_copy, params.version());
-  run_forward(y.data(), widen(Scratch::kWideInput, x.bf16_data(), x.numel()),
-              widened_weights(weight_copy), weight_copy, params.version());
+  if (!p.widens()) return run_forward(p, y, x.bf16_data(), weight_copy, weight_copy, version);
+  run_forward(p, y, widen(Scratch::kWideInput, x.bf16_data(), x.numel()),
+              widened_weights(p, weight_copy), weight_copy, version);
 }
 
 void Conv2dOp::backward(Workspace& ws, ParamStore& params) {
@@ -294,25 +304,32 @@ void Conv2dOp::backward(Workspace& ws, ParamStore& params) {
   FT_CHECK(primitives_ != nullptr, "conv2d '", name, "': backward before forward");
   Param& weight = params[this->params[0]];
   float* dx = needs_input_grad ? ws.grads[inputs[0]].data() : nullptr;
-  const bool dx_fresh = ws.grad_is_fresh(inputs[0]);
   const float* dy = ws.grads[outputs[0]].data();
+  Primitives* p = alternative_ ? backward_choice_ : primitives_.get();
+  if (p == nullptr) p = backward_choice_ = &measure_backward(dx != nullptr, weight, dy, x);
+  backward_with(*p, dx, ws.grad_is_fresh(inputs[0]), weight.grad.data(), weight, dy, x);
+}
+
+void Conv2dOp::backward_with(Primitives& p, float* dx, bool dx_fresh, float* dweight,
+                             const Param& weight, const float* dy, const Tensor& x) {
   if (x.dtype() == DType::kF32)
-    return run_backward(dx, dx_fresh, weight.grad.data(), dy, x.data(), weight.value.data());
+    return run_backward(p, dx, dx_fresh, dweight, dy, x.data(), weight.value.data());
   // bf16: dy is rounded to bf16 once, as the Linear's backward rounds it.
   const bf16_bits* weight_copy = bf16_weight(weight);
   const int64_t pixels = shape_numel(output_shape()) / out_channels_;
-  if (!primitives_->widens())
-    return run_backward(dx, dx_fresh, weight.grad.data(),
+  if (!p.widens())
+    return run_backward(p, dx, dx_fresh, dweight,
                         bf16_gradient_copy(dy, pixels, out_channels_, out_channels_), x.bf16_data(),
                         weight_copy);
   float* rounded_dy = thread_scratch(Scratch::kWideGradient, pixels * out_channels_);
   round_through_bf16(rounded_dy, dy, pixels * out_channels_);
-  run_backward(dx, dx_fresh, weight.grad.data(), rounded_dy,
-               widen(Scratch::kWideInput, x.bf16_data(), x.numel()), widened_weights(weight_copy));
+  run_backward(p, dx, dx_fresh, dweight, rounded_dy,
+               widen(Scratch::kWideInput, x.bf16_data(), x.numel()),
+               widened_weights(p, weight_copy));
 }
 
-float* Conv2dOp::widened_weights(const bf16_bits* weight_copy) {
-  std::vector<float>& widened = primitives_->widened_weights;
+float* Conv2dOp::widened_weights(Primitives& p, const bf16_bits* weight_copy) {
+  std::vector<float>& widened = p.widened_weights;
   widened.resize(shape_numel(weight_shape()));
   cast_to_float(widened.data(), weight_copy, static_cast<int64_t>(widened.size()));
   return widened.data();

@@ -19,6 +19,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "model/graph.h"
 #include "model/ops/winograd.h"
@@ -50,6 +51,10 @@ enum class ConvAlgorithm {
                 // oneDNN's blocked kernels)
   kWinograd,    // all three passes by Winograd: 3x3, stride 1, padding 1, NHWC
                 // input, input and output channels multiples of 16
+  kMeasure,     // where Winograd applies: time it against what kOneDnn runs (in bf16 oneDNN's
+                // bf16 kernel, Winograd on the widened operands) on the op's first forward and
+                // first backward, and keep the faster for each pass (conv2d_measure.cpp); else
+                // as kOneDnn. Like cuDNN's autotuning, the choice may differ between runs.
 };
 
 // The geometry of one convolution as cuDNN sees it; NHWC output, input NCHW when nchw_input.
@@ -119,6 +124,10 @@ class Conv2dOp : public Op {
   // input is widened to fp32 first; for tests and benchmarks that check no slow fallback was
   // chosen. Empty before the first forward.
   const char* forward_impl() const;
+  // kMeasure: the timings and the choice for each pass measured so far, e.g. "forward
+  // winograd:f4x4_3x3 1.20 ms < brgconv:avx512_core_bf16 1.41 ms"; empty otherwise.
+  const std::string& measured_choice() const { return measured_choice_; }
+  std::string runtime_choice() const override { return measured_choice_; }
   CudnnConvShape cudnn_shape() const;
 
  private:
@@ -129,21 +138,42 @@ class Conv2dOp : public Op {
   // fast kernel for.
   std::unique_ptr<Primitives> make_onednn_primitives(ConvAlgorithm conv_algorithm,
                                                      DType operands) const;
+  // kMeasure where Winograd applies: Winograd's primitives beside primitives_ (what kOneDnn
+  // runs). Null otherwise.
+  std::unique_ptr<Primitives> make_measured_alternative(DType input) const;
+  // Winograd's state for `input` (widened first when bf16).
+  std::unique_ptr<Primitives> make_winograd_primitives(DType input) const;
+  bool winograd_applies() const;  // 3x3 "same", NHWC, channels Winograd supports
   // The three passes on the primitives' operands (fp32, or bf16 on the native path); the
   // weights are re-derived when `weight_source` or the parameters' `version` changed.
-  void run_forward(float* y, const void* x, const void* weight, const void* weight_source,
-                   uint64_t version);
+  void run_forward(Primitives& p, float* y, const void* x, const void* weight,
+                   const void* weight_source, uint64_t version);
   // dx null skips the input gradient.
-  void run_backward(float* dx, bool dx_fresh, float* dweight, const void* dy, const void* x,
-                    const void* weight);
-  // The widening path: the weight's bf16 copy widened into an op-owned buffer.
-  float* widened_weights(const bf16_bits* weight_copy);
+  void run_backward(Primitives& p, float* dx, bool dx_fresh, float* dweight, const void* dy,
+                    const void* x, const void* weight);
+  // One pass with `p` from the op's tensors: x as stored, widened first when p widens; in bf16
+  // the weight's copy and dy rounded to bf16.
+  void forward_with(Primitives& p, float* y, const Tensor& x, const Param& weight,
+                    uint64_t version);
+  void backward_with(Primitives& p, float* dx, bool dx_fresh, float* dweight, const Param& weight,
+                     const float* dy, const Tensor& x);
+  // kMeasure: times primitives_ against alternative_ on this pass's real operands (into scratch
+  // for backward), records the result in measured_choice_ and returns the faster, which the
+  // caller then runs for real.
+  Primitives& measure_forward(float* y, const Tensor& x, const Param& weight, uint64_t version);
+  Primitives& measure_backward(bool with_dx, const Param& weight, const float* dy, const Tensor& x);
+  // The widening path: the weight's bf16 copy widened into p's buffer.
+  float* widened_weights(Primitives& p, const bf16_bits* weight_copy);
   WinogradShape winograd_shape() const;
   CudnnConv& cudnn_conv();  // cudnn_, made on first use (conv2d.cu; CUDA builds only)
 
   int batch_, in_channels_, out_channels_, height_, width_, kernel_, stride_, padding_;
   int out_height_, out_width_;
   std::unique_ptr<Primitives> primitives_;
+  std::unique_ptr<Primitives> alternative_;  // kMeasure: Winograd, until both passes chose
+  Primitives* forward_choice_ = nullptr;     // kMeasure: null until measured
+  Primitives* backward_choice_ = nullptr;
+  std::string measured_choice_;
   std::shared_ptr<CudnnConv> cudnn_;  // on cuda: made on first forward
 };
 

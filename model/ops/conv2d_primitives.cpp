@@ -65,6 +65,7 @@ using conv2d_detail::stage_weights;
 using dnnl::memory;
 
 void Conv2dOp::build_primitives(DType input) {
+  alternative_ = make_measured_alternative(input);
   if (input == DType::kBF16 && bf16_gemm_native()) {
     primitives_ = make_onednn_primitives(ConvAlgorithm::kDirect, DType::kBF16);
     if (primitives_) {
@@ -75,18 +76,28 @@ void Conv2dOp::build_primitives(DType input) {
   // fp32 primitives; for a bf16 input they run on its widened values (Primitives::widens).
   const ConvAlgorithm algorithm = resolved_algorithm();
   if (algorithm == ConvAlgorithm::kWinograd) {
-    primitives_ = std::make_unique<Primitives>();
-    primitives_->algorithm = ConvAlgorithm::kWinograd;
-    primitives_->winograd_weights.resize(
-        winograd_weights_numel(in_channels_, out_channels_, winograd_tile));
-    primitives_->forward_impl =
-        winograd_tile == WinogradTile::k2x2 ? "winograd:f2x2_3x3" : "winograd:f4x4_3x3";
-  } else {
-    primitives_ = make_onednn_primitives(algorithm, DType::kF32);
-    FT_CHECK(primitives_ != nullptr, "conv2d '", name, "': oneDNN has no fp32 convolution here");
+    primitives_ = make_winograd_primitives(input);
+    return;
   }
+  primitives_ = make_onednn_primitives(algorithm, DType::kF32);
+  FT_CHECK(primitives_ != nullptr, "conv2d '", name, "': oneDNN has no fp32 convolution here");
   primitives_->input = input;
   if (input == DType::kBF16) primitives_->forward_impl = "widened:" + primitives_->forward_impl;
+}
+
+std::unique_ptr<Conv2dOp::Primitives> Conv2dOp::make_winograd_primitives(DType input) const {
+  auto p = std::make_unique<Primitives>();
+  p->algorithm = ConvAlgorithm::kWinograd;
+  p->input = input;
+  p->winograd_weights.resize(winograd_weights_numel(in_channels_, out_channels_, winograd_tile));
+  p->forward_impl = winograd_tile == WinogradTile::k2x2 ? "winograd:f2x2_3x3" : "winograd:f4x4_3x3";
+  if (input == DType::kBF16) p->forward_impl = "widened:" + p->forward_impl;
+  return p;
+}
+
+std::unique_ptr<Conv2dOp::Primitives> Conv2dOp::make_measured_alternative(DType input) const {
+  if (algorithm != ConvAlgorithm::kMeasure || !winograd_applies()) return nullptr;
+  return make_winograd_primitives(input);
 }
 
 std::unique_ptr<Conv2dOp::Primitives> Conv2dOp::make_onednn_primitives(ConvAlgorithm conv_algorithm,
