@@ -5,6 +5,8 @@
 //     float shift) (PlainOutput: z = scale x + shift);
 //   Dz, where backward's dz comes from: FT_HD float operator()(const float* dy, int64_t at) const
 //     (PlainDz: dz = dy[at]).
+// The elementwise pass stores into float, or into bf16 (rounded once from the fp32 value, for
+// the fused ops that write a convolution's bf16 operand: train.precision bf16).
 // Of a direction's three launches (see batchnorm.cu), the two passes over the activations are
 // here; the per-channel step between them does not differ and stays in batchnorm.cu
 // (batchnorm_train_statistics_cuda, batchnorm_backward_coefficients_cuda).
@@ -16,6 +18,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
 #include "core/hd.h"
+#include "core/math/bf16_math.h"
 #include "kernels/batchnorm.h"
 #include "kernels/batchnorm_math.h"
 
@@ -84,12 +87,12 @@ __global__ void partial_sums_kernel(float* partials, const float* x, const float
   }
 }
 
-template <typename Output>
-__global__ void scale_shift_kernel(float* y, const float* x, const float* scale, const float* shift,
+template <typename Output, typename Y>
+__global__ void scale_shift_kernel(Y* y, const float* x, const float* scale, const float* shift,
                                    int64_t numel, int channels) {
   FT_GRID_STRIDE_LOOP(i, numel) {
     const int c = static_cast<int>(i % channels);
-    y[i] = Output::apply(scale[c], x[i], shift[c]);
+    store_value(y + i, Output::apply(scale[c], x[i], shift[c]));
   }
 }
 
@@ -131,9 +134,10 @@ void partial_sums(float* partials, const float* x, const float* dy, Dz dz_of, co
   FT_CUDA_CHECK_LAUNCH();
 }
 
-// batchnorm_forward_train_cuda with Output's elementwise pass (see kernels/batchnorm.h).
-template <typename Output>
-void forward_train(float* y, float* saved_mean, float* saved_invstd, float* running_mean,
+// batchnorm_forward_train_cuda with Output's elementwise pass (see kernels/batchnorm.h); Y is
+// float or bf16_bits.
+template <typename Output, typename Y>
+void forward_train(Y* y, float* saved_mean, float* saved_invstd, float* running_mean,
                    float* running_var, float* partials, float* coefficients, const float* x,
                    const float* gamma, const float* beta, int64_t rows, int channels,
                    float momentum, float eps, CudaStream stream) {
@@ -142,8 +146,9 @@ void forward_train(float* y, float* saved_mean, float* saved_invstd, float* runn
                                   coefficients, x, gamma, beta, rows, channels, momentum, eps,
                                   stream);
   const int64_t numel = rows * channels;
-  scale_shift_kernel<Output><<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(
-      y, x, coefficients, coefficients + channels, numel, channels);
+  scale_shift_kernel<Output, Y>
+      <<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(
+          y, x, coefficients, coefficients + channels, numel, channels);
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -5,7 +5,7 @@
 #   1. quick: command "GPU_CHECK_QUICK=1 bash scripts/gpu_check.sh", timeout_s 300
 #      -> nvidia-smi, `fusiontrain --version` (the CUDA runtime and driver, cuBLASLt, cuDNN and
 #         NCCL it loaded), every GPU test binary, gpt_tiny trained on cuda eager and as CUDA
-#         graphs, then eager in train.precision: bf16. Deadline 270 s.
+#         graphs, then gpt_tiny and resnet8 eager in train.precision: bf16. Deadline 270 s.
 #   2. full, if device time is left: command "bash scripts/gpu_check.sh", timeout_s 480
 #      -> the same, then NCCL (its test at one rank; gpt_tiny through a real one-rank NCCL
 #         allreduce, eager and graphs; bandwidth) and the benches. Deadline 420 s; with less time
@@ -19,7 +19,7 @@
 #
 # Steps, most valuable first: nvidia_smi, bundle (unpack; binaries where the tests expect them),
 # bundle_libraries (ldd), version, each tests/cuda_*_test, train eager and graph, train bf16
-# (eager); then (not with
+# (gpt_tiny and resnet8, eager); then (not with
 # GPU_CHECK_QUICK=1) nccl_np1, train through NCCL eager and graph, bandwidth NCCL (1 rank) and
 # MPI-staged (2 ranks), and bench of gpt_tiny, gpt_small and resnet8 (MFU against PEAK_TFLOPS,
 # default 67: an H200's dense FP32 without tensor cores, which train.tf32: false runs).
@@ -354,6 +354,13 @@ name=train_gpt_tiny_cuda_bf16
 STEP_KEEP=$RUNS/$name/metrics.jsonl step plain "$name" "$TRAIN_CAP" "$RUN" "$FT" \
   "${TRAIN_COMMAND[@]}" --set train.precision=bf16 --set fusion.cuda_graph=false \
   --set train.run_dir="$RUNS/$name"
+# The ResNet in bf16: cuDNN's bf16 convolutions (model/ops/conv2d_bf16.cu), BatchNorm+ReLU and
+# BatchNorm+add+ReLU writing bf16, the folded eval graph's bf16 conv_bias; eager, fused as default.
+name=train_resnet8_cuda_bf16
+STEP_KEEP=$RUNS/$name/metrics.jsonl step plain "$name" "$TRAIN_CAP" "$RUN" "$FT" \
+  train --config configs/resnet8.yaml --set train.device=cuda --set train.steps=60 \
+  --set train.eval_every=30 --set data.test_limit=1024 --set train.precision=bf16 \
+  --set fusion.cuda_graph=false --set train.run_dir="$RUNS/$name"
 
 if [ "$QUICK" = 1 ]; then
   echo "== gpu_check: GPU_CHECK_QUICK=1: stops before NCCL and the benches"

@@ -30,7 +30,7 @@ ConvAlgoKey resnet_key() {
   return key;
 }
 
-// Every field changed alone, plus the two layouts and three passes.
+// Every field changed alone, plus the two layouts, the two data types and three passes.
 std::vector<ConvAlgoKey> one_field_variants() {
   std::vector<ConvAlgoKey> keys;
   const ConvAlgoKey base = resnet_key();
@@ -47,6 +47,9 @@ std::vector<ConvAlgoKey> one_field_variants() {
   ConvAlgoKey nchw = base;
   nchw.nchw_input = true;
   keys.push_back(nchw);
+  ConvAlgoKey bf16 = base;
+  bf16.bf16 = true;
+  keys.push_back(bf16);
   for (ConvPass pass : {ConvPass::kBackwardData, ConvPass::kBackwardFilter}) {
     ConvAlgoKey key = base;
     key.pass = pass;
@@ -89,6 +92,8 @@ TEST(ConvAlgoKey, TextNamesPassShapeAndGeometry) {
   key.nchw_input = true;
   key.pass = ConvPass::kForward;
   EXPECT_EQ(key.text(), "forward x[64,16,32,32] nchw w[32,16,3,3] stride 2 pad 1 dilation 1");
+  key.bf16 = true;
+  EXPECT_EQ(key.text(), "forward x[64,16,32,32] nchw w[32,16,3,3] stride 2 pad 1 dilation 1 bf16");
 }
 
 TEST(ConvAlgoCache, RanksOncePerKey) {
@@ -150,6 +155,27 @@ TEST(ConvAlgoRanking, OrdersSearchThenHeuristicDeterministicAndFmaFirst) {
   EXPECT_EQ(algorithms(rank_conv_algorithms(searched, heuristic, true)),
             (std::vector<int>{4, 2, 7}));
   EXPECT_EQ(algorithms(rank_conv_algorithms({}, heuristic, false)), (std::vector<int>{4, 7, 6}));
+}
+
+// bf16 operands (ConvMath::kTensorOps): tensor-core, FMA and default math alike, in the search's
+// order within deterministic and not, then the heuristic's; failed entries never.
+TEST(ConvAlgoRanking, Bf16TakesEveryMathDeterministicFirst) {
+  ConvAlgoReport tensor_cores = report(9, false, true);
+  tensor_cores.default_math = false;  // CUDNN_TENSOR_OP_MATH
+  const std::vector<ConvAlgoReport> searched = {report(1, false, false), tensor_cores,
+                                                report(2, true, false), report(3, true, true),
+                                                report(5, true, true, false)};
+  const std::vector<ConvAlgoReport> heuristic = {report(3, true, true), report(6, true, false)};
+  const std::vector<ConvAlgoChoice> ranked =
+      rank_conv_algorithms(searched, heuristic, false, ConvMath::kTensorOps);
+  EXPECT_EQ(algorithms(ranked), (std::vector<int>{9, 3, 1, 2, 6}));
+  for (const ConvAlgoChoice& choice : ranked) EXPECT_EQ(choice.math, ConvMath::kTensorOps);
+  EXPECT_EQ(ranked[0].text(), "algorithm 9 (tensor-op math, deterministic, workspace 90 bytes)");
+  EXPECT_EQ(algorithms(rank_conv_algorithms(searched, heuristic, true, ConvMath::kTensorOps)),
+            (std::vector<int>{9, 3}));
+  // The fp32 ranking of the same reports still drops the tensor-core entry.
+  EXPECT_EQ(algorithms(rank_conv_algorithms(searched, heuristic, false)),
+            (std::vector<int>{3, 2, 1, 6}));
 }
 
 ConvAlgoCandidates candidates_of(std::vector<int> ranked) {

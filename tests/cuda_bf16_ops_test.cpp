@@ -33,6 +33,7 @@
 #include "model/ops/cast.h"
 #include "model/ops/linear.h"
 #include "model/ops/lm_head.h"
+#include "train_compare_util.h"
 
 namespace ft {
 namespace {
@@ -292,13 +293,7 @@ TEST(CudaBf16Train, GptTinyTwentyStepsMatchTheCpuFusedAndEager) {
     }
     Trainer on_cpu(gpt_tiny_bf16("cpu", fused), nullptr);
     Trainer on_gpu(gpu_config, nullptr);
-    for (int step = 1; step <= 20; ++step) {
-      const float cpu_loss = on_cpu.train_step().loss, gpu_loss = on_gpu.train_step().loss;
-      ASSERT_TRUE(std::isfinite(gpu_loss)) << "step " << step;
-      EXPECT_NEAR(gpu_loss, cpu_loss, 1e-2 * std::fabs(cpu_loss)) << "step " << step;
-    }
-    const double cpu_eval = on_cpu.evaluate(4).loss, gpu_eval = on_gpu.evaluate(4).loss;
-    EXPECT_NEAR(gpu_eval, cpu_eval, 1e-2 * std::fabs(cpu_eval));
+    test::expect_training_tracks_cpu(on_cpu, on_gpu, 20, 1e-2, 4);
   }
 }
 

@@ -23,6 +23,7 @@
 #include "model/ops/global_avg_pool.h"
 #include "model/ops/relu.h"
 #include "model/ops/residual.h"
+#include "resnet_device_graphs.h"
 
 namespace ft {
 namespace {
@@ -42,35 +43,14 @@ void expect_cuda_matches_cpu(const GraphBuilder& build, double rtol, double atol
 
 // ---- Conv2dOp ----
 
-struct ConvCase {
-  int batch, in_channels, out_channels, size, kernel, stride, padding;
-  bool nchw_input;
-};
-
-int conv_out(const ConvCase& c) {
-  return (c.size + 2 * c.padding - c.kernel) / c.stride + 1;
-}
+using test::ConvCase;
 
 class CudaConv2d : public ::testing::TestWithParam<ConvCase> {};
 
 TEST_P(CudaConv2d, MatchesCpu) {
   FT_SKIP_WITHOUT_GPU();
-  const ConvCase c = GetParam();
-  auto build = [c](Graph& graph, ParamStore& params) {
-    const ValueId x =
-        graph.add_value("x", c.nchw_input ? Shape{c.batch, c.in_channels, c.size, c.size}
-                                          : Shape{c.batch, c.size, c.size, c.in_channels});
-    const int out = conv_out(c);
-    const ValueId y = graph.add_value("y", {c.batch, out, out, c.out_channels});
-    const ParamId w = params.add("conv.weight", {c.out_channels, c.in_channels, c.kernel, c.kernel},
-                                 ParamInit::kNormal, 0.1f, true);
-    Conv2dOp& conv =
-        graph.add_op<Conv2dOp>("conv", {x}, {y}, {w}, c.batch, c.in_channels, c.out_channels,
-                               c.size, c.size, c.kernel, c.stride, c.padding);
-    if (c.nchw_input) conv.input_layout = ActivationLayout::kNchw;
-    add_weighted_sum_loss(graph, y, 3);
-  };
-  expect_cuda_matches_cpu(build, kReductionRtol, kReductionAtol);
+  expect_cuda_matches_cpu(test::conv_builder(GetParam(), DType::kF32), kReductionRtol,
+                          kReductionAtol);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -108,13 +88,7 @@ struct BatchNormCase {
   int batch, channels, height, width;
 };
 
-// The four BatchNorm params in the order every op of the family reads them.
-std::vector<ParamId> add_batchnorm_params(ParamStore& params, int channels) {
-  return {params.add("bn.weight", {channels}, ParamInit::kOnes, 0.0f, false),
-          params.add("bn.bias", {channels}, ParamInit::kZeros, 0.0f, false),
-          params.add_buffer("bn.running_mean", {channels}, ParamInit::kZeros),
-          params.add_buffer("bn.running_var", {channels}, ParamInit::kOnes)};
-}
+using test::add_batchnorm_params;
 
 // kind: 0 BatchNorm2dOp, 1 BatchNormReluOp, 2 BatchNorm2dOp + ReluOp (1's twin), 3
 // BatchNormInferenceOp, 4 BatchNormInferenceReluOp, 5 BatchNormInferenceOp + ReluOp (4's twin).

@@ -144,12 +144,12 @@ check "A: the hung step's left-behind process was killed" dead "$(cat "$FAKE_STA
 
 result B
 check "B: all pass: exit 0" [ "$RC" = 0 ]
-check "B: ok, 18 steps passed, none not run" query B \
-  's["ok"] and len(s["steps"]) == 18 and set(status.values()) == {"passed"} and not s["not_run"]'
+check "B: ok, 19 steps passed, none not run" query B \
+  's["ok"] and len(s["steps"]) == 19 and set(status.values()) == {"passed"} and not s["not_run"]'
 result C
 check "C: quick passes: exit 0" [ "$RC" = 0 ]
 check "C: quick stops after training, deadline 270 s" query C 's["ok"] and s["quick"] and
-  s["deadline_s"] == 270 and s["steps"][-1]["name"] == "train_gpt_tiny_cuda_bf16"
+  s["deadline_s"] == 270 and s["steps"][-1]["name"] == "train_resnet8_cuda_bf16"
   and "nccl_np1" not in status'
 
 result D

@@ -113,7 +113,8 @@ std::vector<Field> build_fields(const PassRegistry& passes) {
       {FT_KEY(train.precision), one_of({"fp32", "bf16"}),
        "bf16: GEMM operands (activations, weight copies, output gradients) in bf16 with fp32 "
        "accumulation; master weights, optimizer state, gradients and every reduction stay fp32. "
-       "cpu; slow without bf16 instructions (said at start-up)"},
+       "Both models, cpu and cuda (cuda compiled, not yet run on a GPU); on the cpu slow without "
+       "bf16 instructions (said at start-up)"},
       {FT_KEY(train.profile), true_or_false(),
        "print per-op time (forward and backward apart) and fusion advice at the end; rank 0"},
       {FT_KEY(train.trace), any_text(),

@@ -1,6 +1,6 @@
-// The bf16 fill and the bf16 operand sums of core/cuda/bf16_kernels.h. The sums follow the
-// blocking of their fp32 twins in core/cuda/bias_activation_kernel.cu, widening each element
-// with bf16_to_float (exact), so both sum the same fp32 values in a fixed order.
+// The bf16 fill, the widening and the bf16 operand sums of core/cuda/bf16_kernels.h. The sums
+// follow the blocking of their fp32 twins in core/cuda/bias_activation_kernel.cu, widening each
+// element with bf16_to_float (exact), so both sum the same fp32 values in a fixed order.
 #include "core/cuda/bf16_kernels.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
@@ -14,9 +14,11 @@ __global__ void fill_bf16_kernel(bf16_bits* data, int64_t count, bf16_bits value
   }
 }
 
+template <bool kAdd>
 __global__ void widen_bf16_kernel(float* out, const bf16_bits* in, int64_t count) {
   FT_GRID_STRIDE_LOOP(i, count) {
-    out[i] = bf16_to_float(in[i]);
+    const float value = bf16_to_float(in[i]);
+    out[i] = kAdd ? out[i] + value : value;
   }
 }
 
@@ -70,8 +72,15 @@ void cuda_fill_bf16(bf16_bits* data, int64_t count, bf16_bits value, CudaStream 
 
 void cuda_widen_bf16(float* out, const bf16_bits* in, int64_t count, CudaStream stream) {
   if (count <= 0) return;
-  widen_bf16_kernel<<<cuda_grid_stride_blocks(count), kCudaThreadsPerBlock, 0, stream>>>(out, in,
-                                                                                         count);
+  widen_bf16_kernel<false>
+      <<<cuda_grid_stride_blocks(count), kCudaThreadsPerBlock, 0, stream>>>(out, in, count);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+void cuda_add_widened_bf16(float* out, const bf16_bits* in, int64_t count, CudaStream stream) {
+  if (count <= 0) return;
+  widen_bf16_kernel<true>
+      <<<cuda_grid_stride_blocks(count), kCudaThreadsPerBlock, 0, stream>>>(out, in, count);
   FT_CUDA_CHECK_LAUNCH();
 }
 

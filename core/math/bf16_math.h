@@ -39,6 +39,15 @@ FT_HD float bf16_to_float(bf16_bits value) {
   return float_from_bits(static_cast<uint32_t>(value) << 16);
 }
 
+// An fp32 result stored as its destination's element type: a float as is, a bf16 rounded once.
+// For kernels that write either (a fused op writing a convolution's bf16 operand).
+FT_HD void store_value(float* out, float value) {
+  *out = value;
+}
+FT_HD void store_value(bf16_bits* out, float value) {
+  *out = float_to_bf16(value);
+}
+
 // The float a value becomes after a trip through bf16: what a bf16 GEMM sees of an fp32 operand.
 FT_HD float round_to_bf16(float value) {
   return bf16_to_float(float_to_bf16(value));

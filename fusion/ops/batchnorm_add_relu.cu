@@ -1,9 +1,12 @@
 // BatchNormAddReluOp on CUDA: each branch's statistics are BatchNorm's own launches
 // (batchnorm_train_statistics_cuda in kernels/batchnorm.cu; backward's with the ReLU mask,
 // batchnorm_relu_backward_statistics_cuda in batchnorm_relu_kernels.cu), then one elementwise
-// kernel per direction with the helpers the CPU loops call.
+// kernel per direction with the helpers the CPU loops call. Forward may write y in bf16
+// (train.precision: bf16); backward then reads the mask from y widened by the op
+// (batchnorm_add_relu_op.cpp), as the CPU's identity shortcut does.
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
+#include "core/math/bf16_math.h"
 #include "fusion/ops/batchnorm_add_relu.h"
 #include "fusion/ops/batchnorm_relu_kernels.h"
 #include "kernels/batchnorm_math.h"
@@ -12,9 +15,10 @@
 namespace ft {
 namespace {
 
-// coefficients and s_coefficients hold {scale, shift} [2][C].
-template <bool kNormalised>
-__global__ void add_relu_kernel(float* y, const float* x, const float* coefficients,
+// coefficients and s_coefficients hold {scale, shift} [2][C]; Y is float, or bf16_bits where y
+// is a convolution's bf16 operand (rounded once, as the CPU's).
+template <bool kNormalised, typename Y>
+__global__ void add_relu_kernel(Y* y, const float* x, const float* coefficients,
                                 const float* shortcut, const float* s_coefficients, int64_t numel,
                                 int channels) {
   FT_GRID_STRIDE_LOOP(i, numel) {
@@ -23,7 +27,7 @@ __global__ void add_relu_kernel(float* y, const float* x, const float* coefficie
     const float s = kNormalised ? batchnorm_scale_shift(s_coefficients[c], shortcut[i],
                                                         s_coefficients[channels + c])
                                 : shortcut[i];
-    y[i] = relu_value(z + s);
+    store_value(y + i, relu_value(z + s));
   }
 }
 
@@ -67,12 +71,10 @@ GradientKernel pick(bool normalised, bool dx_fresh, int shortcut) {
   return dx_fresh ? pick<false, true>(shortcut) : pick<false, false>(shortcut);
 }
 
-}  // namespace
-
-void batchnorm_add_relu_forward_cuda(float* y, const BatchNormBranch& main,
-                                     const BatchNormBranch* shortcut_bn,
-                                     const BatchNormAddReluIdentity& identity, int64_t rows,
-                                     int channels, CudaStream stream) {
+template <typename Y>
+void forward(Y* y, const BatchNormBranch& main, const BatchNormBranch* shortcut_bn,
+             const BatchNormAddReluIdentity& identity, int64_t rows, int channels,
+             CudaStream stream) {
   if (rows <= 0 || channels <= 0) return;
   for (const BatchNormBranch* b : {&main, shortcut_bn}) {
     if (b == nullptr) continue;
@@ -81,12 +83,28 @@ void batchnorm_add_relu_forward_cuda(float* y, const BatchNormBranch& main,
                                     channels, b->momentum, b->eps, stream);
   }
   const bool normalised = shortcut_bn != nullptr;
-  const auto kernel = normalised ? add_relu_kernel<true> : add_relu_kernel<false>;
+  const auto kernel = normalised ? add_relu_kernel<true, Y> : add_relu_kernel<false, Y>;
   const int64_t numel = rows * channels;
   kernel<<<cuda_grid_stride_blocks(numel), kCudaThreadsPerBlock, 0, stream>>>(
       y, main.x, main.coefficients, normalised ? shortcut_bn->x : identity.r,
       normalised ? shortcut_bn->coefficients : nullptr, numel, channels);
   FT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void batchnorm_add_relu_forward_cuda(float* y, const BatchNormBranch& main,
+                                     const BatchNormBranch* shortcut_bn,
+                                     const BatchNormAddReluIdentity& identity, int64_t rows,
+                                     int channels, CudaStream stream) {
+  forward(y, main, shortcut_bn, identity, rows, channels, stream);
+}
+
+void batchnorm_add_relu_forward_cuda(bf16_bits* y, const BatchNormBranch& main,
+                                     const BatchNormBranch* shortcut_bn,
+                                     const BatchNormAddReluIdentity& identity, int64_t rows,
+                                     int channels, CudaStream stream) {
+  forward(y, main, shortcut_bn, identity, rows, channels, stream);
 }
 
 void batchnorm_add_relu_backward_cuda(const float* dy, const float* y, const BatchNormBranch& main,

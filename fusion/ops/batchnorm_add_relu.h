@@ -59,8 +59,13 @@ void batchnorm_add_relu_backward(const float* dy, const float* y, const BatchNor
                                  const BatchNormBranch* shortcut_bn,
                                  const BatchNormAddReluIdentity& identity, int64_t rows,
                                  int channels, std::array<BatchNormScratch, 2>& scratch);
-// The same on device pointers, enqueued on `stream` (batchnorm_add_relu.cu; CUDA builds only).
+// The same on device pointers, enqueued on `stream` (batchnorm_add_relu.cu; CUDA builds only),
+// y fp32 or bf16; backward reads y in fp32 (a bf16 y widened first).
 void batchnorm_add_relu_forward_cuda(float* y, const BatchNormBranch& main,
+                                     const BatchNormBranch* shortcut_bn,
+                                     const BatchNormAddReluIdentity& identity, int64_t rows,
+                                     int channels, CudaStream stream);
+void batchnorm_add_relu_forward_cuda(bf16_bits* y, const BatchNormBranch& main,
                                      const BatchNormBranch* shortcut_bn,
                                      const BatchNormAddReluIdentity& identity, int64_t rows,
                                      int channels, CudaStream stream);
@@ -85,7 +90,7 @@ class BatchNormAddReluOp : public Op {
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }
-  // y may be bf16 (fusion.vertical.cast; CPU only).
+  // y may be bf16 (fusion.vertical.cast).
   bool handles_bf16() const override { return true; }
   OpCost cost(const Graph& graph) const override;
 
@@ -97,9 +102,8 @@ class BatchNormAddReluOp : public Op {
   // Branch 0 (main) or 1 (shortcut BN) on the workspace's device.
   BatchNormBranch branch(int which, Workspace& ws, ParamStore& params);
   BatchNormAddReluIdentity identity(Workspace& ws) const;
-  void require_cpu_for_bf16(const Workspace& ws) const;
-  // y as backward's mask reads it: y itself, or a bf16 y widened into widened_output_ (null when
-  // the CPU recomputes the mask instead).
+  // y as backward's mask reads it: y itself, or a bf16 y widened into widened_output_ (CPU) or
+  // widened_output_device_ (cuda); null when the CPU recomputes the mask instead.
   const float* relu_output(const Workspace& ws);
 
   int batch_, channels_, height_, width_;
@@ -109,6 +113,7 @@ class BatchNormAddReluOp : public Op {
   std::array<std::vector<float>, 2> saved_mean_, saved_invstd_;  // host, per branch
   std::array<BatchNormScratch, 2> scratch_;
   std::vector<float> widened_output_;
+  Tensor widened_output_device_;  // kept between steps: a captured CUDA graph keeps its address
   bool forward_ran_ = false;
 };
 

@@ -1,7 +1,11 @@
 // BatchNormAddReluOp's wiring: the branches and the identity shortcut on the workspace's device,
-// the checks, and the dispatch to the CPU functions (batchnorm_add_relu.cpp) or the CUDA ones.
+// the checks, and the dispatch to the CPU functions (batchnorm_add_relu.cpp) or the CUDA ones
+// (batchnorm_add_relu.cu; with a bf16 y compiled, not yet run on a GPU).
 #include "core/bf16_cast.h"
 #include "core/check.h"
+#if defined(FT_HAVE_CUDA)
+#include "core/cuda/bf16_kernels.h"
+#endif
 #include "fusion/ops/batchnorm_add_relu.h"
 #include "model/ops/op_checks.h"
 
@@ -78,7 +82,8 @@ void BatchNormAddReluOp::forward(Workspace& ws, ParamStore& store) {
   forward_ran_ = true;
   Tensor& y = ws.values[outputs[0]];
   if (y.dtype() == DType::kBF16) {
-    require_cpu_for_bf16(ws);
+    FT_RUN_ON_CUDA(ws, batchnorm_add_relu_forward_cuda(y.bf16_data(), main, shortcut, identity(ws),
+                                                       rows_, channels_, ws.stream));
     batchnorm_add_relu_forward(y.bf16_data(), main, shortcut, identity(ws), rows_, channels_,
                                scratch_);
     return;
@@ -88,17 +93,20 @@ void BatchNormAddReluOp::forward(Workspace& ws, ParamStore& store) {
   batchnorm_add_relu_forward(y.data(), main, shortcut, identity(ws), rows_, channels_, scratch_);
 }
 
-void BatchNormAddReluOp::require_cpu_for_bf16(const Workspace& ws) const {
-  FT_CHECK(ws.device == Device::kCpu, kind(), " '", name, "': bf16 on ", device_name(ws.device),
-           " is not built; set train.precision: fp32");
-}
-
 // The identity shortcut's mask reads y; a bf16 y is widened for it. Rounding keeps every sign and
-// the process flushes denormals to zero (core/denormals.h), so the mask is the fp32 twin's.
+// the process flushes denormals to zero (core/denormals.h), so the mask is the fp32 twin's. cuda
+// reads the mask from y for both shortcuts, so widens it for both.
 const float* BatchNormAddReluOp::relu_output(const Workspace& ws) {
   const Tensor& y = ws.values[outputs[0]];
   if (y.dtype() == DType::kF32) return y.data();
-  require_cpu_for_bf16(ws);
+#if defined(FT_HAVE_CUDA)
+  if (ws.device == Device::kCuda) {
+    if (widened_output_device_.numel() != y.numel())
+      widened_output_device_ = Tensor::empty({y.numel()}, Device::kCuda);
+    cuda_widen_bf16(widened_output_device_.data(), y.bf16_data(), y.numel(), ws.stream);
+    return widened_output_device_.data();
+  }
+#endif
   if (normalised_shortcut_) return nullptr;
   widened_output_.resize(static_cast<size_t>(y.numel()));
   cast_to_float(widened_output_.data(), y.bf16_data(), y.numel());

@@ -21,8 +21,8 @@ void BatchNormReluOp::forward_impl(Workspace& ws, const BatchNormBranch& b,
                                    BatchNormScratch& scratch) {
   Tensor& y = ws.values[outputs[0]];
   if (y.dtype() == DType::kBF16) {
-    FT_CHECK(ws.device == Device::kCpu, kind(), " '", name, "': bf16 on ", device_name(ws.device),
-             " is not built; set train.precision: fp32");
+    FT_RUN_ON_CUDA(
+        ws, batchnorm_relu_forward_train_cuda(y.bf16_data(), b, rows(), channels(), ws.stream));
     batchnorm_relu_forward_train(y.bf16_data(), b, rows(), channels(), scratch);
     return;
   }
@@ -31,13 +31,16 @@ void BatchNormReluOp::forward_impl(Workspace& ws, const BatchNormBranch& b,
 }
 
 // dz = dy * [z > 0] is formed on the fly inside both of the backward's passes: the CPU recomputes
-// z from x (BatchNormMask::kRecomputed), so a bf16 y (CPU only) is never read back; cuda reads
-// the mask from y.
+// z from x (BatchNormMask::kRecomputed), so a bf16 y is never read back there; cuda reads the
+// mask from y, fp32 or bf16 (rounding keeps every sign).
 void BatchNormReluOp::backward_impl(Workspace& ws, const BatchNormBranch& b,
                                     BatchNormScratch& scratch) {
   const float* dy = ws.grads[outputs[0]].data();
-  FT_RUN_ON_CUDA(ws, batchnorm_relu_backward_cuda(dy, ws.values[outputs[0]].data(), b, rows(),
-                                                  channels(), ws.stream));
+  const Tensor& y = ws.values[outputs[0]];
+  if (y.dtype() == DType::kBF16)
+    FT_RUN_ON_CUDA(
+        ws, batchnorm_relu_backward_cuda(dy, y.bf16_data(), b, rows(), channels(), ws.stream));
+  FT_RUN_ON_CUDA(ws, batchnorm_relu_backward_cuda(dy, y.data(), b, rows(), channels(), ws.stream));
   batchnorm_relu_backward(dy, BatchNormMask::kRecomputed, nullptr, b, rows(), channels(), scratch);
 }
 

@@ -31,8 +31,8 @@ class BatchNormReluOp : public BatchNormTrainOp {
 
   OpKind op_kind() const override { return OpKind::kBatchNormRelu; }
   OpCost cost(const Graph& graph) const override;
-  // y may be bf16 (fusion.vertical.cast): forward rounds each element once, and the CPU backward
-  // never reads y.
+  // y may be bf16 (fusion.vertical.cast): forward rounds each element once, the CPU backward
+  // never reads y, and cuda's reads its mask from the bf16 y.
   bool handles_bf16() const override { return true; }
 
  protected:

@@ -55,10 +55,16 @@ void batchnorm_relu_forward_inference(float* y, const BatchNormBranch& b, int64_
                                       int channels, BatchNormScratch& scratch);
 
 // The same on cuda, on the branch's device buffers, enqueued on `stream` (CUDA builds only).
-// Backward reads the mask from the ReLU's output y (kReluOutput).
+// Backward reads the mask from the ReLU's output y (kReluOutput). The bf16 forms write y in bf16
+// (rounded once, as the CPU's) and read the mask from it.
 void batchnorm_relu_forward_train_cuda(float* y, const BatchNormBranch& b, int64_t rows,
                                        int channels, CudaStream stream);
+void batchnorm_relu_forward_train_cuda(bf16_bits* y, const BatchNormBranch& b, int64_t rows,
+                                       int channels, CudaStream stream);
 void batchnorm_relu_backward_cuda(const float* dy, const float* relu_output,
+                                  const BatchNormBranch& b, int64_t rows, int channels,
+                                  CudaStream stream);
+void batchnorm_relu_backward_cuda(const float* dy, const bf16_bits* relu_output,
                                   const BatchNormBranch& b, int64_t rows, int channels,
                                   CudaStream stream);
 // batchnorm_relu_backward_statistics on cuda, from relu_output: {k_dy, k_x, k_0} [3][C] go to

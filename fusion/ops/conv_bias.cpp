@@ -241,8 +241,6 @@ void ConvBiasOp::prepare(ParamStore& params, DType input) {
 void ConvBiasOp::forward(Workspace& ws, ParamStore& params) {
   check_wiring(ws, params);
   const Tensor& input = ws.values[inputs[0]];
-  FT_CHECK(input.dtype() == DType::kF32 || ws.device == Device::kCpu, kind(), " '", name,
-           "': bf16 on ", device_name(ws.device), " is not built; set train.precision: fp32");
   FT_RUN_ON_CUDA(ws, forward_cuda(ws, params));
   if (!kernels_ || !kernels_->ready || kernels_->version != params.version())
     prepare(params, input.dtype());

@@ -96,9 +96,10 @@ class ConvBiasOp : public Op {
   // Throws ft::Error: an eval graph has no backward.
   void backward(Workspace& ws, ParamStore& params) override;
   OpCost cost(const Graph& graph) const override;
-  // x may be bf16 (train.precision: bf16, CPU): y = act(conv(x, bf16(W')) + b' [+ residual]) with
+  // x may be bf16 (train.precision: bf16): y = act(conv(x, bf16(W')) + b' [+ residual]) with
   // fp32 accumulation, on oneDNN's bf16 kernel where the CPU has bf16 instructions
-  // (bf16_gemm_native()), else on x widened to fp32 and the fp32 kernels above.
+  // (bf16_gemm_native()), else on x widened to fp32 and the fp32 kernels above; on cuda on
+  // cuDNN's bf16 convolution, which rounds conv(x, bf16(W')) to bf16 before the epilogue.
   bool handles_bf16() const override { return true; }
 
   const ConvBiasSpec& spec() const { return spec_; }
@@ -125,7 +126,8 @@ class ConvBiasOp : public Op {
   ConvBiasSource source_;
   int out_height_, out_width_;
   std::unique_ptr<Kernels> kernels_;
-  // cuda: W' and b' on the device, from parameters of version cuda_version_; cuDNN's state.
+  // cuda: W' (bf16-rounded, as a bf16 tensor, for a bf16 x) and b' on the device, from
+  // parameters of version cuda_version_; cuDNN's state.
   Tensor cuda_weight_, cuda_bias_;
   uint64_t cuda_version_ = 0;
   bool cuda_ready_ = false;

@@ -120,9 +120,7 @@ void ConvShortcutOp::forward(Workspace& ws, ParamStore& params) {
   }
   combined_.needs_input_grad = needs_input_grad;
   const bool bf16 = ws.values[inputs[0]].dtype() == DType::kBF16;
-  FT_CHECK(!bf16 || ws.device == Device::kCpu, kind(), " '", name, "': bf16 on ",
-           device_name(ws.device), " is not built; set train.precision: fp32");
-  FT_RUN_ON_CUDA(ws, forward_cuda(ws, params));
+  FT_RUN_ON_CUDA(ws, forward_cuda(ws, params, bf16));
   place_on(Device::kCpu, nullptr, bf16);
   pack_weights(params[this->params[0]].value.data(), params[this->params[1]].value.data());
   // New weights every forward: the combined convolution must not reuse what it derived from the
@@ -166,8 +164,8 @@ Tensor ConvShortcutOp::combined_input(const Workspace& ws) const {
   const Tensor& x = ws.values[inputs[0]];
   // Tensor::wrap takes a mutable pointer; the convolution only reads x.
   if (x.dtype() == DType::kBF16)
-    return Tensor::wrap(const_cast<bf16_bits*>(x.bf16_data()), combined_.input_shape());
-  return Tensor::wrap(const_cast<float*>(x.data()), combined_.input_shape());
+    return Tensor::wrap(const_cast<bf16_bits*>(x.bf16_data()), combined_.input_shape(), ws.device);
+  return Tensor::wrap(const_cast<float*>(x.data()), combined_.input_shape(), ws.device);
 }
 
 OpCost ConvShortcutOp::cost(const Graph& graph) const {

@@ -1,6 +1,7 @@
 // ConvShortcutOp on CUDA: the packing of [w3 ; w1 at the centre tap], the split of the combined
 // output rows into y3 and y1 (and the merge of their gradients back) and the unpacking of dW are
-// elementwise kernels; the combined 3x3 convolution is the private Conv2dOp on cuDNN.
+// elementwise kernels; the combined 3x3 convolution is the private Conv2dOp on cuDNN, in fp32 or
+// (a bf16 x) in bf16 (compiled, not yet run on a GPU).
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/launch.h"
 #include "fusion/ops/conv_shortcut.h"
@@ -89,14 +90,17 @@ void conv_shortcut_unpack_grads_cuda(float* dw3, float* dw1, const float* packed
   FT_CUDA_CHECK_LAUNCH();
 }
 
-void ConvShortcutOp::forward_cuda(Workspace& ws, ParamStore& params) {
-  place_on(Device::kCuda, ws.stream);
+// A bf16 x: the packed fp32 weight is rounded into its bf16 copy (CastOp's kernel, on the compute
+// stream), which equals the two canonical copies packed, as on the CPU; the private Conv2dOp then
+// runs cuDNN's bf16 convolution on it (model/ops/conv2d_bf16.cu).
+void ConvShortcutOp::forward_cuda(Workspace& ws, ParamStore& params, bool bf16) {
+  place_on(Device::kCuda, ws.stream, bf16);
   const int64_t out_by_in = static_cast<int64_t>(out_channels_) * in_channels_;
   conv_shortcut_pack_weights_cuda((*packed_weight_)[0].value.data(),
                                   params[this->params[0]].value.data(),
                                   params[this->params[1]].value.data(), out_by_in, ws.stream);
-  combined_ws_.values[0] =
-      Tensor::wrap(ws.values[inputs[0]].data(), combined_.input_shape(), Device::kCuda);
+  if (bf16) packed_weight_->refresh_bf16_copies();
+  combined_ws_.values[0] = combined_input(ws);
   combined_.forward(combined_ws_, *packed_weight_);
   const int64_t pixels = shape_numel(output_shape()) / out_channels_;
   conv_shortcut_split_rows_cuda(ws.values[outputs[0]].data(), ws.values[outputs[1]].data(),
@@ -106,12 +110,11 @@ void ConvShortcutOp::forward_cuda(Workspace& ws, ParamStore& params) {
 // As on the CPU: dW is formed whole in the zeroed packed gradient, then added into the two
 // canonical gradients.
 void ConvShortcutOp::backward_cuda(Workspace& ws, ParamStore& params) {
-  place_on(Device::kCuda, ws.stream);
+  place_on(Device::kCuda, ws.stream, ws.values[inputs[0]].dtype() == DType::kBF16);
   const int64_t pixels = shape_numel(output_shape()) / out_channels_;
   conv_shortcut_merge_rows_cuda(combined_output_.data(), ws.grads[outputs[0]].data(),
                                 ws.grads[outputs[1]].data(), pixels, out_channels_, ws.stream);
-  combined_ws_.values[0] =
-      Tensor::wrap(ws.values[inputs[0]].data(), combined_.input_shape(), Device::kCuda);
+  combined_ws_.values[0] = combined_input(ws);
   if (needs_input_grad) {
     combined_ws_.grads[0] =
         Tensor::wrap(ws.grads[inputs[0]].data(), combined_.input_shape(), Device::kCuda);

@@ -51,7 +51,7 @@ class ConvShortcutOp : public Op {
   void backward(Workspace& ws, ParamStore& params) override;
   OpCost cost(const Graph& graph) const override;
   bool overwrites_fresh_input_grads() const override { return needs_input_grad; }
-  // x may be bf16 (train.precision: bf16, CPU): the combined convolution then reads the packed
+  // x may be bf16 (train.precision: bf16): the combined convolution then reads the packed
   // weight's bf16 copy, which equals the two canonical copies packed (zeros round to zero).
   bool handles_bf16() const override { return true; }
 
@@ -68,11 +68,12 @@ class ConvShortcutOp : public Op {
   void check_wiring(const Workspace& ws, const ParamStore& params) const;
   void pack_weights(const float* w3, const float* w1);
   // The packed weight and the combined output on `device` (rebuilt when it changes), the weight
-  // with a bf16 copy once a bf16 input asked for one (CPU only).
+  // with a bf16 copy once a bf16 input asked for one.
   void place_on(Device device, CudaStream stream, bool bf16_copy = false);
   // x as the combined convolution reads it, in place.
   Tensor combined_input(const Workspace& ws) const;
-  void forward_cuda(Workspace& ws, ParamStore& params);   // conv_shortcut.cu; CUDA builds only
+  // conv_shortcut.cu; CUDA builds only. bf16: x is bf16.
+  void forward_cuda(Workspace& ws, ParamStore& params, bool bf16);
   void backward_cuda(Workspace& ws, ParamStore& params);  // conv_shortcut.cu; CUDA builds only
 
   int batch_, in_channels_, out_channels_, height_, width_, stride_;

@@ -42,11 +42,6 @@ namespace {
 using conv2d_detail::Scratch;
 using conv2d_detail::thread_scratch;
 
-void require_cpu_for_bf16(const Op& op, const Workspace& ws) {
-  FT_CHECK(ws.device == Device::kCpu, op.kind(), " '", op.name, "': bf16 on ",
-           device_name(ws.device), " is not built; set train.precision: fp32");
-}
-
 const bf16_bits* bf16_weight(const Param& weight) {
   return static_cast<const bf16_bits*>(weight_operand(weight, 0, DType::kBF16).data);
 }
@@ -270,7 +265,9 @@ void Conv2dOp::forward(Workspace& ws, ParamStore& params) {
   expect_numel(x, shape_numel(input_shape()), *this, "x");
   expect_numel(y, shape_numel(output_shape()), *this, "y");
   expect_numel(weight.value, shape_numel(weight_shape()), *this, "weight");
-  if (x.dtype() == DType::kBF16) require_cpu_for_bf16(*this, ws);
+  if (x.dtype() == DType::kBF16)
+    FT_RUN_ON_CUDA(ws, conv2d_forward_bf16_cuda(y.data(), x.bf16_data(), bf16_weight(weight),
+                                                cudnn_conv(), ws.stream));
   FT_RUN_ON_CUDA(
       ws, conv2d_forward_cuda(y.data(), x.data(), weight.value.data(), cudnn_conv(), ws.stream));
   if (!primitives_) build_primitives(x.dtype());
@@ -295,7 +292,12 @@ void Conv2dOp::backward(Workspace& ws, ParamStore& params) {
   FT_CHECK(primitives_ != nullptr || cudnn_ != nullptr, "conv2d '", name,
            "': backward before forward");
   const Tensor& x = ws.values[inputs[0]];
-  if (x.dtype() == DType::kBF16) require_cpu_for_bf16(*this, ws);
+  if (x.dtype() == DType::kBF16)
+    FT_RUN_ON_CUDA(ws, conv2d_backward_bf16_cuda(
+                           needs_input_grad ? ws.grads[inputs[0]].data() : nullptr,
+                           params[this->params[0]].grad.data(), ws.grads[outputs[0]].data(),
+                           x.bf16_data(), bf16_weight(params[this->params[0]]),
+                           ws.grad_is_fresh(inputs[0]), cudnn_conv(), ws.stream));
   FT_RUN_ON_CUDA(
       ws, conv2d_backward_cuda(needs_input_grad ? ws.grads[inputs[0]].data() : nullptr,
                                params[this->params[0]].grad.data(), ws.grads[outputs[0]].data(),

@@ -1,16 +1,21 @@
 // Conv2dOp on cuDNN: forward, backward data and backward filter on our NHWC activations (the
-// stem's input may be NCHW) and OIHW (KCRS) weights, fp32 throughout.
-// Math mode: CUDNN_FMA_MATH. For float data CUDNN_DEFAULT_MATH permits TF32 tensor-core kernels
-// on A100 and later (H200 included), which round the inputs to 10 mantissa bits; FMA_MATH is the
-// mode that restricts cuDNN to fp32 FMA kernels, so results match the CPU's within fp32 rounding.
-// Algorithms: per ConvAlgoKey (model/ops/conv_algo_key.h) cudnnFind* times every algorithm once
-// and cudnnGet*_v7 ranks them by heuristic (Find allocates its own buffers, which may fail next to
-// our caching allocator's; then only Get's list is left); the two lists make one ranked list of
-// fp32 candidates, deterministic first (the atomics-based weight-gradient kernels would make two
-// runs of one step differ), and only deterministic ones under set_deterministic_algorithms. A
-// candidate cuDNN refuses at execution (NOT_SUPPORTED, e.g. one timed under default math that
-// exists only as a TF32 engine under FMA math) gives way to the next; the one that ran is kept
-// for the key and logged once on stderr (rank 0).
+// stem's input may be NCHW) and OIHW (KCRS) weights. This file runs them on fp32 operands and
+// holds what both data types share (descriptors, algorithm choice, the passes); conv2d_bf16.cu
+// runs them on bf16 operands (train.precision: bf16).
+// Math mode: CUDNN_FMA_MATH for fp32. For float data CUDNN_DEFAULT_MATH permits TF32 tensor-core
+// kernels on A100 and later (H200 included), which round the inputs to 10 mantissa bits; FMA_MATH
+// is the mode that restricts cuDNN to fp32 FMA kernels, so results match the CPU's within fp32
+// rounding. bf16 descriptors run under CUDNN_TENSOR_OP_MATH (ConvMath::kTensorOps): bf16
+// products are exact in fp32, so tensor cores lose nothing there.
+// Algorithms: per ConvAlgoKey (model/ops/conv_algo_key.h; the key includes the data type)
+// cudnnFind* times every algorithm once and cudnnGet*_v7 ranks them by heuristic (Find allocates
+// its own buffers, which may fail next to our caching allocator's; then only Get's list is left);
+// the two lists make one ranked list of candidates (fp32: FMA ones only), deterministic first (the
+// atomics-based weight-gradient kernels would make two runs of one step differ), and only
+// deterministic ones under set_deterministic_algorithms. A candidate cuDNN refuses at execution
+// (NOT_SUPPORTED, e.g. one timed under default math that exists only as a TF32 engine under FMA
+// math) gives way to the next; the one that ran is kept for the key and logged once on stderr
+// (rank 0).
 // Accumulation: cuDNN computes alpha * op + beta * out, so beta = 1 gives the += of Op::backward
 // (dx of a not-fresh gradient, dw always) with no scratch buffer, and beta = 0 overwrites without
 // reading the output.
@@ -28,32 +33,13 @@
 #include "core/determinism.h"
 #include "core/launch_counter.h"
 #include "model/ops/conv2d.h"
+#include "model/ops/conv2d_cudnn.h"
 #include "model/ops/conv_algo_key.h"
 
 namespace ft {
-
-struct CudnnConv {
-  CudnnConvShape shape;
-  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
-  cudnnFilterDescriptor_t w = nullptr;
-  cudnnConvolutionDescriptor_t conv = nullptr;
-  // Their keys' candidate lists, found on first use of each pass (an eval graph's convolutions
-  // never search backward); entries of the process-wide cache, which never move.
-  ConvAlgoCandidates* forward = nullptr;
-  ConvAlgoCandidates* backward_data = nullptr;
-  ConvAlgoCandidates* backward_filter = nullptr;
-
-  ~CudnnConv() {  // never throws: statuses are ignored
-    if (conv != nullptr) cudnnDestroyConvolutionDescriptor(conv);
-    if (w != nullptr) cudnnDestroyFilterDescriptor(w);
-    if (y != nullptr) cudnnDestroyTensorDescriptor(y);
-    if (x != nullptr) cudnnDestroyTensorDescriptor(x);
-  }
-};
-
 namespace {
 
-ConvAlgoKey algo_key(const CudnnConvShape& s, ConvPass pass) {
+ConvAlgoKey algo_key(const CudnnConvShape& s, bool bf16, ConvPass pass) {
   ConvAlgoKey key;
   key.n = s.batch;
   key.c = s.in_channels;
@@ -66,6 +52,7 @@ ConvAlgoKey algo_key(const CudnnConvShape& s, ConvPass pass) {
   key.pad = s.padding;
   key.dilation = 1;
   key.nchw_input = s.nchw_input;
+  key.bf16 = bf16;
   key.pass = pass;
   return key;
 }
@@ -110,10 +97,11 @@ std::vector<ConvAlgoChoice> candidates(const ConvAlgoKey& key, Find&& find, Get&
   count = 0;
   FT_CUDNN_CHECK(get(static_cast<int>(perf.size()), &count, perf.data()));
   std::vector<ConvAlgoChoice> ranked =
-      rank_conv_algorithms(searched, reports(perf, count), deterministic_algorithms());
+      rank_conv_algorithms(searched, reports(perf, count), deterministic_algorithms(),
+                           key.bf16 ? ConvMath::kTensorOps : ConvMath::kFma);
   FT_CHECK(!ranked.empty(), "conv2d: cuDNN offers no ",
-           deterministic_algorithms() ? "deterministic " : "", "fp32 (FMA) algorithm for ",
-           key.text());
+           deterministic_algorithms() ? "deterministic " : "", key.bf16 ? "bf16" : "fp32 (FMA)",
+           " algorithm for ", key.text());
   return ranked;
 }
 
@@ -131,12 +119,6 @@ ConvAttempt attempt_status(cudnnStatus_t status, const char* call) {
   return ConvAttempt::kRan;
 }
 
-cudnnHandle_t handle_on(CudaStream stream) {
-  CudnnHandle& cudnn = cuda_context().cudnn();
-  cudnn.set_stream(stream);
-  return cudnn.get();
-}
-
 // Scratch for one call from the caching allocator; freed blocks go back to it, ordered on the
 // one compute stream.
 Tensor workspace_for(size_t bytes) {
@@ -145,8 +127,9 @@ Tensor workspace_for(size_t bytes) {
                        Device::kCuda);
 }
 
-void choose_forward(CudnnConv& c, cudnnHandle_t handle) {
-  c.forward = &algo_cache().get(algo_key(c.shape, ConvPass::kForward), [&](const ConvAlgoKey& k) {
+void choose_forward(CudnnConvDescriptors& c, const CudnnConvShape& shape, cudnnHandle_t handle) {
+  const ConvAlgoKey key = algo_key(shape, c.bf16, ConvPass::kForward);
+  c.forward = &algo_cache().get(key, [&](const ConvAlgoKey& k) {
     return candidates<cudnnConvolutionFwdAlgoPerf_t>(
         k,
         [&](int requested, int* count, cudnnConvolutionFwdAlgoPerf_t* perf) {
@@ -160,9 +143,10 @@ void choose_forward(CudnnConv& c, cudnnHandle_t handle) {
   });
 }
 
-void choose_backward(CudnnConv& c, cudnnHandle_t handle) {
-  const ConvAlgoKey data_key = algo_key(c.shape, ConvPass::kBackwardData);
-  c.backward_data = &algo_cache().get(data_key, [&](const ConvAlgoKey& k) {
+void choose_backward_data(CudnnConvDescriptors& c, const CudnnConvShape& shape,
+                          cudnnHandle_t handle) {
+  const ConvAlgoKey key = algo_key(shape, c.bf16, ConvPass::kBackwardData);
+  c.backward_data = &algo_cache().get(key, [&](const ConvAlgoKey& k) {
     return candidates<cudnnConvolutionBwdDataAlgoPerf_t>(
         k,
         [&](int requested, int* count, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
@@ -174,8 +158,12 @@ void choose_backward(CudnnConv& c, cudnnHandle_t handle) {
                                                              requested, count, perf);
         });
   });
-  const ConvAlgoKey filter_key = algo_key(c.shape, ConvPass::kBackwardFilter);
-  c.backward_filter = &algo_cache().get(filter_key, [&](const ConvAlgoKey& k) {
+}
+
+void choose_backward_filter(CudnnConvDescriptors& c, const CudnnConvShape& shape,
+                            cudnnHandle_t handle) {
+  const ConvAlgoKey key = algo_key(shape, c.bf16, ConvPass::kBackwardFilter);
+  c.backward_filter = &algo_cache().get(key, [&](const ConvAlgoKey& k) {
     return candidates<cudnnConvolutionBwdFilterAlgoPerf_t>(
         k,
         [&](int requested, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
@@ -191,34 +179,50 @@ void choose_backward(CudnnConv& c, cudnnHandle_t handle) {
 
 }  // namespace
 
-std::shared_ptr<CudnnConv> make_cudnn_conv(const CudnnConvShape& shape) {
-  auto c = std::make_shared<CudnnConv>();
-  c->shape = shape;
-  FT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&c->x));
-  FT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&c->y));
-  FT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&c->w));
-  FT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&c->conv));
-  FT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
-      c->x, shape.nchw_input ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, shape.batch,
-      shape.in_channels, shape.height, shape.width));
-  FT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(c->y, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, shape.batch,
+cudnnHandle_t cudnn_handle_on(CudaStream stream) {
+  CudnnHandle& cudnn = cuda_context().cudnn();
+  cudnn.set_stream(stream);
+  return cudnn.get();
+}
+
+CudnnConvDescriptors::CudnnConvDescriptors(const CudnnConvShape& shape, bool bf16_operands)
+    : bf16(bf16_operands) {
+  const cudnnDataType_t data = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+  FT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
+  FT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
+  FT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
+  FT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
+  FT_CUDNN_CHECK(
+      cudnnSetTensor4dDescriptor(x, shape.nchw_input ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, data,
+                                 shape.batch, shape.in_channels, shape.height, shape.width));
+  FT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NHWC, data, shape.batch,
                                             shape.out_channels, shape.out_height, shape.out_width));
   // Our weights are [out, in, kh, kw], cuDNN's NCHW (KCRS) filter order.
-  FT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(c->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
-                                            shape.out_channels, shape.in_channels, shape.kernel,
-                                            shape.kernel));
+  FT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, data, CUDNN_TENSOR_NCHW, shape.out_channels,
+                                            shape.in_channels, shape.kernel, shape.kernel));
   // Cross-correlation: PyTorch's (and our CPU kernels') convolution does not flip the kernel.
-  FT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(c->conv, shape.padding, shape.padding,
-                                                 shape.stride, shape.stride, 1, 1,
-                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  FT_CUDNN_CHECK(cudnnSetConvolutionMathType(c->conv, CUDNN_FMA_MATH));
-  int n = 0, k = 0, h = 0, w = 0;
-  FT_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(c->conv, c->x, c->w, &n, &k, &h, &w));
-  FT_CHECK(
-      n == shape.batch && k == shape.out_channels && h == shape.out_height && w == shape.out_width,
-      "conv2d: cuDNN's output ", n, "x", k, "x", h, "x", w, " differs from ours ", shape.batch, "x",
-      shape.out_channels, "x", shape.out_height, "x", shape.out_width);
-  return c;
+  // The compute type is fp32 for both data types (bf16: PSEUDO_BFLOAT16_CONFIG).
+  FT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, shape.padding, shape.padding, shape.stride,
+                                                 shape.stride, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                 CUDNN_DATA_FLOAT));
+  FT_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+  int n = 0, k = 0, h = 0, width = 0;
+  FT_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &n, &k, &h, &width));
+  FT_CHECK(n == shape.batch && k == shape.out_channels && h == shape.out_height &&
+               width == shape.out_width,
+           "conv2d: cuDNN's output ", n, "x", k, "x", h, "x", width, " differs from ours ",
+           shape.batch, "x", shape.out_channels, "x", shape.out_height, "x", shape.out_width);
+}
+
+CudnnConvDescriptors::~CudnnConvDescriptors() {
+  if (conv != nullptr) cudnnDestroyConvolutionDescriptor(conv);
+  if (w != nullptr) cudnnDestroyFilterDescriptor(w);
+  if (y != nullptr) cudnnDestroyTensorDescriptor(y);
+  if (x != nullptr) cudnnDestroyTensorDescriptor(x);
+}
+
+std::shared_ptr<CudnnConv> make_cudnn_conv(const CudnnConvShape& shape) {
+  return std::make_shared<CudnnConv>(shape);
 }
 
 CudnnConv& Conv2dOp::cudnn_conv() {
@@ -226,58 +230,78 @@ CudnnConv& Conv2dOp::cudnn_conv() {
   return *cudnn_;
 }
 
-void conv2d_forward_cuda(float* y, const float* x, const float* weight, CudnnConv& conv,
-                         CudaStream stream) {
-  const cudnnHandle_t handle = handle_on(stream);
-  if (conv.forward == nullptr) choose_forward(conv, handle);
+void cudnn_conv_forward(CudnnConvDescriptors& d, const CudnnConvShape& shape, cudnnHandle_t handle,
+                        const void* x, const void* w, void* y, bool accumulate) {
+  if (d.forward == nullptr) choose_forward(d, shape, handle);
   const float one = 1.0f, zero = 0.0f;
   run_first_supported(
-      *conv.forward, algo_key(conv.shape, ConvPass::kForward),
+      *d.forward, algo_key(shape, d.bf16, ConvPass::kForward),
       [&](const ConvAlgoChoice& choice) {
         Tensor workspace = workspace_for(choice.workspace_bytes);
         return attempt_status(
-            cudnnConvolutionForward(handle, &one, conv.x, x, conv.w, weight, conv.conv,
+            cudnnConvolutionForward(handle, &one, d.x, x, d.w, w, d.conv,
                                     static_cast<cudnnConvolutionFwdAlgo_t>(choice.algorithm),
-                                    workspace.data(), choice.workspace_bytes, &zero, conv.y, y),
+                                    workspace.data(), choice.workspace_bytes,
+                                    accumulate ? &one : &zero, d.y, y),
             "cudnnConvolutionForward");
       },
       log_choice);
   count_launch(LaunchKind::kConvolution);
 }
 
-void conv2d_backward_cuda(float* dx, float* dweight, const float* dy, const float* x,
-                          const float* weight, bool dx_fresh, CudnnConv& conv, CudaStream stream) {
-  const cudnnHandle_t handle = handle_on(stream);
-  if (conv.backward_filter == nullptr) choose_backward(conv, handle);
+void cudnn_conv_backward_filter(CudnnConvDescriptors& d, const CudnnConvShape& shape,
+                                cudnnHandle_t handle, const void* x, const void* dy, void* dw,
+                                bool accumulate) {
+  if (d.backward_filter == nullptr) choose_backward_filter(d, shape, handle);
   const float one = 1.0f, zero = 0.0f;
-  // beta = 1 accumulates into dweight; a refused algorithm launched nothing, so the next one
-  // still adds to the untouched gradient.
   run_first_supported(
-      *conv.backward_filter, algo_key(conv.shape, ConvPass::kBackwardFilter),
+      *d.backward_filter, algo_key(shape, d.bf16, ConvPass::kBackwardFilter),
       [&](const ConvAlgoChoice& choice) {
         Tensor workspace = workspace_for(choice.workspace_bytes);
-        return attempt_status(cudnnConvolutionBackwardFilter(
-                                  handle, &one, conv.x, x, conv.y, dy, conv.conv,
-                                  static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algorithm),
-                                  workspace.data(), choice.workspace_bytes, &one, conv.w, dweight),
-                              "cudnnConvolutionBackwardFilter");
+        return attempt_status(
+            cudnnConvolutionBackwardFilter(
+                handle, &one, d.x, x, d.y, dy, d.conv,
+                static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algorithm), workspace.data(),
+                choice.workspace_bytes, accumulate ? &one : &zero, d.w, dw),
+            "cudnnConvolutionBackwardFilter");
       },
       log_choice);
   count_launch(LaunchKind::kConvolution);
-  if (dx == nullptr) return;
+}
+
+void cudnn_conv_backward_data(CudnnConvDescriptors& d, const CudnnConvShape& shape,
+                              cudnnHandle_t handle, const void* w, const void* dy, void* dx,
+                              bool accumulate) {
+  if (d.backward_data == nullptr) choose_backward_data(d, shape, handle);
+  const float one = 1.0f, zero = 0.0f;
   run_first_supported(
-      *conv.backward_data, algo_key(conv.shape, ConvPass::kBackwardData),
+      *d.backward_data, algo_key(shape, d.bf16, ConvPass::kBackwardData),
       [&](const ConvAlgoChoice& choice) {
         Tensor workspace = workspace_for(choice.workspace_bytes);
         return attempt_status(
             cudnnConvolutionBackwardData(
-                handle, &one, conv.w, weight, conv.y, dy, conv.conv,
+                handle, &one, d.w, w, d.y, dy, d.conv,
                 static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algorithm), workspace.data(),
-                choice.workspace_bytes, dx_fresh ? &zero : &one, conv.x, dx),
+                choice.workspace_bytes, accumulate ? &one : &zero, d.x, dx),
             "cudnnConvolutionBackwardData");
       },
       log_choice);
   count_launch(LaunchKind::kConvolution);
+}
+
+void conv2d_forward_cuda(float* y, const float* x, const float* weight, CudnnConv& conv,
+                         CudaStream stream) {
+  cudnn_conv_forward(conv.fp32, conv.shape, cudnn_handle_on(stream), x, weight, y,
+                     /*accumulate=*/false);
+}
+
+// dweight always accumulates; dx when the gradient is not fresh.
+void conv2d_backward_cuda(float* dx, float* dweight, const float* dy, const float* x,
+                          const float* weight, bool dx_fresh, CudnnConv& conv, CudaStream stream) {
+  const cudnnHandle_t handle = cudnn_handle_on(stream);
+  cudnn_conv_backward_filter(conv.fp32, conv.shape, handle, x, dy, dweight, /*accumulate=*/true);
+  if (dx == nullptr) return;
+  cudnn_conv_backward_data(conv.fp32, conv.shape, handle, weight, dy, dx, !dx_fresh);
 }
 
 }  // namespace ft

@@ -10,11 +10,13 @@
 // weight tensor is reordered, into whatever the primitives want.
 // On cuda (FT_RUN_ON_CUDA) all three passes run on cuDNN (conv2d.cu) whatever `algorithm` says:
 // Winograd and the transposed forward are CPU-only choices.
-// train.precision: bf16 (CPU only): x may be a bf16 value. The weight is then the parameter's
-// bf16 copy (ParamStore::enable_bf16_copies) and backward rounds dy to bf16 once; y, dx and dw
-// stay fp32 and every product accumulates in fp32. Where the CPU has bf16 instructions
+// train.precision: bf16: x may be a bf16 value. The weight is then the parameter's bf16 copy
+// (ParamStore::enable_bf16_copies) and backward rounds dy to bf16 once; y, dx and dw stay fp32
+// and every product accumulates in fp32. Where the CPU has bf16 instructions
 // (bf16_gemm_native()) oneDNN's bf16 direct kernels run whatever `algorithm` says; elsewhere the
 // bf16 operands are widened and the fp32 passes `algorithm` chooses run on those rounded values.
+// On cuda cuDNN's bf16 convolutions run (conv2d_bf16.cu; compiled, not yet run on a GPU), which
+// round y, dx and dw's contribution to bf16 once before widening them into fp32.
 // Thread safety: one training thread per op; oneDNN parallelises inside each call.
 #pragma once
 #include <cstdint>
@@ -77,6 +79,14 @@ void conv2d_forward_cuda(float* y, const float* x, const float* weight, CudnnCon
 // dx null skips the input gradient.
 void conv2d_backward_cuda(float* dx, float* dweight, const float* dy, const float* x,
                           const float* weight, bool dx_fresh, CudnnConv& conv, CudaStream stream);
+// The bf16 forms (conv2d_bf16.cu; CUDA builds only): x and weight (the parameter's bf16 copy)
+// bf16, y, dx and dweight fp32, each rounded to bf16 by cuDNN before it is widened into them; dy
+// is rounded to bf16 once.
+void conv2d_forward_bf16_cuda(float* y, const bf16_bits* x, const bf16_bits* weight,
+                              CudnnConv& conv, CudaStream stream);
+void conv2d_backward_bf16_cuda(float* dx, float* dweight, const float* dy, const bf16_bits* x,
+                               const bf16_bits* weight, bool dx_fresh, CudnnConv& conv,
+                               CudaStream stream);
 
 class Conv2dOp : public Op {
  public:

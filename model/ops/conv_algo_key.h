@@ -34,16 +34,19 @@ inline const char* conv_pass_name(ConvPass pass) {
 }
 
 // Sizes in cuDNN's names: x [N, C, H, W], filter [K, C, R, S], square stride, padding and
-// dilation. nchw_input: x is stored NCHW (the stem reading images), else NHWC like y.
+// dilation. nchw_input: x is stored NCHW (the stem reading images), else NHWC like y. bf16: x,
+// the filter and y (dx, dw) are bf16 with fp32 compute (cuDNN's PSEUDO_BFLOAT16_CONFIG), else
+// all fp32; the two search separately, as cuDNN's algorithms differ by data type.
 struct ConvAlgoKey {
   int n = 0, c = 0, h = 0, w = 0;
   int k = 0, r = 0, s = 0;
   int stride = 1, pad = 0, dilation = 1;
   bool nchw_input = false;
+  bool bf16 = false;
   ConvPass pass = ConvPass::kForward;
 
   auto fields() const {
-    return std::make_tuple(n, c, h, w, k, r, s, stride, pad, dilation, nchw_input,
+    return std::make_tuple(n, c, h, w, k, r, s, stride, pad, dilation, nchw_input, bf16,
                            static_cast<int>(pass));
   }
   bool operator==(const ConvAlgoKey& other) const { return fields() == other.fields(); }
@@ -51,14 +54,14 @@ struct ConvAlgoKey {
   bool operator<(const ConvAlgoKey& other) const { return fields() < other.fields(); }
 
   // For logs and error messages, e.g. "forward x[64,16,32,32] nhwc w[32,16,3,3] stride 2 pad 1
-  // dilation 1".
+  // dilation 1", with " bf16" appended for bf16 operands.
   std::string text() const {
     return std::string(conv_pass_name(pass)) + " x[" + std::to_string(n) + "," + std::to_string(c) +
            "," + std::to_string(h) + "," + std::to_string(w) + "] " +
            (nchw_input ? "nchw" : "nhwc") + " w[" + std::to_string(k) + "," + std::to_string(c) +
            "," + std::to_string(r) + "," + std::to_string(s) + "] stride " +
            std::to_string(stride) + " pad " + std::to_string(pad) + " dilation " +
-           std::to_string(dilation);
+           std::to_string(dilation) + (bf16 ? " bf16" : "");
   }
 };
 
@@ -77,12 +80,19 @@ struct ConvAlgoKeyHash {
                           key.pad,
                           key.dilation,
                           key.nchw_input ? 1 : 0,
+                          key.bf16 ? 1 : 0,
                           static_cast<int>(key.pass)};
     for (int value : values)
       seed ^= std::hash<int>()(value) + 0x9e3779b9u + (seed << 6) + (seed >> 2);
     return seed;
   }
 };
+
+// The math a key's algorithms run under. kFma (fp32 operands): CUDNN_FMA_MATH, fp32 FMA kernels
+// only, since tensor-core math would round fp32 inputs to TF32. kTensorOps (bf16 operands):
+// CUDNN_TENSOR_OP_MATH, tensor cores allowed: a product of two bf16 values is exact in fp32 and
+// they accumulate in fp32, so tensor cores round nothing the operands had not.
+enum class ConvMath { kFma, kTensorOps };
 
 // One algorithm for a key: cuDNN's enum value of that pass's algorithm type, the workspace it
 // needs, and how cuDNN reported it (the log line says it; pinned runs need deterministic ones).
@@ -91,11 +101,14 @@ struct ConvAlgoChoice {
   size_t workspace_bytes = 0;
   bool fma_math = true;  // reported under CUDNN_FMA_MATH; false: DEFAULT (run under FMA_MATH)
   bool deterministic = true;
+  ConvMath math = ConvMath::kFma;  // what it runs under (kTensorOps: whatever it was reported as)
 
   // e.g. "algorithm 1 (FMA math, deterministic, workspace 6400 bytes)".
   std::string text() const {
-    return "algorithm " + std::to_string(algorithm) + " (" +
-           (fma_math ? "FMA math" : "reported as default math, run as FMA") + ", " +
+    const char* math_text = math == ConvMath::kTensorOps ? "tensor-op math"
+                            : fma_math                   ? "FMA math"
+                                                         : "reported as default math, run as FMA";
+    return "algorithm " + std::to_string(algorithm) + " (" + math_text + ", " +
            (deterministic ? "deterministic" : "not deterministic") + ", workspace " +
            std::to_string(workspace_bytes) + " bytes)";
   }
@@ -116,9 +129,11 @@ struct ConvAlgoReport {
 // math, which would round inputs to TF32), deterministic before not, FMA before default math,
 // then the heuristic's that the search did not list, ranked the same way, each algorithm once.
 // deterministic_only drops the rest (set_deterministic_algorithms, core/determinism.h).
+// math kTensorOps (bf16 operands) takes every usable algorithm whatever its math, in the
+// search's order within deterministic and not.
 inline std::vector<ConvAlgoChoice> rank_conv_algorithms(
     const std::vector<ConvAlgoReport>& searched, const std::vector<ConvAlgoReport>& heuristic,
-    bool deterministic_only) {
+    bool deterministic_only, ConvMath math = ConvMath::kFma) {
   std::vector<ConvAlgoChoice> ranked;
   auto listed = [&ranked](int algorithm) {
     for (const ConvAlgoChoice& choice : ranked)
@@ -129,11 +144,14 @@ inline std::vector<ConvAlgoChoice> rank_conv_algorithms(
     for (int rank = 0; rank < 4; ++rank) {
       const bool want_deterministic = rank < 2, want_fma = rank % 2 == 0;
       if (deterministic_only && !want_deterministic) break;
+      const bool any_math = math == ConvMath::kTensorOps;
+      if (any_math && !want_fma) continue;  // one pass per determinism takes every math
       for (const ConvAlgoReport& report : *reports) {
-        if (!report.usable || (want_fma ? !report.fma_math : !report.default_math)) continue;
+        if (!report.usable) continue;
+        if (!any_math && (want_fma ? !report.fma_math : !report.default_math)) continue;
         if (report.deterministic != want_deterministic || listed(report.algorithm)) continue;
         ranked.push_back(ConvAlgoChoice{report.algorithm, report.workspace_bytes, report.fma_math,
-                                        report.deterministic});
+                                        report.deterministic, math});
       }
     }
   }
@@ -180,7 +198,7 @@ const ConvAlgoChoice& run_first_supported(ConvAlgoCandidates& candidates, const 
   std::string tried;
   for (int refused : candidates.refused)
     tried += (tried.empty() ? "" : ", ") + std::to_string(refused);
-  FT_FAIL("conv2d: cuDNN refused every fp32 algorithm for ", key.text(),
+  FT_FAIL("conv2d: cuDNN refused every ", key.bf16 ? "bf16" : "fp32", " algorithm for ", key.text(),
           tried.empty() ? std::string(" (none was offered)") : " (refused: " + tried + ")");
 }
 
