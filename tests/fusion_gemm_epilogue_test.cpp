@@ -19,6 +19,7 @@
 #include "fusion/passes.h"
 #include "model/gpt.h"
 #include "model/graph_edit.h"
+#include "model/ops/cast.h"
 #include "model/ops/residual.h"
 #include "tests/fusion_test_util.h"
 #include "tests/op_test_util.h"
@@ -39,6 +40,7 @@ struct TwinOptions {
   int tile_rows = 8;
   int64_t x_columns_extra = 0;  // > 0: x is a column view inside a wider root
   GraphMode mode = GraphMode::kTrain;
+  bool bf16 = false;  // x cast to bf16 first, bf16 weight copies (train.precision: bf16)
 };
 
 struct LinearGeluGraph {
@@ -52,6 +54,12 @@ void build(LinearGeluGraph& t, bool fused, const Shape3& s, const TwinOptions& o
   t.g.graph.mode = o.mode;
   t.x_root = t.g.input("x", {s.rows, s.in + o.x_columns_extra});
   t.x = o.x_columns_extra > 0 ? t.g.graph.add_view("x.view", t.x_root, 1, s.in) : t.x_root;
+  if (o.bf16) {
+    const ValueId x_bf16 = t.g.graph.add_value("x.bf16", {s.rows, s.in}, DType::kBF16);
+    t.g.graph.add_op<CastOp>("x.cast", {t.x}, {x_bf16}, {}, s.rows, s.in);
+    t.x = x_bf16;
+    t.g.bf16_weight_copies = true;
+  }
   t.weight = t.g.param("c_fc.weight", {o.weight_row_offset + s.out + 3, s.in}, 0.0f, 0.3f);
   t.bias = t.g.param("c_fc.bias", {o.weight_row_offset + s.out + 3}, 0.0f, 0.5f);
   t.y = t.g.value("gelu", {s.rows, s.out});
@@ -129,6 +137,21 @@ TEST(LinearGeluOpTest, OneTileCoveringAllRowsMatches) {
   TwinOptions options;
   options.tile_rows = 1000;  // clamped to rows
   expect_twins_agree({13, 8, 16}, options);
+}
+
+// In bf16 backward computes, sums into db and rounds dpre in one sweep (no fp32 dpre); the twin
+// rounds the GELU's fp32 gradient inside LinearOp's backward. Same values, same order: only the
+// GEMMs' tiling may differ, far below a wrong db or an unrounded dpre.
+TEST(LinearGeluOpTest, MatchesLinearThenGeluInBf16) {
+  const int threads = omp_get_max_threads();
+  for (int team : {1, 2}) {
+    omp_set_num_threads(team);
+    TwinOptions options;
+    options.bf16 = true;
+    options.tile_rows = 64;  // 64 x 256 elements: the sweep takes the OpenMP path
+    expect_twins_agree({150, 32, 256}, options);
+  }
+  omp_set_num_threads(threads);
 }
 
 TEST(LinearGeluOpTest, KeepsThePreactivationForBackward) {

@@ -64,6 +64,7 @@ class OpGraph {
       graph.loss = loss_value;
     else
       add_weighted_sum_loss(graph, loss_input, 99);
+    if (bf16_weight_copies) params.enable_bf16_copies();
     params.allocate();
     Rng rng(5);
     for (ParamId id = 0; id < params.size(); ++id) {
@@ -71,6 +72,7 @@ class OpGraph {
       for (int64_t i = 0; i < values.numel(); ++i)
         values.data()[i] = param_fill[id].first + param_fill[id].second * rng.normal();
     }
+    if (bf16_weight_copies) params.refresh_bf16_copies();
     executor = std::make_unique<Executor>(graph, params);
     executor->set_poison_fresh_gradients(true);  // an incomplete overwrite shows as NaN
     ws = executor->make_workspace();
@@ -98,6 +100,7 @@ class OpGraph {
   std::unique_ptr<Executor> executor;
   std::vector<ValueId> inputs;
   std::vector<std::pair<float, float>> param_fill;  // (mean, std) per param
+  bool bf16_weight_copies = false;  // set before finish() for ops that read bf16 weights
   Op* op_under_test = nullptr;
 };
 
