@@ -59,10 +59,23 @@ void mlp_tile_shapes(benchmark::internal::Benchmark* bench) {
       bench->Args({rows, 256, 1024, 0, 0, 0, bf16});  // dx
     }
 }
+// gpt_small's four linears (rows 1024) in bf16, each of the three GEMMs of a training step: where
+// a bf16 step's GEMM time goes, and whether dW's transposed operand costs more than in fp32.
+void gpt_small_bf16_shapes(benchmark::internal::Benchmark* bench) {
+  const int rows = 1024;
+  for (const auto& [in, out] :
+       std::vector<std::pair<int, int>>{{256, 768}, {256, 256}, {256, 1024}, {1024, 256}}) {
+    bench->Args({rows, out, in, 0, 1, 0, 1});  // forward
+    bench->Args({rows, in, out, 0, 0, 1, 1});  // dx
+    bench->Args({out, in, rows, 1, 0, 1, 1});  // dW
+    bench->Args({out, in, rows, 0, 0, 1, 1});  // dW with dy pre-transposed
+  }
+}
 BENCHMARK(BM_Gemm)
     ->ArgNames({"m", "n", "k", "ta", "tb", "acc", "bf16"})
     ->Apply(linear_shapes)
     ->Apply(mlp_tile_shapes)
+    ->Apply(gpt_small_bf16_shapes)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
