@@ -5,7 +5,6 @@
 
 #include <algorithm>
 
-#include "core/bf16_cast.h"
 #include "core/check.h"
 #if defined(FT_HAVE_CUDA)
 #include "core/cuda/cuda_context.h"
@@ -63,11 +62,13 @@ void multi_tensor_adamw(const MultiTensorPlan& plan, float* values, float* exp_a
     for (int s = plan.chunk_segments[chunk]; s < plan.chunk_segments[chunk + 1]; ++s) {
       const MultiTensorSegment& segment = plan.segments[s];
       const int64_t begin = segment.begin;
-      adamw_update(values + begin, exp_avg + begin, exp_avg_sq + begin, grads + begin,
-                   segment.end - begin, step, segment.weight_decay);
-      // The bf16 copy while the updated values are still in cache: one sweep instead of two.
+      // The bf16 copy as each value is updated, still in a register: one sweep instead of two.
       if (bf16_values != nullptr)
-        cast_to_bf16(bf16_values + begin, values + begin, segment.end - begin);
+        adamw_update(values + begin, exp_avg + begin, exp_avg_sq + begin, grads + begin,
+                     segment.end - begin, step, segment.weight_decay, bf16_values + begin);
+      else
+        adamw_update(values + begin, exp_avg + begin, exp_avg_sq + begin, grads + begin,
+                     segment.end - begin, step, segment.weight_decay);
     }
 }
 
@@ -79,10 +80,12 @@ void multi_tensor_sgd(const MultiTensorPlan& plan, float* values, float* momentu
     for (int s = plan.chunk_segments[chunk]; s < plan.chunk_segments[chunk + 1]; ++s) {
       const MultiTensorSegment& segment = plan.segments[s];
       const int64_t begin = segment.begin;
-      sgd_update(values + begin, momentum_buffer + begin, grads + begin, segment.end - begin, step,
-                 segment.weight_decay);
       if (bf16_values != nullptr)
-        cast_to_bf16(bf16_values + begin, values + begin, segment.end - begin);
+        sgd_update(values + begin, momentum_buffer + begin, grads + begin, segment.end - begin,
+                   step, segment.weight_decay, bf16_values + begin);
+      else
+        sgd_update(values + begin, momentum_buffer + begin, grads + begin, segment.end - begin,
+                   step, segment.weight_decay);
     }
 }
 

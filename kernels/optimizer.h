@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/math/bf16_math.h"
 #include "kernels/optimizer_math.h"
 
 namespace ft {
@@ -22,6 +23,14 @@ void adamw_update(float* value, float* exp_avg, float* exp_avg_sq, const float* 
 
 void sgd_update(float* value, float* momentum_buffer, const float* grad, int64_t count,
                 const SgdStep& step, bool weight_decay);
+
+// The same, also writing each updated value rounded to bf16 into `bf16_value` in the same loop:
+// the multi-tensor sweep's weight copies (train.precision: bf16), whose twin is the update
+// followed by a separate cast_to_bf16 sweep (the same bits).
+void adamw_update(float* value, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t count,
+                  const AdamWStep& step, bool weight_decay, bf16_bits* bf16_value);
+void sgd_update(float* value, float* momentum_buffer, const float* grad, int64_t count,
+                const SgdStep& step, bool weight_decay, bf16_bits* bf16_value);
 
 // The gradient norm's summation order, the same for both sweeps so their norms agree bitwise:
 // the flat gradient buffer is cut into chunks of kSweepChunk floats; in a chunk, lane L (flat

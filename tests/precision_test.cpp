@@ -186,20 +186,24 @@ Config gpt_config(const std::string& precision, const std::vector<std::string>& 
 // The multi-tensor optimizer writes the bf16 copies in its update sweep; its twin (per-tensor
 // update, then one cast sweep before the next forward) must give the same bits every step.
 TEST(Bf16Optimizer, FusedWeightCopyMatchesTheSeparateCastSweep) {
-  Trainer fused(gpt_config("bf16", {"fusion.horizontal.multi_tensor=true"}), nullptr);
-  Trainer twin(gpt_config("bf16", {"fusion.horizontal.multi_tensor=false"}), nullptr);
-  for (int step = 0; step < 5; ++step) {
-    const float expected = twin.train_step().loss;
-    EXPECT_EQ(fused.train_step().loss, expected) << "step " << step + 1;
-    // Straight after the step: the fused sweep has written the copies, the twin has not yet.
-    EXPECT_FALSE(fused.params().bf16_copies_stale());
-    EXPECT_TRUE(twin.params().bf16_copies_stale());
-    twin.params().refresh_bf16_copies();
-    const Tensor& a = fused.params().flat_bf16_values();
-    const Tensor& b = twin.params().flat_bf16_values();
-    ASSERT_EQ(a.numel(), b.numel());
-    for (int64_t i = 0; i < a.numel(); ++i)
-      ASSERT_EQ(a.bf16_data()[i], b.bf16_data()[i]) << "step " << step + 1 << " element " << i;
+  for (const std::string optimizer : {"adamw", "sgd"}) {
+    const std::string name = "optim.name=" + optimizer;
+    Trainer fused(gpt_config("bf16", {"fusion.horizontal.multi_tensor=true", name}), nullptr);
+    Trainer twin(gpt_config("bf16", {"fusion.horizontal.multi_tensor=false", name}), nullptr);
+    for (int step = 0; step < 5; ++step) {
+      const float expected = twin.train_step().loss;
+      EXPECT_EQ(fused.train_step().loss, expected) << optimizer << " step " << step + 1;
+      // Straight after the step: the fused sweep has written the copies, the twin has not yet.
+      EXPECT_FALSE(fused.params().bf16_copies_stale());
+      EXPECT_TRUE(twin.params().bf16_copies_stale());
+      twin.params().refresh_bf16_copies();
+      const Tensor& a = fused.params().flat_bf16_values();
+      const Tensor& b = twin.params().flat_bf16_values();
+      ASSERT_EQ(a.numel(), b.numel());
+      for (int64_t i = 0; i < a.numel(); ++i)
+        ASSERT_EQ(a.bf16_data()[i], b.bf16_data()[i])
+            << optimizer << " step " << step + 1 << " element " << i;
+    }
   }
 }
 

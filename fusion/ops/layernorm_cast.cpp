@@ -79,7 +79,14 @@ void GeluCastOp::forward(Workspace& ws, ParamStore&) {
   bf16_bits* y = ws.values[outputs[0]].bf16_data();
   const float* x = ws.values[inputs[0]].data();
   FT_RUN_ON_CUDA(ws, gelu_cast_forward_cuda(y, x, 1, numel_, 0, 0, ws.stream));
-#pragma omp parallel for simd if (numel_ > 262144)
+  // Not `parallel for simd if (...)`: GCC 12 leaves that construct's serial branch unvectorised
+  // (core/bf16_cast.cpp).
+  if (numel_ <= 262144) {
+#pragma omp simd
+    for (int64_t i = 0; i < numel_; ++i) y[i] = float_to_bf16(gelu_tanh(x[i]));
+    return;
+  }
+#pragma omp parallel for simd
   for (int64_t i = 0; i < numel_; ++i) y[i] = float_to_bf16(gelu_tanh(x[i]));
 }
 
