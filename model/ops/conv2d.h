@@ -13,7 +13,8 @@
 // train.precision: bf16: x may be a bf16 value. The weight is then the parameter's bf16 copy
 // (ParamStore::enable_bf16_copies) and backward rounds dy to bf16 once; y, dx and dw stay fp32
 // and every product accumulates in fp32. Where the CPU has bf16 instructions
-// (bf16_gemm_native()) oneDNN's bf16 direct kernels run whatever `algorithm` says; elsewhere the
+// (bf16_gemm_native()) oneDNN's bf16 direct kernels run whatever `algorithm` says, except that
+// kMeasure may time Winograd on the widened operands faster for a pass and keep it; elsewhere the
 // bf16 operands are widened and the fp32 passes `algorithm` chooses run on those rounded values.
 // On cuda cuDNN's bf16 convolutions run (conv2d_bf16.cu; compiled, not yet run on a GPU), which
 // round y, dx and dw's contribution to bf16 once before widening them into fp32.
