@@ -108,7 +108,6 @@ void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* d
   if (x_stride == 0) x_stride = in_features;
   for (int64_t first = 0; first < rows; first += tile_rows) {
     const int64_t tile = std::min<int64_t>(tile_rows, rows - first);
-    float* dpre_tile = dpre + first * out_features;
     const float* pre_tile = pre + first * out_features;
     const float* dy_tile = dy + first * dy_stride;
     if (dpre_bf16 != nullptr) {
@@ -131,6 +130,7 @@ void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* d
                          out_features, x_stride);
       continue;
     }
+    float* dpre_tile = dpre + first * out_features;
     // y = gelu(pre)  =>  dpre = dy gelu'(pre); gelu' is derived in core/math/gelu_math.h.
 #pragma omp parallel for if (tile * out_features >= kThreadedElements)
     for (int64_t row = 0; row < tile; ++row) {
@@ -234,8 +234,6 @@ void LinearGeluOp::backward(Workspace& ws, ParamStore& params) {
            "': built for inference (GELU post-op), which saves nothing for backward");
   FT_CHECK(preactivation_.numel() == rows_ * out_features_, kind(), " '", name,
            "': backward before forward");
-  if (dpreactivation_.numel() != rows_ * out_features_ || dpreactivation_.device() != ws.device)
-    dpreactivation_ = Tensor::empty({rows_, out_features_}, ws.device);
   const int64_t offset = weight_row_offset_ * in_features_;
   float* dbias = has_bias_ ? params[this->params[1]].grad.data() + weight_row_offset_ : nullptr;
   Tensor& dx = ws.grads[inputs[0]];
@@ -249,15 +247,21 @@ void LinearGeluOp::backward(Workspace& ws, ParamStore& params) {
       dpreactivation_bf16_ = Tensor::empty({rows_, out_features_}, ws.device, DType::kBF16);
     dpre_bf16 = dpreactivation_bf16_.bf16_data();
   }
+  // The CPU's bf16 sweep rounds dpre without storing it in fp32; cuda's kernel stores both.
+  const bool stores_fp32_dpre = x.dtype == DType::kF32 || ws.device == Device::kCuda;
+  if (stores_fp32_dpre &&
+      (dpreactivation_.numel() != rows_ * out_features_ || dpreactivation_.device() != ws.device))
+    dpreactivation_ = Tensor::empty({rows_, out_features_}, ws.device);
+  float* dpre = stores_fp32_dpre ? dpreactivation_.data() : nullptr;
   float* dweight = params[this->params[0]].grad.data() + offset;
-  FT_RUN_ON_CUDA(ws, linear_gelu_backward_cuda(
-                         dx_data, ws.grad_is_fresh(inputs[0]), dweight, dbias,
-                         dpreactivation_.data(), dpre_bf16, ws.grads[outputs[0]].data(),
-                         preactivation_.data(), x, weight, rows_, in_features_, out_features_,
-                         ws.row_stride(outputs[0]), ws.row_stride(inputs[0]), ws.stream));
-  linear_gelu_backward(dx_data, ws.grad_is_fresh(inputs[0]), dweight, dbias, dpreactivation_.data(),
-                       dpre_bf16, ws.grads[outputs[0]].data(), preactivation_.data(), x, weight,
-                       rows_, in_features_, out_features_, tile_rows_, ws.row_stride(outputs[0]),
+  FT_RUN_ON_CUDA(
+      ws, linear_gelu_backward_cuda(
+              dx_data, ws.grad_is_fresh(inputs[0]), dweight, dbias, dpre, dpre_bf16,
+              ws.grads[outputs[0]].data(), preactivation_.data(), x, weight, rows_, in_features_,
+              out_features_, ws.row_stride(outputs[0]), ws.row_stride(inputs[0]), ws.stream));
+  linear_gelu_backward(dx_data, ws.grad_is_fresh(inputs[0]), dweight, dbias, dpre, dpre_bf16,
+                       ws.grads[outputs[0]].data(), preactivation_.data(), x, weight, rows_,
+                       in_features_, out_features_, tile_rows_, ws.row_stride(outputs[0]),
                        ws.row_stride(inputs[0]));
 }
 

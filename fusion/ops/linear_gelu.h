@@ -33,8 +33,8 @@ void linear_gelu_forward(Out* y, float* pre, GemmOperand x, GemmOperand weight, 
 // dx (+= or, with overwrite_dx, =) dpre W; dweight += dpre^T x; dbias += colsum(dpre), where
 // dpre = dy ⊙ gelu'(pre) is written tile by tile into `dpre` [rows, out]. `dx` and `dbias` may be
 // null (skipped). dx shares x's stride, dy y's. With bf16 x and weight (train.precision: bf16)
-// the GEMMs multiply dpre rounded into `dpre_bf16` [rows, out] (null for fp32), and the fp32
-// `dpre` is not written: one sweep computes, sums and rounds it.
+// the GEMMs multiply dpre rounded into `dpre_bf16` [rows, out] (null for fp32), and `dpre` is
+// not used (may be null): one sweep computes, sums and rounds it.
 void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* dbias, float* dpre,
                           bf16_bits* dpre_bf16, const float* dy, const float* pre, GemmOperand x,
                           GemmOperand weight, int64_t rows, int64_t in_features,
@@ -99,8 +99,8 @@ class LinearGeluOp : public Op {
   int64_t weight_row_offset_;
   int tile_rows_;
   LinearGeluForward forward_kind_;
-  Tensor preactivation_;        // saved by a training forward
-  Tensor dpreactivation_;       // backward scratch, kept so a step allocates nothing
+  Tensor preactivation_;   // saved by a training forward
+  Tensor dpreactivation_;  // backward scratch, kept so a step allocates nothing (fp32 x or cuda)
   Tensor dpreactivation_bf16_;  // the same rounded to bf16 for bf16 GEMMs
 };
 

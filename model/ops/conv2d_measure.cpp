@@ -37,47 +37,45 @@ std::array<double, 2> best_times(Run run) {
   return best;
 }
 
-std::string describe(const char* pass, const std::string& chosen, double chosen_ms,
-                     const std::string& other, double other_ms) {
-  char times[96];
-  std::snprintf(times, sizeof(times), " %.3f ms <= ", chosen_ms);
-  char other_time[32];
-  std::snprintf(other_time, sizeof(other_time), " %.3f ms", other_ms);
-  return std::string(pass) + " " + chosen + times + other + other_time;
+// Times the two candidates with run(candidate), appends "<pass> <faster> <ms> <= <other> <ms>" to
+// `record` and returns the faster.
+template <typename Candidate, typename Run>
+Candidate& faster_of(Candidate* first, Candidate* second, const char* pass, std::string* record,
+                     Run run) {
+  Candidate* candidates[2] = {first, second};
+  const std::array<double, 2> ms = best_times([&](int c) { run(*candidates[c]); });
+  const int chosen = ms[1] < ms[0] ? 1 : 0;
+  char times[256];
+  std::snprintf(times, sizeof(times), "%s%s %s %.3f ms <= %s %.3f ms", record->empty() ? "" : "; ",
+                pass, candidates[chosen]->forward_impl.c_str(), ms[chosen],
+                candidates[1 - chosen]->forward_impl.c_str(), ms[1 - chosen]);
+  *record += times;
+  return *candidates[chosen];
 }
 
 }  // namespace
 
 Conv2dOp::Primitives& Conv2dOp::measure_forward(float* y, const Tensor& x, const Param& weight,
                                                 uint64_t version) {
-  Primitives* candidates[2] = {primitives_.get(), alternative_.get()};
-  const std::array<double, 2> ms = best_times([&](int c) {
-    // A training step re-derives the forward weights (the parameters moved), so each run does.
-    candidates[c]->forward_weights_valid = false;
-    forward_with(*candidates[c], y, x, weight, version);
-  });
-  const int chosen = ms[1] < ms[0] ? 1 : 0;
-  if (!measured_choice_.empty()) measured_choice_ += "; ";
-  measured_choice_ += describe("forward", candidates[chosen]->forward_impl, ms[chosen],
-                               candidates[1 - chosen]->forward_impl, ms[1 - chosen]);
-  return *candidates[chosen];
+  return faster_of(primitives_.get(), alternative_.get(), "forward", &measured_choice_,
+                   [&](Primitives& candidate) {
+                     // A training step re-derives the forward weights (the parameters moved), so
+                     // each run does.
+                     candidate.forward_weights_valid = false;
+                     forward_with(candidate, y, x, weight, version);
+                   });
 }
 
 Conv2dOp::Primitives& Conv2dOp::measure_backward(bool with_dx, const Param& weight, const float* dy,
                                                  const Tensor& x) {
-  Primitives* candidates[2] = {primitives_.get(), alternative_.get()};
   // The trials write into scratch, so the real gradients get exactly one contribution.
   std::vector<float> dx_trial(with_dx ? shape_numel(input_shape()) : 0);
   std::vector<float> dweight_trial(shape_numel(weight_shape()));
-  const std::array<double, 2> ms = best_times([&](int c) {
-    backward_with(*candidates[c], with_dx ? dx_trial.data() : nullptr, true, dweight_trial.data(),
-                  weight, dy, x);
-  });
-  const int chosen = ms[1] < ms[0] ? 1 : 0;
-  if (!measured_choice_.empty()) measured_choice_ += "; ";
-  measured_choice_ += describe("backward", candidates[chosen]->forward_impl, ms[chosen],
-                               candidates[1 - chosen]->forward_impl, ms[1 - chosen]);
-  return *candidates[chosen];
+  return faster_of(primitives_.get(), alternative_.get(), "backward", &measured_choice_,
+                   [&](Primitives& candidate) {
+                     backward_with(candidate, with_dx ? dx_trial.data() : nullptr, true,
+                                   dweight_trial.data(), weight, dy, x);
+                   });
 }
 
 }  // namespace ft
