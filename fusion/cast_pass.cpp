@@ -9,18 +9,25 @@
 //   ReLU -> cast                    => ReluCastOp (fusion/ops/relu_cast.h)
 //   BatchNormRelu -> cast, BatchNormAddRelu -> cast (a ResNet's ReLU feeding convolutions)
 //                                   => the fused op writes its output in bf16
-// Order: after gemm_epilogue, residual_layernorm and bn_relu, whose fused producers it rewrites,
-// and after attention, which absorbs the probabilities' cast itself (PassInfo::after); nothing
-// runs after it that matches casts.
-// Producers not listed (attention, the embedding, the ResNet's pooling) keep their cast, with the
-// reason in `plan`; so does a ResNet block output that an identity shortcut also reads.
-// Thread safety: stateless.
+//   QkvLinear -> q, k, v views -> one cast each
+//                                   => the QKV GEMM writes a bf16 [rows, 3C] root, rounding its
+//                                      fp32 row tiles in cache, and the casts' outputs become its
+//                                      column views (all the views' casts or none: one dtype per
+//                                      root); attention reads them in place
+// Order: after qkv, gemm_epilogue, residual_layernorm and bn_relu, whose fused producers it
+// rewrites, and after attention, which absorbs the probabilities' cast itself (PassInfo::after);
+// nothing runs after it that matches casts. Producers not listed (attention, the embedding, the
+// ResNet's pooling) keep their cast, with the reason in `plan`; so does a ResNet block output that
+// an identity shortcut also reads. Thread safety: stateless.
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fusion/ops/layernorm_cast.h"
 #include "fusion/ops/linear_gelu.h"
+#include "fusion/ops/qkv_linear.h"
 #include "fusion/ops/relu_cast.h"
 #include "fusion/pass_util.h"
 #include "fusion/passes.h"
@@ -95,9 +102,114 @@ bool written_through_views(const Graph& graph, ValueId root) {
   return false;
 }
 
+// A QKV GEMM's output whose column views are each read by one cast op and nothing else.
+struct ViewCasts {
+  const Op* producer = nullptr;
+  std::vector<const Op*> casts;  // in view order
+};
+
+bool is_qkv_view(const Graph& graph, const GraphIndex& index, ValueId id) {
+  if (!graph.values[id].is_view()) return false;
+  const int producer = index.producer(graph.values[id].view_of);
+  return producer >= 0 && graph.ops[producer]->op_kind() == OpKind::kQkvLinear;
+}
+
+// Why the casts of `producer`'s views cannot be absorbed, or "" with `group` filled.
+std::string view_casts_refusal(const Graph& graph, const GraphIndex& index, int producer,
+                               ViewCasts* group) {
+  const ValueId root = graph.ops[producer]->outputs[0];
+  const std::string& root_name = graph.values[root].name;
+  if (graph.values[root].is_view()) return "'" + root_name + "' is itself a view";
+  if (index.is_graph_result(root)) return "'" + root_name + "' is a graph result";
+  if (!index.consumers(root).empty())
+    return "'" + root_name + "' is read whole by " + graph.ops[index.consumers(root)[0]]->name;
+  group->producer = graph.ops[producer].get();
+  for (ValueId id = 0; id < static_cast<ValueId>(graph.values.size()); ++id) {
+    if (graph.values[id].view_of != root) continue;
+    const std::vector<int>& readers = index.consumers(id);
+    const Op* reader = readers.size() == 1 ? graph.ops[readers[0]].get() : nullptr;
+    if (reader == nullptr || reader->op_kind() != OpKind::kCast)
+      return "'" + graph.values[id].name + "' is read " +
+             (reader == nullptr ? std::to_string(readers.size()) + " times"
+                                : "by " + reader->name + " (" + reader->kind() + ")") +
+             ": its fp32 form is needed, and a root has one dtype";
+    if (graph.values[reader->outputs[0]].is_view() || index.is_graph_result(reader->outputs[0]))
+      return "'" + graph.values[reader->outputs[0]].name + "' is a view or a graph result";
+    group->casts.push_back(reader);
+  }
+  return "";
+}
+
 class CastPass : public CandidatePass {
  public:
   const PassInfo& info() const override { return cast_info(); }
+
+  int apply(Graph& graph, PassContext& context) const override {
+    const std::vector<ViewCasts> groups = plan_view_casts(graph, context);
+    for (const ViewCasts& group : groups) rewrite_view_casts(graph, group, context.options);
+    return static_cast<int>(groups.size()) + CandidatePass::apply(graph, context);
+  }
+
+ private:
+  // The QKV GEMMs whose views' casts can all be absorbed, with a decision for every such cast.
+  std::vector<ViewCasts> plan_view_casts(const Graph& graph, PassContext& context) const {
+    const GraphIndex index(graph);
+    std::vector<ViewCasts> groups;
+    for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index) {
+      const Op& producer = *graph.ops[op_index];
+      if (producer.op_kind() != OpKind::kQkvLinear) continue;
+      std::vector<int> casts;  // every cast reading one of its views: the decisions' sites
+      for (ValueId id = 0; id < static_cast<ValueId>(graph.values.size()); ++id)
+        if (graph.values[id].view_of == producer.outputs[0])
+          for (int reader : index.consumers(id))
+            if (graph.ops[reader]->op_kind() == OpKind::kCast) casts.push_back(reader);
+      if (casts.empty()) continue;
+      const std::string site = graph.ops[casts.front()]->name;
+      ViewCasts group;
+      const std::string refusal = view_casts_refusal(graph, index, op_index, &group);
+      if (!refusal.empty()) {
+        for (int cast : casts) context.skipped(kPass, graph.ops[cast]->name, refusal);
+        continue;
+      }
+      // No max_ops check: max_ops bounds a chain, and each of q, k and v is a chain of two (its
+      // Linear and its cast), within any max_ops at which the QKV pass fused them.
+      const double saved = 2 * 4.0 * static_cast<double>(graph.numel(producer.outputs[0]));
+      context.fused(kPass, site,
+                    std::string(producer.kind()) + "+" + std::to_string(group.casts.size()) +
+                        " casts -> " + producer.kind() + " writes bf16, the casts' outputs " +
+                        "its views (fp32 write and read of " + kib(saved / 2) + " each saved)",
+                    producer.eager_ops + static_cast<int>(group.casts.size()));
+      groups.push_back(group);
+    }
+    return groups;
+  }
+
+  // A bf16 root takes the fp32 one's place as the GEMM's output; each cast's output becomes its
+  // view at the columns the cast read, and the casts go.
+  static void rewrite_view_casts(Graph& graph, const ViewCasts& group,
+                                 const FusionOptions& options) {
+    const auto& qkv = static_cast<const QkvLinearOp&>(*group.producer);
+    const ValueId fp32_root = qkv.outputs[0];
+    const ValueId bf16_root = graph.add_value(graph.values[fp32_root].name + ".bf16",
+                                              graph.values[fp32_root].shape, DType::kBF16);
+    for (const Op* cast : group.casts)
+      make_view(graph, cast->outputs[0], bf16_root, graph.values[cast->inputs[0]].column_offset);
+    std::vector<const Op*> ops = {group.producer};
+    ops.insert(ops.end(), group.casts.begin(), group.casts.end());
+    Fusion fusion = fusion_like(qkv);
+    fusion.absorbed = op_indices(graph, ops);
+    fusion.placement = Placement::kFirst;
+    fusion.outputs = {bf16_root};
+    // Even tiles of at most fusion.tile_kb (one row at least): 1024 rows of 3 KiB in 1 MiB are
+    // three tiles of 342 rows, not 341 + 341 + 341 + 1.
+    const int64_t fitting =
+        std::max<int64_t>(rows_per_tile(options.tile_kb, qkv.out_features()), 1);
+    const int64_t tiles = (qkv.rows() + fitting - 1) / fitting;
+    fusion.op = std::make_unique<QkvLinearOp>(qkv.rows(), qkv.in_features(), qkv.width(),
+                                              qkv.count(), qkv.has_bias(), qkv.weight_row_offset(),
+                                              (qkv.rows() + tiles - 1) / tiles);
+    apply_fusion(graph, std::move(fusion));
+  }
 
  protected:
   bool is_candidate(const Op& op) const override { return op.op_kind() == OpKind::kCast; }
@@ -110,7 +222,9 @@ class CastPass : public CandidatePass {
     const int producer = index.producer(fp32_value);
     const int readers = index.reader_count_with_views(fp32_value);
     std::string refusal;
-    // Views first: a view's producer writes its root (a batched or QKV output), not the view.
+    // The QKV GEMM's views were decided with their siblings (plan_view_casts).
+    if (is_qkv_view(graph, index, fp32_value)) return std::nullopt;
+    // Views first: a view's producer writes its root (a batched output), not the view.
     if (graph.values[fp32_value].is_view() || graph.values[bf16_value].is_view())
       refusal = "a column view on either side";
     else if (producer < 0)

@@ -134,14 +134,15 @@ const PassInfo& cast_info() {
   static const PassInfo info{
       FT_VERTICAL(cast),
       "train.precision bf16: the op producing a GEMM or convolution operand (LayerNorm, "
-      "residual+LayerNorm, GELU, Linear+GELU; ReLU, BatchNorm+ReLU, BatchNorm+add+ReLU) writes "
-      "it in bf16, absorbing the cast op after it",
-      {OpKind::kLayerNormCast, OpKind::kGeluCast, OpKind::kReluCast},
-      {"gemm_epilogue", "residual_layernorm", "attention", "bn_relu"},
+      "residual+LayerNorm, GELU, Linear+GELU, the QKV GEMM; ReLU, BatchNorm+ReLU, "
+      "BatchNorm+add+ReLU) writes it in bf16, absorbing the cast op after it",
+      {OpKind::kLayerNormCast, OpKind::kGeluCast, OpKind::kReluCast, OpKind::kQkvLinear},
+      {"gemm_epilogue", "residual_layernorm", "attention", "bn_relu", "qkv"},
       {{OpKind::kLayerNorm, OpKind::kCast},
        {OpKind::kGelu, OpKind::kCast},
        {OpKind::kResidualLayerNorm, OpKind::kCast},
        {OpKind::kLinearGelu, OpKind::kCast},
+       {OpKind::kQkvLinear, OpKind::kCast},
        {OpKind::kRelu, OpKind::kCast},
        {OpKind::kBatchNormRelu, OpKind::kCast},
        {OpKind::kBatchNormAddRelu, OpKind::kCast}},

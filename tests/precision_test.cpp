@@ -51,9 +51,16 @@ class Bf16Gpt : public ::testing::Test {
     return build_gpt_graph(shape_, 3, ids_, GraphMode::kTrain, dtype);
   }
 
-  const GptShape shape_{2, 2, 32, 16, 256, 0.1f, true};
+  GptShape shape_{2, 2, 32, 16, 256, 0.1f, true};
   ParamStore params_;
   GptParamIds ids_;
+};
+
+// Without qk_norm q, k and v go straight from the QKV GEMM's views to their casts, which the cast
+// pass hands to the GEMM as one bf16 output.
+class Bf16GptNoQkNorm : public Bf16Gpt {
+ protected:
+  Bf16GptNoQkNorm() { shape_.qk_norm = false; }
 };
 
 // bf16 rounding of the cast values makes a 1e-7 fp32 difference between a fused kernel and its
@@ -112,9 +119,10 @@ TEST_F(Bf16Gpt, CastPassRecordsItsDecisions) {
       EXPECT_NE(decision.reason.find("writes bf16"), std::string::npos) << decision.reason;
     } else {
       ++kept;
-      // q, k and v are column views of the fused QKV GEMM's output, or written through them
-      // (qk_norm's per-head LayerNorms).
-      const bool view = decision.reason.find("column view") != std::string::npos;
+      // q and k are written through column views (qk_norm's per-head LayerNorms); v's cast would
+      // make the QKV GEMM's output bf16, which q and k read in fp32.
+      const bool view = decision.reason.find("column view") != std::string::npos ||
+                        decision.reason.find("a root has one dtype") != std::string::npos;
       const bool fp32_producer = decision.reason.find("writes fp32 only") != std::string::npos;
       // The attention output: flash attention stands for 4 eager ops, at fusion.max_ops already.
       const bool at_max_ops = decision.reason.find("max_ops") != std::string::npos;
@@ -125,6 +133,37 @@ TEST_F(Bf16Gpt, CastPassRecordsItsDecisions) {
   EXPECT_EQ(fused, 2 * 3 + 1);
   EXPECT_EQ(kept, 2 * 4);  // q, k, v (the QKV GEMM's outputs) and the attention output
   EXPECT_EQ(kept_after_attention, 2);
+}
+
+// The QKV GEMM writing bf16 q, k, v in row tiles against its twin, the fp32 GEMM and three cast
+// ops: the same fp32 sums rounded once, so bit for bit (on the widening path too, where flash
+// attention widens the strided views).
+TEST_F(Bf16GptNoQkNorm, QkvGemmWritingBf16MatchesItsCastsBitForBit) {
+  for (int tile_kb : {1024, 4}) {  // one tile, and tiles of 1 row (a 3C row is 384 bytes)
+    FusionOptions all;
+    all.tile_kb = tile_kb;
+    FusionOptions all_but_cast = all;  // tile_kb also sets Linear+GELU's tiles, on both sides
+    all_but_cast.vertical.cast = false;
+    const StepResult twin = run_step(build(DType::kBF16), params_, all_but_cast);
+    const StepResult fused = run_step(build(DType::kBF16), params_, all);
+    // Per block the twin keeps ln_1, q, k, v, the attention output, ln_2 and the GELU output.
+    EXPECT_EQ(twin.casts, 2 * 7 + 1);
+    EXPECT_EQ(fused.casts, 2 * 1) << "the attention output's cast stays (max_ops)";
+    expect_same_bits(fused, twin, "qkv");
+  }
+}
+
+TEST_F(Bf16GptNoQkNorm, CastPassRecordsTheQkvGroup) {
+  Graph graph = build(DType::kBF16);
+  const FusionResult result = FusionPipeline::standard().run(graph, params_, FusionOptions());
+  int groups = 0;
+  for (const FusionDecision& decision : result.decisions)
+    if (decision.pass == "cast" && decision.fused &&
+        decision.reason.find("qkv_linear+3 casts") != std::string::npos) {
+      ++groups;
+      EXPECT_EQ(decision.ops_absorbed, 6) << "3 Linears and 3 casts";
+    }
+  EXPECT_EQ(groups, 2);
 }
 
 TEST_F(Bf16Gpt, Bf16TracksFp32) {

@@ -33,11 +33,18 @@ void FlashAttentionOp::check_wiring(const Workspace& ws) const {
   expect_numel(ws.values[outputs[0]], numel, *this, "output y");
   expect_gemm_operands(*this, ws.values[inputs[0]], ws.values[inputs[1]]);
   expect_gemm_operands(*this, ws.values[inputs[0]], ws.values[inputs[2]]);
-  if (ws.values[inputs[0]].dtype() == DType::kBF16)
-    for (size_t i = 0; i < inputs.size(); ++i)
-      FT_CHECK(ws.row_stride(inputs[i]) == channels_, kind(), " '", name, "': bf16 input ", i,
-               " (q, k, v) must not be a view");
 }
+
+namespace {
+
+// Elements from a [rows, width] view's first element to its last, rows `stride` apart: what the
+// widening copies so that the fp32 copy keeps the view's stride, the one stride the kernels take
+// for an input's value and its gradient alike.
+int64_t strided_span(int64_t rows, int64_t width, int64_t stride) {
+  return (rows - 1) * stride + width;
+}
+
+}  // namespace
 
 AttentionStrides FlashAttentionOp::strides(const Workspace& ws) const {
   return {ws.row_stride(inputs[0]), ws.row_stride(inputs[1]), ws.row_stride(inputs[2]),
@@ -47,17 +54,21 @@ AttentionStrides FlashAttentionOp::strides(const Workspace& ws) const {
 FlashAttentionOp::Operands FlashAttentionOp::operands(const Workspace& ws, bool widen) {
   if (ws.values[inputs[0]].dtype() == DType::kF32)
     return {ws.values[inputs[0]].data(), ws.values[inputs[1]].data(), ws.values[inputs[2]].data()};
+  const int64_t rows = static_cast<int64_t>(batch_) * seq_len_;
   for (int i = 0; i < 3; ++i) {
     const Tensor& value = ws.values[inputs[i]];
     if (widen) {
-      reuse_or_allocate(widened_[i], value.numel(), ws.device);
+      // A view (q, k, v of the QKV GEMM's bf16 output) widens with its siblings' columns between
+      // its rows: exact, and the fallback path's cost, not the bf16 kernels'.
+      const int64_t span = strided_span(rows, channels_, ws.row_stride(inputs[i]));
+      reuse_or_allocate(widened_[i], span, ws.device);
 #if defined(FT_HAVE_CUDA)
       if (ws.device == Device::kCuda) {
-        cuda_widen_bf16(widened_[i].data(), value.bf16_data(), value.numel(), ws.stream);
+        cuda_widen_bf16(widened_[i].data(), value.bf16_data(), span, ws.stream);
         continue;
       }
 #endif
-      cast_to_float(widened_[i].data(), value.bf16_data(), value.numel());
+      cast_to_float(widened_[i].data(), value.bf16_data(), span);
     }
   }
   return {widened_[0].data(), widened_[1].data(), widened_[2].data()};
@@ -137,10 +148,12 @@ OpCost FlashAttentionOp::cost(const Graph& graph) const {
   cost.forward_flops = pairs * (4 * hd + 4);             // S = QK^T, Y += PV, online softmax
   cost.backward_flops = pairs * (10 * hd + 6);           // S again, dP, dV, dQ, dK, dS
   cost.saved_bytes = 4.0 * batch_ * n_head_ * seq_len_;  // the log-sum-exp
-  // bf16 operands are kept widened for backward, three [B*T, C] fp32 copies, unless the bf16
-  // kernels read them as they are.
+  // bf16 operands are kept widened for backward, three fp32 copies of their rows' span, unless
+  // the bf16 kernels read them as they are.
   if (graph.values[inputs[0]].dtype == DType::kBF16 && !flash_attention_bf16_native())
-    cost.saved_bytes += 3.0 * 4.0 * batch_ * seq_len_ * channels_;
+    for (ValueId id : inputs)
+      cost.saved_bytes += 4.0 * strided_span(static_cast<int64_t>(batch_) * seq_len_, channels_,
+                                             graph.row_stride(id));
   return cost;
 }
 

@@ -2,28 +2,68 @@
 // blocks of the shared weight, so x is read once and oneDNN sees one N = 3C problem.
 #include "fusion/ops/qkv_linear.h"
 
+#include <algorithm>
+
+#include "core/bf16_cast.h"
 #include "core/check.h"
+#include "core/gemm.h"
+#include "model/ops/cast.h"
 #include "model/ops/linear.h"
+#include "model/ops/op_checks.h"
 
 namespace ft {
 
 QkvLinearOp::QkvLinearOp(int64_t rows, int64_t in_features, int64_t width, int count, bool has_bias,
-                         int64_t weight_row_offset)
+                         int64_t weight_row_offset, int64_t bf16_tile_rows)
     : rows_(rows),
       in_features_(in_features),
       width_(width),
       count_(count),
       has_bias_(has_bias),
-      weight_row_offset_(weight_row_offset) {
+      weight_row_offset_(weight_row_offset),
+      bf16_tile_rows_(std::min(bf16_tile_rows, rows)) {
   FT_CHECK(rows > 0 && in_features > 0 && width > 0 && count > 0,
            "QkvLinearOp: non-positive shape rows=", rows, " in=", in_features, " width=", width,
            " count=", count);
   FT_CHECK(weight_row_offset >= 0, "QkvLinearOp: negative weight row offset ", weight_row_offset);
+  FT_CHECK(bf16_tile_rows >= 1, "QkvLinearOp: bf16_tile_rows ", bf16_tile_rows,
+           " must be at least 1");
 }
 
 void QkvLinearOp::forward(Workspace& ws, ParamStore& params) {
+  if (ws.values[outputs[0]].dtype() == DType::kBF16) return forward_into_bf16(ws, params);
   linear_op_forward(*this, ws, params, rows_, in_features_, out_features(), has_bias_,
                     weight_row_offset_);
+}
+
+void QkvLinearOp::forward_into_bf16(Workspace& ws, ParamStore& params) {
+  check_linear_wiring(*this, ws, params, rows_, in_features_, out_features(), has_bias_,
+                      weight_row_offset_);
+  const Tensor& x = ws.values[inputs[0]];
+  FT_CHECK(x.dtype() == DType::kBF16, kind(), " '", name,
+           "': a bf16 output needs the bf16 input of train.precision: bf16");
+  const int64_t out = out_features(), x_stride = ws.row_stride(inputs[0]);
+  const int64_t y_stride = ws.row_stride(outputs[0]);
+  bf16_bits* y = ws.values[outputs[0]].bf16_data();
+  const float* bias =
+      has_bias_ ? params[this->params[1]].value.data() + weight_row_offset_ : nullptr;
+  const GemmOperand weight =
+      weight_operand(params[this->params[0]], weight_row_offset_ * in_features_, DType::kBF16);
+  const bool on_cuda = ws.device == Device::kCuda;
+  const int64_t tile_rows = on_cuda ? rows_ : bf16_tile_rows_;
+  reuse_or_allocate(fp32_tile_, tile_rows * out, ws.device);
+  float* fp32_rows = fp32_tile_.data();
+  FT_RUN_ON_CUDA(ws, {
+    linear_forward_cuda(fp32_rows, x.bf16_data(), weight, bias, rows_, in_features_, out, out,
+                        x_stride, ws.stream);
+    cast_forward_cuda(y, fp32_rows, rows_, out, y_stride, out, ws.stream);
+  });
+  for (int64_t first = 0; first < rows_; first += tile_rows) {
+    const int64_t tile = std::min(tile_rows, rows_ - first);
+    gemm(fp32_rows, x.bf16_data() + first * x_stride, weight,
+         linear_forward_gemm(tile, in_features_, out, bias, out, x_stride));
+    cast_rows_to_bf16(y + first * y_stride, y_stride, fp32_rows, out, tile, out);
+  }
 }
 
 void QkvLinearOp::backward(Workspace& ws, ParamStore& params) {

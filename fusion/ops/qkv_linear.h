@@ -8,6 +8,10 @@
 // which sums the three Linears' dx contributions inside one GEMM instead of three.
 // Inputs {x}, outputs {y [rows, count * width]} (either may be a view), params {weight, bias when
 // has_bias}.
+// bf16 y (fusion.vertical.cast absorbed the casts of q, k and v, fusion/cast_pass.cpp): the GEMM
+// writes fp32 row tiles of `bf16_tile_rows` rows into a scratch that stays in cache, each rounded
+// into y as the eager cast ops round (bit for bit: the same fp32 sums); on cuda one fp32 scratch
+// of all rows, then the cast kernel. Backward is the same, its dy being fp32 whatever y's dtype.
 // On cuda forward and backward run linear.h's *_cuda launchers (via linear_op_forward/backward).
 // Thread safety: an op instance belongs to one training thread (gemm runs on oneDNN's pool).
 #pragma once
@@ -19,9 +23,10 @@ namespace ft {
 
 class QkvLinearOp : public Op {
  public:
-  // REQUIRES: rows, in_features, width, count > 0; weight_row_offset >= 0.
+  // REQUIRES: rows, in_features, width, count > 0; weight_row_offset >= 0; bf16_tile_rows >= 1
+  // (used only when y is bf16).
   QkvLinearOp(int64_t rows, int64_t in_features, int64_t width, int count, bool has_bias,
-              int64_t weight_row_offset);
+              int64_t weight_row_offset, int64_t bf16_tile_rows = 1);
   OpKind op_kind() const override { return OpKind::kQkvLinear; }
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
@@ -37,12 +42,16 @@ class QkvLinearOp : public Op {
   int64_t out_features() const { return width_ * count_; }
   bool has_bias() const { return has_bias_; }
   int64_t weight_row_offset() const { return weight_row_offset_; }
+  int64_t bf16_tile_rows() const { return bf16_tile_rows_; }
 
  private:
+  void forward_into_bf16(Workspace& ws, ParamStore& params);
+
   int64_t rows_, in_features_, width_;
   int count_;
   bool has_bias_;
-  int64_t weight_row_offset_;
+  int64_t weight_row_offset_, bf16_tile_rows_;
+  Tensor fp32_tile_;  // bf16 y: the GEMM's fp32 rows before rounding
 };
 
 }  // namespace ft

@@ -3,7 +3,7 @@
 //   y[r, c] = bf16(x[r, c])            (round to nearest even, core/math/bf16_math.h)
 // Backward is the identity on the fp32 gradients every value has: dx (+)= dy.
 // Inputs {x fp32 [rows, cols]}, outputs {y bf16 [rows, cols]}; either may be a column view.
-// fusion/cast_absorb_pass.cpp removes these where the producer of x can write bf16 itself.
+// fusion/cast_pass.cpp removes these where the producer of x can write bf16 itself.
 // Thread safety: one training thread per op; the loops run on OpenMP.
 #pragma once
 #include <cstdint>
