@@ -105,7 +105,7 @@ inline void transpose_16x16(word* out, int64_t ld, const bf16_bits* rows, int64_
 }
 
 // out[p][s] = (rows[s][2p], rows[s][2p+1]) for s < count, 0 for count <= s < ld and for the
-// elements past hd.
+// elements past hd. REQUIRES: ld >= round_up(count, kLanes) (whole blocks of rows are stored).
 inline void pack_transposed(word* out, int64_t ld, const bf16_bits* rows, int64_t stride,
                             int64_t count, int64_t hd, int64_t width) {
   const int64_t whole_words = hd / 2;
