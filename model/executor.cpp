@@ -13,6 +13,40 @@
 
 namespace ft {
 
+namespace {
+
+// The views of `root` that `reader` takes as inputs, when they cover the root's columns exactly
+// once and the reader takes nothing else of it (not the root itself); otherwise none.
+std::vector<ValueId> covering_views(const Graph& graph, ValueId root, const Op& reader) {
+  std::vector<ValueId> views;
+  for (ValueId id : reader.inputs) {
+    if (id == root) return {};
+    if (graph.values[id].view_of == root) views.push_back(id);
+  }
+  std::sort(views.begin(), views.end(), [&](ValueId a, ValueId b) {
+    return graph.values[a].column_offset < graph.values[b].column_offset;
+  });
+  int64_t covered = 0;  // columns [0, covered) seen once, in order
+  for (ValueId id : views) {
+    if (graph.values[id].column_offset != covered) return {};
+    covered += graph.values[id].shape.back();
+  }
+  if (covered != graph.values[root].shape.back()) return {};
+  return views;
+}
+
+// True if no op but the one at `reader` reads `root` or any of its views.
+bool only_reader(const Graph& graph, ValueId root, int reader) {
+  for (int op_index = 0; op_index < static_cast<int>(graph.ops.size()); ++op_index) {
+    if (op_index == reader) continue;
+    for (ValueId id : graph.ops[op_index]->inputs)
+      if (id == root || graph.values[id].view_of == root) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Executor::Executor(const Graph& graph, ParamStore& params) : graph_(graph), params_(params) {
   FT_CHECK(params.allocated(), "executor built before parameters were allocated");
   FT_CHECK(graph.loss >= 0, "graph has no loss value");
@@ -55,16 +89,21 @@ Executor::Executor(const Graph& graph, ParamStore& params) : graph_(graph), para
     else
       zero_at_start_.push_back(id);  // read through views, or read by no op
   }
-  // Roots read through views: zeroed whole just before their first backward reader, never handed
-  // out as fresh (a view's reader writes only its columns).
+  // Roots read through views: zeroed whole just before their first backward reader, or, when that
+  // op is the only one and its views cover the root's columns once, handed to it as fresh views.
+  zero_views_before_op_.assign(graph.ops.size(), {});
+  fresh_views_before_op_.assign(graph.ops.size(), {});
   for (ValueId id = 0; id < count; ++id)
     if (has_views[id] && needs_grad(id) && last_reader[id] >= 0) {
       zero_at_start_.erase(std::remove(zero_at_start_.begin(), zero_at_start_.end(), id),
                            zero_at_start_.end());
-      zero_views_before_op_.resize(graph.ops.size());
-      zero_views_before_op_[last_reader[id]].push_back(id);
+      const int reader = last_reader[id];
+      const std::vector<ValueId> views = covering_views(graph, id, *graph.ops[reader]);
+      if (!views.empty() && only_reader(graph, id, reader))
+        fresh_views_before_op_[reader].push_back({id, views});
+      else
+        zero_views_before_op_[reader].push_back(id);
     }
-  zero_views_before_op_.resize(graph.ops.size());
 }
 
 bool Executor::needs_grad(ValueId id) const {
@@ -184,6 +223,15 @@ void Executor::backward(Workspace& ws, const GradReadyFn& on_grad_ready) {
     const double start = timed ? now_ms() : 0.0;
     const bool overwrites = fresh_gradients_ && op.overwrites_fresh_input_grads();
     for (ValueId id : zero_views_before_op_[op_index]) ws.grads[id].fill(0.0f);
+    const bool overwrites_views = fresh_gradients_ && op.overwrites_fresh_view_grads(ws);
+    for (const ViewedRoot& viewed : fresh_views_before_op_[op_index]) {
+      if (!overwrites_views) {
+        ws.grads[viewed.root].fill(0.0f);
+        continue;
+      }
+      for (ValueId view : viewed.views) ws.grad_fresh[view] = 1;
+      if (poison_fresh_) ws.grads[viewed.root].fill(std::numeric_limits<float>::quiet_NaN());
+    }
     for (ValueId id : zero_before_op_[op_index]) {
       if (overwrites) {
         ws.grad_fresh[id] = 1;
@@ -193,6 +241,8 @@ void Executor::backward(Workspace& ws, const GradReadyFn& on_grad_ready) {
     }
     op.backward(ws, params_);
     for (ValueId id : zero_before_op_[op_index]) ws.grad_fresh[id] = 0;
+    for (const ViewedRoot& viewed : fresh_views_before_op_[op_index])
+      for (ValueId view : viewed.views) ws.grad_fresh[view] = 0;
     if (timed) {
       const double end = now_ms();
       if (profiling_) op_times_.add(std::string(op.kind()) + ".backward", end - start);

@@ -42,7 +42,9 @@ class Executor {
   void forward(Workspace& ws);
   // Seeds d(loss) = 1 and runs backward ops in reverse. Each activation gradient is first written
   // by the backward of its last reader in forward order: just before that op runs, the gradient
-  // is zeroed, or marked fresh (ws.grad_fresh) for an op that overwrites_fresh_input_grads().
+  // is zeroed, or marked fresh (ws.grad_fresh) for an op that overwrites_fresh_input_grads(). A
+  // root read only through views is zeroed whole, unless one op reads it, through views covering
+  // its columns once, and overwrites_fresh_view_grads(): then those views are marked fresh.
   // Parameter gradients accumulate (+=): the caller zeroes them once per optimizer step. REQUIRES:
   // a train graph (eval graphs have no backward).
   void backward(Workspace& ws, const GradReadyFn& on_grad_ready = nullptr);
@@ -74,7 +76,14 @@ class Executor {
   std::vector<ParamId> grad_ready_order_;
   std::vector<std::vector<ValueId>> zero_before_op_;  // per op index: input grads it writes first
   std::vector<std::vector<ValueId>> zero_views_before_op_;  // roots read through views
-  std::vector<ValueId> zero_at_start_;                      // grads no op writes
+  // Per op index: roots it reads only through views covering their columns once; handed out as
+  // fresh views when the op overwrites_fresh_view_grads(), zeroed otherwise.
+  struct ViewedRoot {
+    ValueId root;
+    std::vector<ValueId> views;
+  };
+  std::vector<std::vector<ViewedRoot>> fresh_views_before_op_;
+  std::vector<ValueId> zero_at_start_;  // grads no op writes
   bool profiling_ = false;
   OpObserver* observer_ = nullptr;
   bool fresh_gradients_ = true;

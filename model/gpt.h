@@ -69,7 +69,8 @@ GptParamIds register_gpt_params(const GptShape& shape, ParamStore& params);
 // An eval graph has no dropout ops.
 // gemm_dtype bf16 (train.precision: bf16) reads every Linear's and the LM head's x through a cast
 // op to a bf16 value (one per value), as CPU autocast does; those ops then multiply the bf16
-// weight copies (ParamStore::enable_bf16_copies). Attention's GEMMs stay fp32.
+// weight copies (ParamStore::enable_bf16_copies). Attention reads q, k, v and the probabilities
+// through casts too, as its GEMMs do.
 Graph build_gpt_graph(const GptShape& shape, int batch, const GptParamIds& ids,
                       GraphMode mode = GraphMode::kTrain, DType gemm_dtype = DType::kF32);
 

@@ -113,8 +113,9 @@ struct Workspace {
   // Set by Executor::stage_inputs, cleared by the forward that follows: the batch is already on
   // the device, and forward must not stage it again (it may be being captured into a CUDA graph).
   bool inputs_staged = false;
-  // Per value, set by the executor only for an op that overwrites_fresh_input_grads(): the
-  // gradient buffer holds stale data, and that op's backward must write (=) all of it.
+  // Per value, set by the executor only for an op that overwrites_fresh_input_grads() (roots) or
+  // overwrites_fresh_view_grads() (views): the gradient buffer holds stale data, and that op's
+  // backward must write (=) all of it (a view: all of its columns).
   std::vector<uint8_t> grad_fresh;
 
   bool grad_is_fresh(ValueId id) const {
@@ -157,6 +158,14 @@ class Op {
   // The executor then skips zeroing those buffers (and the op skips reading them), which saved
   // ~7% of a resnet20 step; ops that keep the default are handed zeroed buffers.
   virtual bool overwrites_fresh_input_grads() const { return false; }
+  // True if backward, on `ws`'s path, also honours ws.grad_fresh on input views: the executor
+  // hands an op the views of a root fresh (instead of zeroing the root) when that op reads the
+  // root only through views that cover its columns once (flash attention over the QKV GEMM's q, k
+  // and v), and the op then writes every element of each view's columns.
+  virtual bool overwrites_fresh_view_grads(const Workspace& ws) const {
+    static_cast<void>(ws);
+    return false;
+  }
   // True if the op reads its inputs and writes its outputs through ws.row_stride(), so they may
   // be column views. validate() rejects a view wired to an op that does not.
   virtual bool supports_views() const { return false; }

@@ -1,8 +1,8 @@
 // Executor gradient bookkeeping: each activation gradient is zeroed just before its first writer,
 // or handed over stale ("fresh") to an op that overwrites it (ReLU, BatchNorm, residual add,
 // convolution on both the Winograd and oneDNN paths; the Linear family, the LM head and the fused
-// GPT ops). The default must give exactly the bits of the reference twin in which every gradient
-// is zeroed up front and every op accumulates.
+// GPT ops; in bf16, flash attention over the QKV GEMM's views). The default must give exactly the
+// bits of the reference twin in which every gradient is zeroed up front and every op accumulates.
 #include "model/executor.h"
 
 #include <gtest/gtest.h>
@@ -84,12 +84,18 @@ INSTANTIATE_TEST_SUITE_P(Widths, FreshGradients, ::testing::Values(16, 4),
                            return "width" + std::to_string(info.param);
                          });
 
-// A small GPT (dropout on, so every GPT op kind is built), eager or after every fusion pass.
-StepResult run_gpt_steps(bool fused, bool fresh_gradients) {
+enum class GptGraph { kEager, kFused, kFusedBf16 };
+
+// A small GPT (dropout on, so every GPT op kind is built), eager or after every fusion pass; in
+// bf16, flash attention is handed q, k and v as fresh views of the QKV GEMM's output.
+StepResult run_gpt_steps(GptGraph built, bool fresh_gradients) {
   const GptShape shape{2, 2, 32, 16, 64, 0.1f, false};
   constexpr int kBatch = 2;
+  const bool fused = built != GptGraph::kEager;
   ParamStore params;
-  Graph graph = build_gpt(shape, kBatch, params);
+  Graph graph = build_gpt(shape, kBatch, params, GraphMode::kTrain,
+                          built == GptGraph::kFusedBf16 ? DType::kBF16 : DType::kF32);
+  if (built == GptGraph::kFusedBf16) params.enable_bf16_copies();
   params.allocate();
   params.initialize(5);
   FusionOptions options;
@@ -105,16 +111,93 @@ StepResult run_gpt_steps(bool fused, bool fresh_gradients) {
   });
 }
 
-class GptFreshGradients : public ::testing::TestWithParam<bool> {};
+class GptFreshGradients : public ::testing::TestWithParam<GptGraph> {};
 
 TEST_P(GptFreshGradients, MatchZeroedTwinBitForBit) {
   expect_same_bits(run_gpt_steps(GetParam(), true), run_gpt_steps(GetParam(), false));
 }
 
-INSTANTIATE_TEST_SUITE_P(Graphs, GptFreshGradients, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? std::string("fused") : std::string("eager");
-                         });
+std::string graph_name(const ::testing::TestParamInfo<GptGraph>& info) {
+  switch (info.param) {
+    case GptGraph::kEager:
+      return "eager";
+    case GptGraph::kFused:
+      return "fused";
+    case GptGraph::kFusedBf16:
+      break;
+  }
+  return "fused_bf16";
+}
+
+INSTANTIATE_TEST_SUITE_P(Graphs, GptFreshGradients,
+                         ::testing::Values(GptGraph::kEager, GptGraph::kFused,
+                                           GptGraph::kFusedBf16),
+                         graph_name);
+
+// Reads views of one root and records, in backward, which of its inputs it was handed fresh;
+// writes each fresh one whole (and nothing else).
+class ViewReaderOp : public Op {
+ public:
+  explicit ViewReaderOp(bool overwrites_views) : overwrites_views_(overwrites_views) {}
+  OpKind op_kind() const override { return OpKind::kOther; }
+  bool supports_views() const override { return true; }
+  bool overwrites_fresh_view_grads(const Workspace&) const override { return overwrites_views_; }
+  void forward(Workspace& ws, ParamStore&) override { ws.values[outputs[0]].fill(0.0f); }
+  void backward(Workspace& ws, ParamStore&) override {
+    fresh.clear();
+    for (ValueId id : inputs) fresh.push_back(ws.grad_is_fresh(id));
+  }
+  std::vector<bool> fresh;
+
+ private:
+  bool overwrites_views_;
+};
+
+// Which inputs of the reader of views of a [4, 6] root are handed out fresh: only when that one op
+// reads the root, through views covering its columns once, and overwrites fresh views.
+std::vector<bool> fresh_views(const std::vector<std::pair<int64_t, int64_t>>& columns,
+                              bool overwrites_views, bool second_reader) {
+  Graph graph;
+  graph.input = graph.add_value("x", {4, 6});
+  const ValueId root = graph.add_value("root", {4, 6});
+  graph.add_op<ViewReaderOp>("produce", {graph.input}, {root}, {}, false);
+  std::vector<ValueId> views;
+  for (const auto& [offset, width] : columns)
+    views.push_back(graph.add_view("view" + std::to_string(views.size()), root, offset, width));
+  const ValueId out = graph.add_value("out", {1});
+  ViewReaderOp& reader = graph.add_op<ViewReaderOp>("read", views, {out}, {}, overwrites_views);
+  graph.output = graph.loss = out;
+  if (second_reader) {
+    graph.loss = graph.add_value("loss", {1});
+    graph.add_op<ViewReaderOp>("also_read", std::vector<ValueId>{views[0], out},
+                               std::vector<ValueId>{graph.loss}, std::vector<ParamId>{}, false);
+  }
+  ParamStore params;
+  params.allocate();
+  Executor executor(graph, params);
+  Workspace ws = executor.make_workspace();
+  executor.forward(ws);
+  executor.backward(ws);
+  return reader.fresh;
+}
+
+TEST(ExecutorFreshViews, OnlyTheSoleReaderOfViewsCoveringTheRootOnceGetsThemFresh) {
+  EXPECT_EQ(fresh_views({{0, 2}, {2, 2}, {4, 2}}, true, false),
+            (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(fresh_views({{4, 2}, {0, 4}}, true, false), (std::vector<bool>{true, true}));
+  EXPECT_EQ(fresh_views({{0, 2}, {2, 2}, {4, 2}}, false, false),
+            (std::vector<bool>{false, false, false}))
+      << "the op does not overwrite views";
+  EXPECT_EQ(fresh_views({{0, 2}, {4, 2}}, true, false), (std::vector<bool>{false, false}))
+      << "columns 2 and 3 would keep stale values";
+  EXPECT_EQ(fresh_views({{0, 2}, {2, 2}}, true, false), (std::vector<bool>{false, false}))
+      << "columns 4 and 5 would keep stale values";
+  EXPECT_EQ(fresh_views({{0, 4}, {2, 4}}, true, false), (std::vector<bool>{false, false}))
+      << "columns 2 and 3 would be written twice";
+  EXPECT_EQ(fresh_views({{0, 2}, {2, 2}, {4, 2}}, true, true),
+            (std::vector<bool>{false, false, false}))
+      << "another op adds into the first view";
+}
 
 // Counts the executor's stage() and forward() calls of one op.
 class StageCountingOp : public Op {

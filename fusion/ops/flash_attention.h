@@ -61,6 +61,11 @@ class FlashAttentionOp : public Op {
   void forward(Workspace& ws, ParamStore& params) override;
   void backward(Workspace& ws, ParamStore& params) override;
   bool overwrites_fresh_input_grads() const override { return true; }
+  // The bf16 tiles write each head's dq, dk and dv rows once, so they can take q, k and v's views
+  // of one root (the QKV GEMM's) fresh: the root is then neither zeroed nor read back.
+  bool overwrites_fresh_view_grads(const Workspace& ws) const override {
+    return runs_bf16_tiles(ws);
+  }
   bool supports_views() const override { return true; }
   bool handles_bf16() const override { return true; }
   OpCost cost(const Graph& graph) const override;

@@ -132,7 +132,8 @@ void flash_attention_forward_bf16(float* y, float* lse, const bf16_bits* q, cons
 void flash_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, const float* y,
                                    const float* lse, const bf16_bits* q, const bf16_bits* k,
                                    const bf16_bits* v, const AttentionStrides& strides, int batch,
-                                   int seq_len, int channels, int n_head, int tile) {
+                                   int seq_len, int channels, int n_head, int tile,
+                                   const AttentionGradWrites& writes) {
   const int64_t T = seq_len;
   for_each_head("flash_attention_backward_bf16", strides, batch, seq_len, channels, n_head, tile,
                 [&](int64_t bh, const HeadOffsets& at, const HeadOffsets* next,
@@ -147,7 +148,7 @@ void flash_attention_backward_bf16(float* dq, float* dk, float* dv, const float*
                   }
                   attention_bf16::backward_head(dq + at.q, dk + at.k, dv + at.v, dy + at.y,
                                                 y + at.y, lse + bh * T, q + at.q, k + at.k,
-                                                v + at.v, strides, g, scratch);
+                                                v + at.v, strides, g, writes, scratch);
                 });
 }
 #else
@@ -158,7 +159,8 @@ void flash_attention_forward_bf16(float*, float*, const bf16_bits*, const bf16_b
 }
 void flash_attention_backward_bf16(float*, float*, float*, const float*, const float*, const float*,
                                    const bf16_bits*, const bf16_bits*, const bf16_bits*,
-                                   const AttentionStrides&, int, int, int, int, int) {
+                                   const AttentionStrides&, int, int, int, int, int,
+                                   const AttentionGradWrites&) {
   FT_CHECK(false, "flash_attention_backward_bf16: this build has no AVX512-BF16 kernels");
 }
 #endif

@@ -20,7 +20,14 @@ namespace ft {
 // forces the widening path here too). Decided once per process.
 bool flash_attention_bf16_native();
 
-// As flash_attention_forward / flash_attention_backward, on bf16 q, k, v.
+// Which input gradients backward writes (=) instead of adding into: those the executor handed
+// out fresh, so that they are neither zeroed first nor read back.
+struct AttentionGradWrites {
+  bool dq = false, dk = false, dv = false;
+};
+
+// As flash_attention_forward / flash_attention_backward, on bf16 q, k, v; backward overwrites the
+// gradients `writes` names.
 // REQUIRES: flash_attention_bf16_native(); tile >= 1.
 void flash_attention_forward_bf16(float* y, float* lse, const bf16_bits* q, const bf16_bits* k,
                                   const bf16_bits* v, const AttentionStrides& strides, int batch,
@@ -28,7 +35,8 @@ void flash_attention_forward_bf16(float* y, float* lse, const bf16_bits* q, cons
 void flash_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, const float* y,
                                    const float* lse, const bf16_bits* q, const bf16_bits* k,
                                    const bf16_bits* v, const AttentionStrides& strides, int batch,
-                                   int seq_len, int channels, int n_head, int tile);
+                                   int seq_len, int channels, int n_head, int tile,
+                                   const AttentionGradWrites& writes = {});
 
 namespace attention_bf16 {
 
@@ -51,11 +59,11 @@ int64_t scratch_bytes(const HeadGeometry& geometry);
 void forward_head(float* y, float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
                   const AttentionStrides& strides, const HeadGeometry& geometry,
                   unsigned char* scratch);
-// Adds the head's gradients into dq, dk, dv.
+// Adds the head's gradients into dq, dk, dv, or writes those `writes` names.
 void backward_head(float* dq, float* dk, float* dv, const float* dy, const float* y,
                    const float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
                    const AttentionStrides& strides, const HeadGeometry& geometry,
-                   unsigned char* scratch);
+                   const AttentionGradWrites& writes, unsigned char* scratch);
 
 }  // namespace attention_bf16
 }  // namespace ft

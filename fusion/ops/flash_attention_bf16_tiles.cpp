@@ -249,12 +249,19 @@ void forward_head(float* y, float* lse, const bf16_bits* q, const bf16_bits* k, 
 
 namespace {
 
-// rows[t][0, hd) += factor * sums[t][0, hd) for t < count.
+// rows[t][0, hd) (+)= factor * sums[t][0, hd) for t < count: `=` when `overwrite`.
 void add_scaled(float* rows, int64_t stride, const float* sums, int64_t width, int64_t count,
-                int64_t hd, float factor) {
+                int64_t hd, float factor, bool overwrite) {
   for (int64_t t = 0; t < count; ++t) {
+    float* row = rows + t * stride;
+    const float* sum = sums + t * width;
+    if (overwrite) {
 #pragma omp simd
-    for (int64_t d = 0; d < hd; ++d) rows[t * stride + d] += factor * sums[t * width + d];
+      for (int64_t d = 0; d < hd; ++d) row[d] = factor * sum[d];
+    } else {
+#pragma omp simd
+      for (int64_t d = 0; d < hd; ++d) row[d] += factor * sum[d];
+    }
   }
 }
 
@@ -262,7 +269,8 @@ void add_scaled(float* rows, int64_t stride, const float* sums, int64_t width, i
 
 void backward_head(float* dq, float* dk, float* dv, const float* dy, const float* y,
                    const float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
-                   const AttentionStrides& strides, const HeadGeometry& g, unsigned char* scratch) {
+                   const AttentionStrides& strides, const HeadGeometry& g,
+                   const AttentionGradWrites& writes, unsigned char* scratch) {
   Arena arena(aligned(scratch));
   const HeadBuffers b = carve(arena, g);
   const int64_t T = g.seq_len, hd = g.hd, width = g.width, words = width / 2, ld = g.ld;
@@ -334,10 +342,11 @@ void backward_head(float* dq, float* dk, float* dv, const float* dy, const float
       causal_mix(b.dq_sum + i0 * width, width, dscores_words, ld / 2, b.k_pairs + j0 / 2 * width,
                  width, pair, all_rows);
     }
-    add_scaled(dk + j0 * strides.k, strides.k, b.dk_sum, width, keys, hd, scale);
-    add_scaled(dv + j0 * strides.v, strides.v, b.dv_sum, width, keys, hd, 1.0f);
+    // A key tile's dK and dV are whole here (every query tile added in), dQ after the last one.
+    add_scaled(dk + j0 * strides.k, strides.k, b.dk_sum, width, keys, hd, scale, writes.dk);
+    add_scaled(dv + j0 * strides.v, strides.v, b.dv_sum, width, keys, hd, 1.0f, writes.dv);
   }
-  add_scaled(dq, strides.q, b.dq_sum, width, T, hd, scale);
+  add_scaled(dq, strides.q, b.dq_sum, width, T, hd, scale, writes.dq);
 }
 
 }  // namespace ft::attention_bf16

@@ -114,16 +114,28 @@ void FlashAttentionOp::backward(Workspace& ws, ParamStore&) {
   FT_CHECK(lse_.numel() == static_cast<int64_t>(batch_) * n_head_ * seq_len_ &&
                lse_.device() == ws.device,
            kind(), " '", name, "': backward before forward");
-  // The kernel accumulates; a fresh gradient is always a root (views are never handed out
-  // fresh), so zeroing it whole here is the overwrite, at B*T*C floats against O(T^2) work.
-  for (ValueId id : inputs)
-    if (ws.grad_is_fresh(id)) ws.grads[id].fill(0.0f);
-  if (runs_bf16_tiles(ws)) {
+  // A fresh gradient is written, not added into: by the bf16 tiles themselves (a root, or a view
+  // of overwrites_fresh_view_grads) unless q, k or v is read twice; for the other kernels, which
+  // accumulate, by zeroing it here, B*T*C floats against O(T^2) work (a root: views go fresh only
+  // to the bf16 tiles).
+  const bool tiles = runs_bf16_tiles(ws);
+  const bool distinct = inputs[0] != inputs[1] && inputs[1] != inputs[2] && inputs[0] != inputs[2];
+  bool write[3];
+  for (int i = 0; i < 3; ++i) {
+    const bool fresh = ws.grad_is_fresh(inputs[i]);
+    write[i] = fresh && tiles && distinct;
+    if (!fresh || write[i]) continue;
+    FT_CHECK(ws.row_stride(inputs[i]) == channels_, kind(), " '", name,
+             "': a fresh view gradient, which only the bf16 tiles take");
+    ws.grads[inputs[i]].fill(0.0f);
+  }
+  if (tiles) {
     const Tensor &q = ws.values[inputs[0]], &k = ws.values[inputs[1]], &v = ws.values[inputs[2]];
-    flash_attention_backward_bf16(
-        ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(), ws.grads[inputs[2]].data(),
-        ws.grads[outputs[0]].data(), ws.values[outputs[0]].data(), lse_.data(), q.bf16_data(),
-        k.bf16_data(), v.bf16_data(), strides(ws), batch_, seq_len_, channels_, n_head_, tile_);
+    flash_attention_backward_bf16(ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
+                                  ws.grads[inputs[2]].data(), ws.grads[outputs[0]].data(),
+                                  ws.values[outputs[0]].data(), lse_.data(), q.bf16_data(),
+                                  k.bf16_data(), v.bf16_data(), strides(ws), batch_, seq_len_,
+                                  channels_, n_head_, tile_, {write[0], write[1], write[2]});
     return;
   }
   // The widened copies of forward still hold q, k and v: nothing writes a value in between.
