@@ -17,6 +17,8 @@
 #include "fusion/pipeline.h"
 #include "model/gpt.h"
 #include "model/graph_edit.h"
+#include "model/ops/cast.h"
+#include "model/ops/linear.h"
 #include "tests/fusion_qkv_util.h"
 #include "tests/op_test_util.h"
 
@@ -86,6 +88,45 @@ TEST(QkvLinearOpTest, MatchesThreeLinearsAtAWeightRowOffset) {
 
 TEST(QkvLinearOpTest, MatchesThreeLinearsAtGptTinyShape) {
   expect_qkv_twins_agree(512, 128, 3, 0);
+}
+
+// In bf16 QkvLinearOp's backward rounds dy and sums db in one sweep; its twin here is one LinearOp
+// over the same 3C weight rows (the same GEMM shapes), which rounds dy and sums db in two. Same
+// values in the same order: bit for bit, on one thread and on two (columns split over threads).
+TEST(QkvLinearOpTest, Bf16BackwardMatchesOneLinearBitForBit) {
+  const int threads = omp_get_max_threads();
+  for (int team : {1, 2}) {
+    omp_set_num_threads(team);
+    const int64_t rows = 96, C = 256;  // 96 x 768 elements: the sweep takes the OpenMP path
+    QkvGraph one_linear, fused;
+    for (bool use_qkv : {false, true}) {
+      QkvGraph& q = use_qkv ? fused : one_linear;
+      q.x = q.g.input("x", {rows, C});
+      const ValueId x_bf16 = q.g.graph.add_value("x.bf16", {rows, C}, DType::kBF16);
+      q.g.graph.add_op<CastOp>("x.cast", {q.x}, {x_bf16}, {}, rows, C);
+      q.g.bf16_weight_copies = true;
+      q.weight = q.g.param("c_attn.weight", {4 * C, C}, 0.0f, 0.3f);
+      q.bias = q.g.param("c_attn.bias", {4 * C}, 0.0f, 0.3f);
+      q.y = q.g.value("qkv", {rows, 3 * C});
+      if (use_qkv)
+        q.g.op<QkvLinearOp>({x_bf16}, {q.y}, {q.weight, q.bias}, rows, C, C, 3, true, C);
+      else
+        q.g.op<LinearOp>({x_bf16}, {q.y}, {q.weight, q.bias}, rows, C, 3 * C, true, C);
+      q.g.finish(q.y);
+      run_step(q.g);
+    }
+    EXPECT_EQ(fused.g.ws.values[fused.y].to_host_vector(),
+              one_linear.g.ws.values[one_linear.y].to_host_vector());
+    EXPECT_EQ(fused.g.ws.grads[fused.x].to_host_vector(),
+              one_linear.g.ws.grads[one_linear.x].to_host_vector());
+    for (ParamId id : {fused.weight, fused.bias}) {
+      EXPECT_EQ(fused.g.params[id].grad.to_host_vector(),
+                one_linear.g.params[id].grad.to_host_vector())
+          << fused.g.params[id].name << " on " << team << " thread(s)";
+      EXPECT_GT(max_abs(one_linear.g.params[id].grad), 1e-3f);
+    }
+  }
+  omp_set_num_threads(threads);
 }
 
 TEST(QkvLinearOpTest, GradientsMatchFiniteDifferences) {

@@ -2,6 +2,8 @@
 // blocks of the shared weight, so x is read once and oneDNN sees one N = 3C problem.
 #include "fusion/ops/qkv_linear.h"
 
+#include <omp.h>
+
 #include <algorithm>
 
 #include "core/bf16_cast.h"
@@ -66,7 +68,49 @@ void QkvLinearOp::forward_into_bf16(Workspace& ws, ParamStore& params) {
   }
 }
 
+void QkvLinearOp::backward_bf16_cpu(Workspace& ws, ParamStore& params) {
+  check_linear_wiring(*this, ws, params, rows_, in_features_, out_features(), has_bias_,
+                      weight_row_offset_);
+  const int64_t out = out_features(), dy_stride = ws.row_stride(outputs[0]);
+  const float* dy = ws.grads[outputs[0]].data();
+  float* dbias = has_bias_ ? params[this->params[1]].grad.data() + weight_row_offset_ : nullptr;
+  dy_bf16_.resize(static_cast<size_t>(rows_ * out));
+  bf16_bits* rounded = dy_bf16_.data();
+  // Threads split columns, so db sums each column in row order, as LinearOp's loop does.
+  const int team = rows_ * out >= (1 << 16) ? omp_get_max_threads() : 1;
+  const int64_t chunk = (out + team - 1) / team;
+#pragma omp parallel for num_threads(team) if (team > 1)
+  for (int part = 0; part < team; ++part) {
+    const int64_t begin = part * chunk, end = std::min(out, begin + chunk);
+    for (int64_t row = 0; row < rows_; ++row) {
+      const float* dy_row = dy + row * dy_stride;
+      bf16_bits* rounded_row = rounded + row * out;
+      if (dbias == nullptr) {
+        store_row_bf16(rounded_row + begin, dy_row + begin, std::max<int64_t>(end - begin, 0));
+        continue;
+      }
+#pragma omp simd
+      for (int64_t o = begin; o < end; ++o) {
+        rounded_row[o] = float_to_bf16(dy_row[o]);
+        dbias[o] += dy_row[o];
+      }
+    }
+  }
+  const Tensor& x = ws.values[inputs[0]];
+  const int64_t x_stride = ws.row_stride(inputs[0]);
+  const GemmOperand weight =
+      weight_operand(params[this->params[0]], weight_row_offset_ * in_features_, DType::kBF16);
+  Tensor& dx = ws.grads[inputs[0]];
+  if (dx.defined() && dx.numel() > 0)
+    gemm(dx.data(), rounded, weight,
+         linear_dx_gemm(rows_, in_features_, out, out, x_stride, ws.grad_is_fresh(inputs[0])));
+  gemm(params[this->params[0]].grad.data() + weight_row_offset_ * in_features_, rounded,
+       x.bf16_data(), linear_dweight_gemm(rows_, in_features_, out, out, x_stride));
+}
+
 void QkvLinearOp::backward(Workspace& ws, ParamStore& params) {
+  if (ws.device == Device::kCpu && ws.values[inputs[0]].dtype() == DType::kBF16)
+    return backward_bf16_cpu(ws, params);
   linear_op_backward(*this, ws, params, rows_, in_features_, out_features(), has_bias_,
                      weight_row_offset_);
 }

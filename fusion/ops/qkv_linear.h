@@ -11,11 +11,14 @@
 // bf16 y (fusion.vertical.cast absorbed the casts of q, k and v, fusion/cast_pass.cpp): the GEMM
 // writes fp32 row tiles of `bf16_tile_rows` rows into a scratch that stays in cache, each rounded
 // into y as the eager cast ops round (bit for bit: the same fp32 sums); on cuda one fp32 scratch
-// of all rows, then the cast kernel. Backward is the same, its dy being fp32 whatever y's dtype.
+// of all rows, then the cast kernel. Backward is the same, its dy being fp32 whatever y's dtype;
+// on the CPU in bf16 one sweep over dy both rounds it for the GEMMs and sums db (LinearOp's reads
+// it twice), bit for bit with LinearOp.
 // On cuda forward and backward run linear.h's *_cuda launchers (via linear_op_forward/backward).
 // Thread safety: an op instance belongs to one training thread (gemm runs on oneDNN's pool).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "model/graph.h"
 
@@ -46,12 +49,14 @@ class QkvLinearOp : public Op {
 
  private:
   void forward_into_bf16(Workspace& ws, ParamStore& params);
+  void backward_bf16_cpu(Workspace& ws, ParamStore& params);
 
   int64_t rows_, in_features_, width_;
   int count_;
   bool has_bias_;
   int64_t weight_row_offset_, bf16_tile_rows_;
-  Tensor fp32_tile_;  // bf16 y: the GEMM's fp32 rows before rounding
+  Tensor fp32_tile_;                // bf16 y: the GEMM's fp32 rows before rounding
+  std::vector<bf16_bits> dy_bf16_;  // bf16 x on the CPU: dy rounded for the backward GEMMs
 };
 
 }  // namespace ft
