@@ -190,5 +190,58 @@ TEST(FlashAttentionBf16Test, BothPathsAgreeAcrossTiles) {
   }
 }
 
+// The gradient of one [B*T, 3C] buffer (QkvLinearOp's layout: dq, dk, dv its column blocks), 64
+// bytes aligned as the executor's arena hands it out, every element `fill`; backward on q, k, v
+// viewed the same way in one bf16 buffer, overwriting the gradients `writes` names.
+std::vector<float> qkv_layout_backward(const Shape& s, const Inputs& in,
+                                       const AttentionGradWrites& writes, float fill) {
+  const size_t rows = static_cast<size_t>(s.B) * s.T, width = 3 * static_cast<size_t>(s.C);
+  std::vector<bf16_bits> qkv(rows * width);
+  for (size_t r = 0; r < rows; ++r)
+    for (int c = 0; c < s.C; ++c) {
+      qkv[r * width + c] = in.q[r * s.C + c];
+      qkv[r * width + s.C + c] = in.k[r * s.C + c];
+      qkv[r * width + 2 * s.C + c] = in.v[r * s.C + c];
+    }
+  const AttentionStrides strides{static_cast<int64_t>(width), static_cast<int64_t>(width),
+                                 static_cast<int64_t>(width), s.C};
+  std::vector<float> y(rows * s.C), lse(static_cast<size_t>(s.B) * s.NH * s.T);
+  flash_attention_forward_bf16(y.data(), lse.data(), qkv.data(), qkv.data() + s.C,
+                               qkv.data() + 2 * s.C, strides, s.B, s.T, s.C, s.NH, s.tile);
+  std::vector<float> storage(rows * width + 16, fill);
+  const size_t misalignment = reinterpret_cast<uintptr_t>(storage.data()) % 64 / sizeof(float);
+  float* grad = storage.data() + (misalignment == 0 ? 0 : 16 - misalignment);
+  flash_attention_backward_bf16(grad, grad + s.C, grad + 2 * s.C, in.dy.data(), y.data(),
+                                lse.data(), qkv.data(), qkv.data() + s.C, qkv.data() + 2 * s.C,
+                                strides, s.B, s.T, s.C, s.NH, s.tile, writes);
+  return std::vector<float>(grad, grad + rows * width);
+}
+
+// Overwriting a gradient poisoned with NaN gives exactly what adding into zeros gives, on whole
+// vectors of a head (hd 32: the streamed rows, one and several key tiles) and padded ones (hd 20);
+// a gradient not named is still added into.
+TEST(FlashAttentionBf16Test, OverwritingWritesWhatAddingIntoZerosGives) {
+  if (!flash_attention_bf16_native()) GTEST_SKIP() << "no AVX512-BF16 here (or capped by oneDNN)";
+  const Shape shapes[] = {{2, 48, 64, 2, 64}, {1, 50, 64, 2, 16}, {2, 37, 40, 2, 40}};
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE("T=" + std::to_string(s.T) + " hd=" + std::to_string(s.C / s.NH));
+    const Inputs in = make_inputs(s, 3 + s.T);
+    const std::vector<float> added = qkv_layout_backward(s, in, {}, 0.0f);
+    const std::vector<float> written = qkv_layout_backward(s, in, {true, true, true}, NAN);
+    // dk added into ones: each element one more than the sum alone, to an fp32 rounding or two
+    // (the add may be fused with the scale's product).
+    const std::vector<float> mixed = qkv_layout_backward(s, in, {true, false, true}, 1.0f);
+    size_t differing = 0, mixed_off = 0;
+    for (size_t i = 0; i < added.size(); ++i) {
+      differing += !(written[i] == added[i]);
+      const bool dk = i % (3 * s.C) / s.C == 1;
+      const float want = dk ? added[i] + 1.0f : added[i];
+      mixed_off += !(std::abs(mixed[i] - want) <= 1e-6f * std::max(1.0f, std::abs(want)));
+    }
+    EXPECT_EQ(differing, 0u);
+    EXPECT_EQ(mixed_off, 0u);
+  }
+}
+
 }  // namespace
 }  // namespace ft

@@ -142,9 +142,11 @@ void flash_attention_backward_bf16(float* dq, float* dk, float* dv, const float*
                     prefetch_qkv(q, k, v, *next, strides, T, g.hd);
                     prefetch_rows(dy + next->y, strides.y, T, g.hd);
                     prefetch_rows(y + next->y, strides.y, T, g.hd);
-                    prefetch_rows(dq + next->q, strides.q, T, g.hd);
-                    prefetch_rows(dk + next->k, strides.k, T, g.hd);
-                    prefetch_rows(dv + next->v, strides.v, T, g.hd);
+                    // Only the gradients backward adds into: it streams those it overwrites past
+                    // the caches.
+                    if (!writes.dq) prefetch_rows(dq + next->q, strides.q, T, g.hd);
+                    if (!writes.dk) prefetch_rows(dk + next->k, strides.k, T, g.hd);
+                    if (!writes.dv) prefetch_rows(dv + next->v, strides.v, T, g.hd);
                   }
                   attention_bf16::backward_head(dq + at.q, dk + at.k, dv + at.v, dy + at.y,
                                                 y + at.y, lse + bh * T, q + at.q, k + at.k,

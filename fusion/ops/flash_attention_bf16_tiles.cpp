@@ -18,6 +18,7 @@
 #if defined(__AVX512BF16__)
 #include <cmath>
 
+#include "fusion/ops/attention_backward_rows_bf16.h"
 #include "fusion/ops/attention_tile_dot_bf16.h"
 #include "fusion/ops/flash_attention_bf16.h"
 #include "kernels/online_softmax.h"
@@ -25,6 +26,11 @@
 namespace ft::attention_bf16 {
 namespace {
 
+using backward_rows::add_scaled;
+using backward_rows::pack_query;
+using backward_rows::pair_weights;
+using backward_rows::round_dy;
+using backward_rows::WeightRow;
 using tile::dot_row_block;
 using tile::greater;
 using tile::kLanes;
@@ -33,7 +39,6 @@ using tile::lesser;
 using tile::pack_row_pairs;
 using tile::pack_rows;
 using tile::pack_transposed;
-using tile::round_row;
 using tile::round_row_pair;
 using tile::round_up;
 using tile::word;
@@ -247,26 +252,6 @@ void forward_head(float* y, float* lse, const bf16_bits* q, const bf16_bits* k, 
   }
 }
 
-namespace {
-
-// rows[t][0, hd) (+)= factor * sums[t][0, hd) for t < count: `=` when `overwrite`.
-void add_scaled(float* rows, int64_t stride, const float* sums, int64_t width, int64_t count,
-                int64_t hd, float factor, bool overwrite) {
-  for (int64_t t = 0; t < count; ++t) {
-    float* row = rows + t * stride;
-    const float* sum = sums + t * width;
-    if (overwrite) {
-#pragma omp simd
-      for (int64_t d = 0; d < hd; ++d) row[d] = factor * sum[d];
-    } else {
-#pragma omp simd
-      for (int64_t d = 0; d < hd; ++d) row[d] += factor * sum[d];
-    }
-  }
-}
-
-}  // namespace
-
 void backward_head(float* dq, float* dk, float* dv, const float* dy, const float* y,
                    const float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
                    const AttentionStrides& strides, const HeadGeometry& g,
@@ -274,25 +259,14 @@ void backward_head(float* dq, float* dk, float* dv, const float* dy, const float
   Arena arena(aligned(scratch));
   const HeadBuffers b = carve(arena, g);
   const int64_t T = g.seq_len, hd = g.hd, width = g.width, words = width / 2, ld = g.ld;
-  const float scale = g.scale;  // a local, or GCC keeps the simd loops below scalar
-  pack_rows(b.q_rows, q, strides.q, T, hd, width);
-  pack_row_pairs(b.q_pairs, q, strides.q, T, hd, width);
+  const float scale = g.scale;
+  pack_query(b.q_rows, b.q_pairs, q, k, v, strides, T, hd, width);
   pack_transposed(b.kt, g.head_ld, k, strides.k, T, hd, width);
   pack_row_pairs(b.k_pairs, k, strides.k, T, hd, width);
   pack_transposed(b.vt, g.head_ld, v, strides.v, T, hd, width);
   // dY rounded once, as the eager chain's bf16_gradient_copy; D_t = <dY_t, Y_t> on that dY (see
   // flash_attention.cpp's backward for why one dot per row replaces sum_s P_ts dP_ts).
-  for (int64_t t = 0; t < T; ++t) {
-    const float* dy_row = dy + t * strides.y;
-    const float* y_row = y + t * strides.y;
-    bf16_bits* rounded = b.dy_rows + t * width;
-    round_row(rounded, dy_row, hd, width);
-    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t d = 0; d < hd; ++d) dot += bf16_to_float(rounded[d]) * y_row[d];
-    b.dot_dy_y[t] = dot;
-  }
-  pack_row_pairs(b.dy_pairs, b.dy_rows, width, T, width, width);
+  round_dy(b.dy_rows, b.dy_pairs, b.dot_dy_y, dy, y, strides.y, T, hd, width);
   fill(b.dq_sum, 0, T * width, 0.0f);
   const word* q_words = reinterpret_cast<const word*>(b.q_rows);
   const word* dy_words = reinterpret_cast<const word*>(b.dy_rows);
@@ -304,49 +278,46 @@ void backward_head(float* dq, float* dk, float* dv, const float* dy, const float
     for (int64_t i0 = j0; i0 < T; i0 += g.tile_rows) {
       const TilePair pair{i0, lesser(i0 + g.tile_rows, T) - i0, j0, keys};
       // P = exp(scale Q K^T - L), dP = dY V^T, dS = P (dP - D) unscaled (the scale multiplies
-      // the fp32 sums of dQ and dK), so that dV += P^T dY, dK += dS^T Q, dQ += dS K.
-      const RowRange all_rows{0, pair.rows};
-      causal_scores(b.probs, ld, q_words + i0 * words, words, b.kt + j0, g.head_ld, pair, all_rows);
-      causal_scores(b.dscores, ld, dy_words + i0 * words, words, b.vt + j0, g.head_ld, pair,
-                    all_rows);
-      for (int64_t r = 0; r < pair.rows; ++r) {
-        float* p_row = b.probs + r * ld;
-        float* ds_row = b.dscores + r * ld;
-        const float row_lse = lse[i0 + r], row_dot = b.dot_dy_y[i0 + r];
-        const int64_t lanes = mask_invisible(p_row, pair.visible(r));
-        const int64_t extent = read_extent(pair.visible(r), keys);
-#pragma omp simd
-        for (int64_t s = 0; s < lanes; ++s) {
-          p_row[s] = p_row[s] == kMasked ? 0.0f : fast_exp(scale * p_row[s] - row_lse);
-          ds_row[s] = p_row[s] * (ds_row[s] - row_dot);
+      // the fp32 sums of dQ and dK), so that dV += P^T dY, dK += dS^T Q, dQ += dS K. A row
+      // block at a time up to dQ, so that its fp32 S and dP rows (the tiles' first kRowBlock
+      // rows) stay in L1; dV and dK take every row pair's P and dS after the last block.
+      for (int64_t r0 = 0; r0 < pair.rows; r0 += kRowBlock) {
+        const RowRange block{r0, lesser(r0 + kRowBlock, pair.rows)};
+        const int64_t block_rows = block.end - r0;
+        const int64_t columns = round_up(pair.visible(block.end - 1), kLanes);
+        dot_row_block<false>(b.probs, ld, q_words + (i0 + r0) * words, words, b.kt + j0, g.head_ld,
+                             block_rows, columns, 0, words, false);
+        dot_row_block<false>(b.dscores, ld, dy_words + (i0 + r0) * words, words, b.vt + j0,
+                             g.head_ld, block_rows, columns, 0, words, false);
+        for (int64_t r = r0; r < block.end; r += 2) {
+          const int64_t at = (r - r0) * ld;
+          const WeightRow even{b.probs + at, b.dscores + at, pair.visible(r), lse[i0 + r],
+                               b.dot_dy_y[i0 + r]};
+          // A last, unpaired row pairs with a row that sees nothing (read from the even row).
+          const bool paired = r + 1 < pair.rows;
+          const WeightRow odd =
+              paired ? WeightRow{b.probs + at + ld, b.dscores + at + ld, pair.visible(r + 1),
+                                 lse[i0 + r + 1], b.dot_dy_y[i0 + r + 1]}
+                     : WeightRow{even.scores, even.dprobs, 0, 0.0f, 0.0f};
+          // The even row's extent: the odd row sees one key more, and zeros up to its own.
+          bf16_bits* ds_rounded = b.dscores_bf16 + r * ld;
+          pair_weights(b.probs_pairs + r / 2 * ld, b.dscores_pairs + r / 2 * ld, ds_rounded,
+                       ds_rounded + ld, even, odd, read_extent(even.count, keys), scale);
         }
-        fill(p_row, lanes, extent, 0.0f);
-        fill(ds_row, lanes, extent, 0.0f);
-      }
-      for (int64_t r = 0; r < pair.rows; r += 2) {
-        // The even row's extent: the odd row sees one key more, and zeros up to its own.
-        const bool odd = r + 1 < pair.rows;
-        const int64_t extent = read_extent(pair.visible(r), keys);
-        const float* p_row = b.probs + r * ld;
-        const float* ds_row = b.dscores + r * ld;
-        round_row_pair(nullptr, nullptr, b.probs_pairs + r / 2 * ld, p_row,
-                       odd ? p_row + ld : nullptr, extent);
-        bf16_bits* ds_rounded = b.dscores_bf16 + r * ld;
-        round_row_pair(ds_rounded, odd ? ds_rounded + ld : nullptr, b.dscores_pairs + r / 2 * ld,
-                       ds_row, odd ? ds_row + ld : nullptr, extent);
+        causal_mix(b.dq_sum + i0 * width, width, dscores_words, ld / 2, b.k_pairs + j0 / 2 * width,
+                   width, pair, block);
       }
       causal_mix_transposed(b.dv_sum, width, b.probs_pairs, ld, b.dy_pairs + i0 / 2 * width, width,
                             pair);
       causal_mix_transposed(b.dk_sum, width, b.dscores_pairs, ld, b.q_pairs + i0 / 2 * width, width,
                             pair);
-      causal_mix(b.dq_sum + i0 * width, width, dscores_words, ld / 2, b.k_pairs + j0 / 2 * width,
-                 width, pair, all_rows);
     }
     // A key tile's dK and dV are whole here (every query tile added in), dQ after the last one.
     add_scaled(dk + j0 * strides.k, strides.k, b.dk_sum, width, keys, hd, scale, writes.dk);
     add_scaled(dv + j0 * strides.v, strides.v, b.dv_sum, width, keys, hd, 1.0f, writes.dv);
   }
   add_scaled(dq, strides.q, b.dq_sum, width, T, hd, scale, writes.dq);
+  _mm_sfence();  // streamed rows are weakly ordered: make them visible before another thread reads
 }
 
 }  // namespace ft::attention_bf16
