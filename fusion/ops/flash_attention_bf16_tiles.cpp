@@ -88,12 +88,13 @@ void causal_scores(float* out, int64_t ld, const word* a, int64_t lda, const wor
 // out[r][.] += sum_{s visible to r} weights[r][s] rows[s][.]  (Y += P V, dQ += dS K); weights
 // rows are bf16, `lda` words apart; row_pairs is the key tile's row-pair form.
 void causal_mix(float* out, int64_t ldo, const word* weights, int64_t lda, const word* row_pairs,
-                int64_t width, const TilePair& pair, const RowRange& range) {
+                int64_t width, const TilePair& pair, const RowRange& range,
+                bool accumulate = true) {
   for (int64_t r0 = range.begin; r0 < range.end; r0 += kRowBlock) {
     const int64_t block_rows = lesser(int64_t{kRowBlock}, range.end - r0);
     const int64_t pairs = (pair.visible(r0 + block_rows - 1) + 1) / 2;
     dot_row_block<false>(out + r0 * ldo, ldo, weights + r0 * lda, lda, row_pairs, width, block_rows,
-                         width, 0, pairs, true);
+                         width, 0, pairs, accumulate);
   }
 }
 
@@ -179,31 +180,90 @@ int64_t scratch_bytes(const HeadGeometry& geometry) {
 
 namespace {
 
-// One score row of a key tile (`count` of its keys visible) through the online softmax
-// (flash_attention.cpp's forward): whole vectors, the invisible keys masked to -inf, the weights
-// exp(S - m') rounded into `weights`, and the row's output rescaled to the new max.
-void online_weights(bf16_bits* weights, float* out_row, OnlineSoftmax& state, float* row,
-                    int64_t width, int64_t count, int64_t keys, float scale) {
-  const int64_t lanes = mask_invisible(row, count), extent = read_extent(count, keys);
+// Masked forms of the AVX-512 steps below, as GCC 12's plain min, max, scalef and extracts warn
+// of an uninitialised value.
+constexpr __mmask16 kAll = 0xFFFF;
+
+// exp(x) as fast_exp computes it (core/math/fast_exp.h), 16 lanes at a time: the same range
+// reduction and polynomial, the 2^n splice done by vscalefps.
+inline __m512 exp_lanes(__m512 x) {
+  x = _mm512_maskz_max_ps(kAll, x, _mm512_set1_ps(-87.0f));
+  x = _mm512_maskz_min_ps(kAll, x, _mm512_set1_ps(88.0f));
+  const __m512 round_magic = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_ps(
+      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), round_magic), round_magic);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(kAll, p, n);
+}
+
+// The max (kMax) or the sum of the 16 lanes of v.
+template <bool kMax>
+inline float reduce_lanes(__m512 v) {
+  const auto step = [](__m512 a, __m512 b) {
+    return kMax ? _mm512_maskz_max_ps(kAll, a, b) : _mm512_add_ps(a, b);
+  };
+  v = step(v, _mm512_maskz_shuffle_f32x4(kAll, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = step(v, _mm512_maskz_shuffle_f32x4(kAll, v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  v = step(v, _mm512_maskz_permute_ps(kAll, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = step(v, _mm512_maskz_permute_ps(kAll, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_cvtss_f32(v);
+}
+
+// One unscaled score row of a key tile (`count` of its keys visible) through the online softmax
+// (flash_attention.cpp's forward), in two passes over its whole vectors held in L1: the scaled
+// row's max, then the weights exp(scale S - m') rounded into `weights` and their sum; the
+// invisible keys are masked in registers, never written. `out_row` is rescaled to the new max
+// unless this is the row's first key tile (`first`), whose output the mix then writes afresh:
+// there exp(-inf - m') = 0 would only zero an output that is not there yet, and cost a libm call.
+void online_weights(bf16_bits* weights, float* out_row, OnlineSoftmax& state, const float* row,
+                    int64_t width, int64_t count, int64_t keys, float scale, bool first) {
+  const int64_t vectors = count > 0 ? (count + kLanes - 1) / kLanes : 0;
+  const int64_t extent = read_extent(count, keys);
+  // The last vector's visible lanes (count may be <= 0: a row before the key tile's first key).
+  const int64_t tail_lanes = count - (vectors - 1) * kLanes;
+  const __mmask16 last = vectors > 0 ? static_cast<__mmask16>((1u << tail_lanes) - 1) : 0;
+  const __m512 scales = _mm512_set1_ps(scale);
   float tile_max = kMasked;
-#pragma omp simd reduction(max : tile_max)
-  for (int64_t s = 0; s < lanes; ++s) {
-    row[s] *= scale;
-    tile_max = row[s] > tile_max ? row[s] : tile_max;
+  if (vectors > 0) {
+    __m512 maxima = _mm512_set1_ps(kMasked);
+    for (int64_t v = 0; v + 1 < vectors; ++v)
+      maxima = _mm512_maskz_max_ps(kAll, maxima,
+                                   _mm512_mul_ps(_mm512_loadu_ps(row + v * kLanes), scales));
+    const __m512 tail = _mm512_mul_ps(_mm512_loadu_ps(row + (vectors - 1) * kLanes), scales);
+    tile_max = reduce_lanes<true>(_mm512_mask_max_ps(maxima, last, maxima, tail));
   }
-  const float rescale = online_softmax_rescale(state, tile_max);
-  const float new_max = state.max;
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t s = 0; s < lanes; ++s) {
-    row[s] = row[s] == kMasked ? 0.0f : online_softmax_weight(row[s], new_max);
-    sum += row[s];
+  float rescale = 1.0f;
+  if (first)
+    state.max = tile_max;
+  else
+    rescale = online_softmax_rescale(state, tile_max);
+  const __m512 new_max = _mm512_set1_ps(state.max);
+  __m512 sums = _mm512_setzero_ps();
+  for (int64_t v = 0; v < vectors; ++v) {
+    // GCC contracts scale S - m' into one fma (fp-contract=fast): exp's argument is then the
+    // exact one rounded once, where the widened path rounds scale S first.
+    const __m512 scores = _mm512_mul_ps(_mm512_loadu_ps(row + v * kLanes), scales);
+    __m512 e = exp_lanes(_mm512_sub_ps(scores, new_max));
+    if (v + 1 == vectors) e = _mm512_maskz_mov_ps(last, e);
+    sums = _mm512_add_ps(sums, e);
+    const __m256bh rounded = _mm512_cvtneps_pbh(e);
+    std::memcpy(weights + v * kLanes, &rounded, sizeof(rounded));
   }
-  fill(row, lanes, extent, 0.0f);
-  online_softmax_accumulate(state, rescale, sum);
+  for (int64_t s = vectors * kLanes; s < extent; s += kLanes)
+    std::memset(weights + s, 0, kLanes * sizeof(bf16_bits));
+  const float piece_sum = reduce_lanes<false>(sums);
+  state.sum = first ? piece_sum : state.sum * rescale + piece_sum;
+  if (first) return;
 #pragma omp simd
   for (int64_t d = 0; d < width; ++d) out_row[d] *= rescale;
-  round_row_pair(weights, nullptr, nullptr, row, nullptr, extent);
 }
 
 }  // namespace
@@ -222,7 +282,6 @@ void forward_head(float* y, float* lse, const bf16_bits* q, const bf16_bits* k, 
   for (int64_t i0 = 0; i0 < T; i0 += g.tile_rows) {
     const int64_t rows = lesser(i0 + g.tile_rows, T) - i0;
     for (int64_t r = 0; r < rows; ++r) b.row_state[r] = OnlineSoftmax{};
-    fill(b.out, 0, rows * width, 0.0f);
     for (int64_t j0 = 0; j0 < i0 + rows; j0 += g.tile_rows) {
       const TilePair pair{i0, rows, j0, lesser(j0 + g.tile_rows, T) - j0};
       // A row block at a time, scores to output, so that its rows of the tile stay in L1.
@@ -231,9 +290,9 @@ void forward_head(float* y, float* lse, const bf16_bits* q, const bf16_bits* k, 
         causal_scores(b.probs, ld, q_words + i0 * words, words, b.kt + j0, g.head_ld, pair, block);
         for (int64_t r = block.begin; r < block.end; ++r)
           online_weights(b.probs_bf16 + r * ld, b.out + r * width, b.row_state[r], b.probs + r * ld,
-                         width, pair.visible(r), pair.keys, scale);
+                         width, pair.visible(r), pair.keys, scale, j0 == 0);
         causal_mix(b.out, width, probs_words, ld / 2, b.v_pairs + j0 / 2 * width, width, pair,
-                   block);
+                   block, j0 > 0);
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
