@@ -26,13 +26,16 @@ namespace ft::attention_bf16 {
 namespace {
 
 using tile::dot_row_block;
+using tile::exp_lanes;
 using tile::greater;
+using tile::kAll;
 using tile::kLanes;
 using tile::kRowBlock;
 using tile::lesser;
 using tile::pack_row_pairs;
 using tile::pack_rows;
 using tile::pack_transposed;
+using tile::reduce_lanes;
 using tile::round_row;
 using tile::round_row_pair;
 using tile::round_up;
@@ -74,27 +77,44 @@ struct RowRange {
   int64_t begin, end;
 };
 
-// out[r][s] = <a row r, b column s> over the whole head dim, for the columns each row block sees.
-void causal_scores(float* out, int64_t ld, const word* a, int64_t lda, const word* bt, int64_t ldb,
-                   const TilePair& pair, const RowRange& range) {
+// out[r][s] = <a row r, b column s> over `depth` words, for the columns each row block sees; a's
+// rows lie lda words apart. Inlined into forward_head: its out-of-line call measured ~4% slower.
+inline __attribute__((always_inline)) void causal_scores(float* out, int64_t ld, const word* a,
+                                                         int64_t lda, int64_t depth, const word* bt,
+                                                         int64_t ldb, const TilePair& pair,
+                                                         const RowRange& range) {
   for (int64_t r0 = range.begin; r0 < range.end; r0 += kRowBlock) {
     const int64_t block_rows = lesser(int64_t{kRowBlock}, range.end - r0);
     const int64_t columns = round_up(pair.visible(r0 + block_rows - 1), kLanes);
-    dot_row_block<false>(out + r0 * ld, ld, a + r0 * lda, lda, bt, ldb, block_rows, columns, 0, lda,
-                         false);
+    dot_row_block<false>(out + r0 * ld, ld, a + r0 * lda, lda, bt, ldb, block_rows, columns, 0,
+                         depth, false);
   }
 }
 
+// As above over the whole head dim, a packed: its rows hold lda words.
+void causal_scores(float* out, int64_t ld, const word* a, int64_t lda, const word* bt, int64_t ldb,
+                   const TilePair& pair, const RowRange& range) {
+  causal_scores(out, ld, a, lda, lda, bt, ldb, pair, range);
+}
+
+// How causal_mix stores its sums: added to out; written over it (a row's first key tile); or
+// written over it, row r times row_scale[r] (Y / l straight from the registers).
+enum class MixStore { kAdd, kWrite, kWriteScaled };
+
 // out[r][.] += sum_{s visible to r} weights[r][s] rows[s][.]  (Y += P V, dQ += dS K); weights
-// rows are bf16, `lda` words apart; row_pairs is the key tile's row-pair form.
+// rows are bf16, `lda` words apart; row_pairs is the key tile's row-pair form. row_scale (for
+// kWriteScaled) is indexed as out's rows.
+template <MixStore kStore = MixStore::kAdd>
 void causal_mix(float* out, int64_t ldo, const word* weights, int64_t lda, const word* row_pairs,
                 int64_t width, const TilePair& pair, const RowRange& range,
-                bool accumulate = true) {
+                const float* row_scale = nullptr) {
+  constexpr bool kScaled = kStore == MixStore::kWriteScaled;
   for (int64_t r0 = range.begin; r0 < range.end; r0 += kRowBlock) {
     const int64_t block_rows = lesser(int64_t{kRowBlock}, range.end - r0);
     const int64_t pairs = (pair.visible(r0 + block_rows - 1) + 1) / 2;
-    dot_row_block<false>(out + r0 * ldo, ldo, weights + r0 * lda, lda, row_pairs, width, block_rows,
-                         width, 0, pairs, accumulate);
+    dot_row_block<false, kScaled>(out + r0 * ldo, ldo, weights + r0 * lda, lda, row_pairs, width,
+                                  block_rows, width, 0, pairs, kStore == MixStore::kAdd,
+                                  kScaled ? row_scale + r0 : nullptr);
   }
 }
 
@@ -141,6 +161,7 @@ struct HeadBuffers {
   word *probs_pairs, *dscores_pairs;             // [tile_rows / 2][ld] rounded row pairs
   float *out, *dk_sum, *dv_sum;                  // [tile_rows][width]
   float *dq_sum, *dot_dy_y;                      // [T][width], [T]
+  float* inv_sums;                               // [tile_rows]: 1 / l of forward's rows
   OnlineSoftmax* row_state;                      // [tile_rows]
 };
 
@@ -166,6 +187,7 @@ HeadBuffers carve(Arena& arena, const HeadGeometry& g) {
   buffers.dv_sum = arena.take<float>(g.tile_rows * g.width);
   buffers.dq_sum = arena.take<float>(T * g.width);
   buffers.dot_dy_y = arena.take<float>(T);
+  buffers.inv_sums = arena.take<float>(g.tile_rows);
   buffers.row_state = arena.take<OnlineSoftmax>(g.tile_rows);
   return buffers;
 }
@@ -179,43 +201,6 @@ int64_t scratch_bytes(const HeadGeometry& geometry) {
 }
 
 namespace {
-
-// Masked forms of the AVX-512 steps below, as GCC 12's plain min, max, scalef and extracts warn
-// of an uninitialised value.
-constexpr __mmask16 kAll = 0xFFFF;
-
-// exp(x) as fast_exp computes it (core/math/fast_exp.h), 16 lanes at a time: the same range
-// reduction and polynomial, the 2^n splice done by vscalefps.
-inline __m512 exp_lanes(__m512 x) {
-  x = _mm512_maskz_max_ps(kAll, x, _mm512_set1_ps(-87.0f));
-  x = _mm512_maskz_min_ps(kAll, x, _mm512_set1_ps(88.0f));
-  const __m512 round_magic = _mm512_set1_ps(12582912.0f);
-  const __m512 n = _mm512_sub_ps(
-      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), round_magic), round_magic);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(kAll, p, n);
-}
-
-// The max (kMax) or the sum of the 16 lanes of v.
-template <bool kMax>
-inline float reduce_lanes(__m512 v) {
-  const auto step = [](__m512 a, __m512 b) {
-    return kMax ? _mm512_maskz_max_ps(kAll, a, b) : _mm512_add_ps(a, b);
-  };
-  v = step(v, _mm512_maskz_shuffle_f32x4(kAll, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
-  v = step(v, _mm512_maskz_shuffle_f32x4(kAll, v, v, _MM_SHUFFLE(2, 3, 0, 1)));
-  v = step(v, _mm512_maskz_permute_ps(kAll, v, _MM_SHUFFLE(1, 0, 3, 2)));
-  v = step(v, _mm512_maskz_permute_ps(kAll, v, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm512_cvtss_f32(v);
-}
 
 // One unscaled score row of a key tile (`count` of its keys visible) through the online softmax
 // (flash_attention.cpp's forward), in two passes over its whole vectors held in L1: the scaled
@@ -273,28 +258,52 @@ void forward_head(float* y, float* lse, const bf16_bits* q, const bf16_bits* k, 
   Arena arena(aligned(scratch));
   const HeadBuffers b = carve(arena, g);
   const int64_t T = g.seq_len, width = g.width, words = width / 2, ld = g.ld;
-  const float scale = g.scale;  // a local, or GCC keeps the simd loops below scalar
-  pack_rows(b.q_rows, q, strides.q, T, g.hd, width);
+  // Q is the A of S = Q K^T, read a word per row and step: where its rows are whole words and
+  // vectors it is read where it lies, as a copy (its rows a line apart in the activation) cost
+  // more than the reads it saved.
+  const bool q_in_place =
+      g.hd == width && strides.q % 2 == 0 && reinterpret_cast<uintptr_t>(q) % alignof(word) == 0;
+  if (!q_in_place) pack_rows(b.q_rows, q, strides.q, T, g.hd, width);
   pack_transposed(b.kt, g.head_ld, k, strides.k, T, g.hd, width);
   pack_row_pairs(b.v_pairs, v, strides.v, T, g.hd, width);
-  const word* q_words = reinterpret_cast<const word*>(b.q_rows);
+  const word* q_words = reinterpret_cast<const word*>(q_in_place ? q : b.q_rows);
+  const int64_t q_ld = q_in_place ? strides.q / 2 : words;
   const word* probs_words = reinterpret_cast<const word*>(b.probs_bf16);
   for (int64_t i0 = 0; i0 < T; i0 += g.tile_rows) {
     const int64_t rows = lesser(i0 + g.tile_rows, T) - i0;
+    // Where one key tile holds every key the rows see (gpt_small: T <= tile), a row block's l is
+    // final after its weights: the mix then writes Y / l into y from its registers, whole vectors
+    // of the head's row (so only where hd fills them), with no pass over an output tile.
+    const bool direct = i0 + rows <= g.tile_rows && g.hd == width;
     for (int64_t r = 0; r < rows; ++r) b.row_state[r] = OnlineSoftmax{};
     for (int64_t j0 = 0; j0 < i0 + rows; j0 += g.tile_rows) {
       const TilePair pair{i0, rows, j0, lesser(j0 + g.tile_rows, T) - j0};
+      const word* v_pairs = b.v_pairs + j0 / 2 * width;
       // A row block at a time, scores to output, so that its rows of the tile stay in L1.
       for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
         const RowRange block{r0, lesser(r0 + kRowBlock, rows)};
-        causal_scores(b.probs, ld, q_words + i0 * words, words, b.kt + j0, g.head_ld, pair, block);
+        causal_scores(b.probs, ld, q_words + i0 * q_ld, q_ld, words, b.kt + j0, g.head_ld, pair,
+                      block);
         for (int64_t r = block.begin; r < block.end; ++r)
           online_weights(b.probs_bf16 + r * ld, b.out + r * width, b.row_state[r], b.probs + r * ld,
-                         width, pair.visible(r), pair.keys, scale, j0 == 0);
-        causal_mix(b.out, width, probs_words, ld / 2, b.v_pairs + j0 / 2 * width, width, pair,
-                   block, j0 > 0);
+                         width, pair.visible(r), pair.keys, g.scale, j0 == 0);
+        if (!direct) {
+          if (j0 == 0)
+            causal_mix<MixStore::kWrite>(b.out, width, probs_words, ld / 2, v_pairs, width, pair,
+                                         block);
+          else
+            causal_mix(b.out, width, probs_words, ld / 2, v_pairs, width, pair, block);
+          continue;
+        }
+        for (int64_t r = block.begin; r < block.end; ++r) {
+          b.inv_sums[r] = 1.0f / b.row_state[r].sum;
+          lse[i0 + r] = online_softmax_log_sum_exp(b.row_state[r]);
+        }
+        causal_mix<MixStore::kWriteScaled>(y + i0 * strides.y, strides.y, probs_words, ld / 2,
+                                           v_pairs, width, pair, block, b.inv_sums);
       }
     }
+    if (direct) continue;
     for (int64_t r = 0; r < rows; ++r) {
       const float inv_sum = 1.0f / b.row_state[r].sum;
       const float* out_row = b.out + r * width;
