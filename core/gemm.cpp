@@ -290,6 +290,14 @@ bool bf16_gemm_native() {
   return native;
 }
 
+bool avx512_bf16_kernels_run() {
+  static const bool run = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && bf16_gemm_native();
+  }();
+  return run;
+}
+
 const char* bf16_gemm_path() {
   return bf16_gemm_native()
              ? "oneDNN bf16 kernels (this CPU has bf16 instructions)"

@@ -112,6 +112,10 @@ void gemm(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args);
 // True when oneDNN runs bf16 GEMMs with bf16 instructions here (AVX512-BF16 or AMX); decided at
 // run time from oneDNN's effective ISA, so ONEDNN_MAX_CPU_ISA=AVX2 forces the widening path.
 bool bf16_gemm_native();
+// True when our own AVX512-BF16 kernels may run: the CPU has the instructions and the GEMMs run
+// bf16 natively too (so ONEDNN_MAX_CPU_ISA=AVX2 sends every bf16 path to its generic form, which
+// the widening-path tests then cover). Each caller also needs its kernels compiled in.
+bool avx512_bf16_kernels_run();
 // One line for the start line and bench: which bf16 path this CPU takes and why.
 const char* bf16_gemm_path();
 // CUDA (core/cuda/gemm_cuda.cpp, CUDA builds only): the same on device pointers, enqueued on

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
+#include "fusion/ops/gelu_rows_avx512.h"
 #include "fusion/ops/linear_gelu.h"
 #include "fusion/passes.h"
 #include "model/gpt.h"
@@ -152,6 +154,58 @@ TEST(LinearGeluOpTest, MatchesLinearThenGeluInBf16) {
     expect_twins_agree({150, 32, 256}, options);
   }
   omp_set_num_threads(threads);
+}
+
+// The AVX512-BF16 row loops (fusion/ops/gelu_rows_avx512.h) against the generic ones: the same
+// arithmetic in the same order, so the bf16 output, dx and every parameter gradient agree bit for
+// bit. Rows of 100 columns run one four-vector step and leave a masked tail.
+TEST(LinearGeluOpTest, Avx512RowLoopsMatchTheGenericOnesBitForBit) {
+  if (!gelu_rows_avx512_enabled()) GTEST_SKIP() << "no AVX512-BF16 here (or capped by oneDNN)";
+  TwinOptions options;
+  options.bf16 = true;
+  options.tile_rows = 16;
+  LinearGeluGraph generic, avx512;
+  set_gelu_rows_avx512_for_testing(false);
+  build(generic, true, {40, 24, 100}, options);
+  step(generic.g);
+  set_gelu_rows_avx512_for_testing(true);
+  build(avx512, true, {40, 24, 100}, options);
+  step(avx512.g);
+  EXPECT_EQ(avx512.g.executor->loss(avx512.g.ws), generic.g.executor->loss(generic.g.ws));
+  EXPECT_EQ(avx512.g.ws.values[avx512.y].to_host_vector(),
+            generic.g.ws.values[generic.y].to_host_vector());
+  EXPECT_EQ(avx512.g.ws.grads[avx512.x_root].to_host_vector(),
+            generic.g.ws.grads[generic.x_root].to_host_vector());
+  for (ParamId id : {avx512.weight, avx512.bias}) {
+    EXPECT_EQ(avx512.g.params[id].grad.to_host_vector(), generic.g.params[id].grad.to_host_vector())
+        << generic.g.params[id].name;
+    EXPECT_GT(max_abs(generic.g.params[id].grad), 1e-3f);
+  }
+}
+
+// The forward's bf16 output (what fusion.vertical.cast makes it write) from the AVX-512 row loop
+// against the generic one, over rows of 100 columns (a four-vector step and a masked tail).
+TEST(LinearGeluOpTest, Avx512Bf16OutputMatchesTheGenericLoopBitForBit) {
+  if (!gelu_rows_avx512_enabled()) GTEST_SKIP() << "no AVX512-BF16 here (or capped by oneDNN)";
+  const int64_t rows = 9, in = 16, out = 100;
+  Rng rng(3);
+  std::vector<bf16_bits> x(rows * in), weight(out * in);
+  for (bf16_bits& value : x) value = float_to_bf16(rng.normal());
+  for (bf16_bits& value : weight) value = float_to_bf16(0.3f * rng.normal());
+  std::vector<float> bias(out), pre(rows * out);
+  for (float& value : bias) value = rng.normal();
+  std::vector<bf16_bits> generic(rows * out), avx512(rows * out);
+  for (bool fast : {false, true}) {
+    set_gelu_rows_avx512_for_testing(fast);
+    linear_gelu_forward((fast ? avx512 : generic).data(), pre.data(), x.data(), weight.data(),
+                        bias.data(), rows, in, out, 4, 0, 0);
+  }
+  set_gelu_rows_avx512_for_testing(true);
+  EXPECT_EQ(avx512, generic);
+  int negative = 0;  // GELU's negative lobe and positive side both show up
+  for (bf16_bits value : generic) negative += bf16_to_float(value) < 0.0f;
+  EXPECT_GT(negative, 0);
+  EXPECT_LT(negative, rows * out);
 }
 
 TEST(LinearGeluOpTest, KeepsThePreactivationForBackward) {

@@ -1,9 +1,9 @@
 // The pieces of FlashAttentionOp's AVX512-BF16 tiles (flash_attention_bf16_tiles.cpp): packing
-// bf16 rows into vdpbf16ps operand layouts, the register-blocked dot-product GEMM, and rounding
-// fp32 weight rows to bf16. Include only from a file compiled with AVX512-BF16 enabled, and only
-// from one: these inline functions, compiled with other flags elsewhere, would be one symbol to
-// the linker.
-// Thread safety: pure functions on caller-owned buffers.
+// bf16 rows into vdpbf16ps operand layouts, the register-blocked dot-product GEMM, rounding fp32
+// weight rows to bf16, and the softmax's vector exp and lane reductions. Include only from a file
+// compiled with AVX512-BF16 enabled, and only from one: these inline functions, compiled with other
+// flags elsewhere, would be one symbol to the linker. Thread safety: pure functions on caller-owned
+// buffers.
 #pragma once
 #if !defined(__AVX512BF16__)
 #error "attention_tile_dot_bf16.h needs AVX512-BF16 enabled (-mavx512bf16)"
@@ -138,12 +138,14 @@ inline __m512bh as_bf16(__m512i bits) {
 }
 
 // C[r][0, kVectors * kLanes) (+)= sum over word steps p in [p_begin, p_end) of the pair products
-// A(r, p) . B[p][.], A(r, p) at a[r * lda + p] (rows) or a[p * lda + r] (kColumns).
-template <int kRows, int kVectors, bool kColumns>
+// A(r, p) . B[p][.], A(r, p) at a[r * lda + p] (rows) or a[p * lda + r] (kColumns); kScaled
+// stores row r times row_scale[r] (a compile-time choice, so that the other forms' code stays
+// as it was).
+template <int kRows, int kVectors, bool kColumns, bool kScaled = false>
 inline __attribute__((always_inline)) void dot_block(float* c, int64_t ldc, const word* a,
                                                      int64_t lda, const word* b, int64_t ldb,
                                                      int64_t p_begin, int64_t p_end,
-                                                     bool accumulate) {
+                                                     bool accumulate, const float* row_scale) {
   __m512 acc[kRows][kVectors];
   for (int r = 0; r < kRows; ++r)
     for (int v = 0; v < kVectors; ++v)
@@ -158,30 +160,39 @@ inline __attribute__((always_inline)) void dot_block(float* c, int64_t ldc, cons
       for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a_pair, b_row[v]);
     }
   }
+  if constexpr (kScaled)
+    for (int r = 0; r < kRows; ++r)
+      for (int v = 0; v < kVectors; ++v)
+        acc[r][v] = _mm512_mul_ps(acc[r][v], _mm512_set1_ps(row_scale[r]));
   for (int r = 0; r < kRows; ++r)
     for (int v = 0; v < kVectors; ++v) _mm512_storeu_ps(c + r * ldc + v * kLanes, acc[r][v]);
 }
 
-template <int kRows, bool kColumns>
+template <int kRows, bool kColumns, bool kScaled>
 inline void dot_rows(float* c, int64_t ldc, const word* a, int64_t lda, const word* b, int64_t ldb,
-                     int64_t columns, int64_t p_begin, int64_t p_end, bool accumulate) {
+                     int64_t columns, int64_t p_begin, int64_t p_end, bool accumulate,
+                     const float* row_scale) {
   int64_t n = 0;
   for (; n + 2 * kLanes <= columns; n += 2 * kLanes)
-    dot_block<kRows, 2, kColumns>(c + n, ldc, a, lda, b + n, ldb, p_begin, p_end, accumulate);
+    dot_block<kRows, 2, kColumns, kScaled>(c + n, ldc, a, lda, b + n, ldb, p_begin, p_end,
+                                           accumulate, row_scale);
   if (n < columns)
-    dot_block<kRows, 1, kColumns>(c + n, ldc, a, lda, b + n, ldb, p_begin, p_end, accumulate);
+    dot_block<kRows, 1, kColumns, kScaled>(c + n, ldc, a, lda, b + n, ldb, p_begin, p_end,
+                                           accumulate, row_scale);
 }
 
 // C[rows x columns] (+)= A B for one block of 1..kRowBlock rows; columns a multiple of kLanes.
-template <bool kColumns, int kRows = kRowBlock>
+// kScaled: row r of the result is stored times row_scale[r].
+template <bool kColumns, bool kScaled = false, int kRows = kRowBlock>
 inline void dot_row_block(float* c, int64_t ldc, const word* a, int64_t lda, const word* b,
                           int64_t ldb, int64_t rows, int64_t columns, int64_t p_begin,
-                          int64_t p_end, bool accumulate) {
+                          int64_t p_end, bool accumulate, const float* row_scale = nullptr) {
   if constexpr (kRows > 1)
     if (rows < kRows)
-      return dot_row_block<kColumns, kRows - 1>(c, ldc, a, lda, b, ldb, rows, columns, p_begin,
-                                                p_end, accumulate);
-  dot_rows<kRows, kColumns>(c, ldc, a, lda, b, ldb, columns, p_begin, p_end, accumulate);
+      return dot_row_block<kColumns, kScaled, kRows - 1>(c, ldc, a, lda, b, ldb, rows, columns,
+                                                         p_begin, p_end, accumulate, row_scale);
+  dot_rows<kRows, kColumns, kScaled>(c, ldc, a, lda, b, ldb, columns, p_begin, p_end, accumulate,
+                                     row_scale);
 }
 
 // Rounds rows `even` and `odd` (null: a row of zeros) of a score tile, columns [0, count) with
@@ -216,6 +227,43 @@ inline void round_row(bf16_bits* out, const float* row, int64_t count, int64_t w
     const __m256bh rounded = _mm512_cvtneps_pbh(values);
     std::memcpy(out + d, &rounded, sizeof(rounded));
   }
+}
+
+// Masked forms of the AVX-512 steps below, as GCC 12's plain max, scalef and shuffles warn of an
+// uninitialised value.
+constexpr __mmask16 kAll = 0xFFFF;
+
+// exp(x) as fast_exp computes it (core/math/fast_exp.h) for softmax arguments x <= 0 (a score less
+// its row max, so no upper clamp), 16 lanes at a time: the same range reduction and polynomial,
+// the 2^n splice done by vscalefps.
+inline __m512 exp_lanes(__m512 x) {
+  x = _mm512_maskz_max_ps(kAll, x, _mm512_set1_ps(-87.0f));
+  const __m512 round_magic = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_ps(
+      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), round_magic), round_magic);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(kAll, p, n);
+}
+
+// The max (kMax) or the sum of the 16 lanes of v.
+template <bool kMax>
+inline float reduce_lanes(__m512 v) {
+  const auto step = [](__m512 a, __m512 b) {
+    return kMax ? _mm512_maskz_max_ps(kAll, a, b) : _mm512_add_ps(a, b);
+  };
+  v = step(v, _mm512_maskz_shuffle_f32x4(kAll, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = step(v, _mm512_maskz_shuffle_f32x4(kAll, v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  v = step(v, _mm512_maskz_permute_ps(kAll, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = step(v, _mm512_maskz_permute_ps(kAll, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_cvtss_f32(v);
 }
 
 }  // namespace ft::attention_bf16::tile

@@ -14,11 +14,7 @@ namespace ft {
 
 bool flash_attention_bf16_native() {
 #if FT_FLASH_ATTENTION_BF16
-  static const bool native = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && bf16_gemm_native();
-  }();
-  return native;
+  return avx512_bf16_kernels_run();
 #else
   return false;
 #endif

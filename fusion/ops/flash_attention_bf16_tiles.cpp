@@ -32,13 +32,16 @@ using backward_rows::pair_weights;
 using backward_rows::round_dy;
 using backward_rows::WeightRow;
 using tile::dot_row_block;
+using tile::exp_lanes;
 using tile::greater;
+using tile::kAll;
 using tile::kLanes;
 using tile::kRowBlock;
 using tile::lesser;
 using tile::pack_row_pairs;
 using tile::pack_rows;
 using tile::pack_transposed;
+using tile::reduce_lanes;
 using tile::round_row_pair;
 using tile::round_up;
 using tile::word;
@@ -79,26 +82,38 @@ struct RowRange {
   int64_t begin, end;
 };
 
-// out[r][s] = <a row r, b column s> over the whole head dim, for the columns each row block sees.
-void causal_scores(float* out, int64_t ld, const word* a, int64_t lda, const word* bt, int64_t ldb,
-                   const TilePair& pair, const RowRange& range) {
+// out[r][s] = <a row r, b column s> over `depth` words, for the columns each row block sees; a's
+// rows lie lda words apart. Inlined into forward_head: its out-of-line call measured ~4% slower.
+inline __attribute__((always_inline)) void causal_scores(float* out, int64_t ld, const word* a,
+                                                         int64_t lda, int64_t depth, const word* bt,
+                                                         int64_t ldb, const TilePair& pair,
+                                                         const RowRange& range) {
   for (int64_t r0 = range.begin; r0 < range.end; r0 += kRowBlock) {
     const int64_t block_rows = lesser(int64_t{kRowBlock}, range.end - r0);
     const int64_t columns = round_up(pair.visible(r0 + block_rows - 1), kLanes);
-    dot_row_block<false>(out + r0 * ld, ld, a + r0 * lda, lda, bt, ldb, block_rows, columns, 0, lda,
-                         false);
+    dot_row_block<false>(out + r0 * ld, ld, a + r0 * lda, lda, bt, ldb, block_rows, columns, 0,
+                         depth, false);
   }
 }
 
+// How causal_mix stores its sums: added to out; written over it (a row's first key tile); or
+// written over it, row r times row_scale[r] (Y / l straight from the registers).
+enum class MixStore { kAdd, kWrite, kWriteScaled };
+
 // out[r][.] += sum_{s visible to r} weights[r][s] rows[s][.]  (Y += P V, dQ += dS K); weights
-// rows are bf16, `lda` words apart; row_pairs is the key tile's row-pair form.
+// rows are bf16, `lda` words apart; row_pairs is the key tile's row-pair form. row_scale (for
+// kWriteScaled) is indexed as out's rows.
+template <MixStore kStore = MixStore::kAdd>
 void causal_mix(float* out, int64_t ldo, const word* weights, int64_t lda, const word* row_pairs,
-                int64_t width, const TilePair& pair, const RowRange& range) {
+                int64_t width, const TilePair& pair, const RowRange& range,
+                const float* row_scale = nullptr) {
+  constexpr bool kScaled = kStore == MixStore::kWriteScaled;
   for (int64_t r0 = range.begin; r0 < range.end; r0 += kRowBlock) {
     const int64_t block_rows = lesser(int64_t{kRowBlock}, range.end - r0);
     const int64_t pairs = (pair.visible(r0 + block_rows - 1) + 1) / 2;
-    dot_row_block<false>(out + r0 * ldo, ldo, weights + r0 * lda, lda, row_pairs, width, block_rows,
-                         width, 0, pairs, true);
+    dot_row_block<false, kScaled>(out + r0 * ldo, ldo, weights + r0 * lda, lda, row_pairs, width,
+                                  block_rows, width, 0, pairs, kStore == MixStore::kAdd,
+                                  kScaled ? row_scale + r0 : nullptr);
   }
 }
 
@@ -124,13 +139,6 @@ int64_t read_extent(int64_t count, int64_t keys) {
   return lesser(round_up(keys, kLanes), round_up(count + 2 * kRowBlock, kLanes));
 }
 
-// Sets row[s] = kMasked for count <= s < round_up(count, kLanes) and returns that bound.
-int64_t mask_invisible(float* row, int64_t count) {
-  const int64_t lanes = round_up(count, kLanes);
-  for (int64_t s = count; s < lanes; ++s) row[s] = kMasked;
-  return lanes;
-}
-
 void fill(float* row, int64_t begin, int64_t end, float value) {
   for (int64_t s = begin; s < end; ++s) row[s] = value;
 }
@@ -145,6 +153,7 @@ struct HeadBuffers {
   word *probs_pairs, *dscores_pairs;             // [tile_rows / 2][ld] rounded row pairs
   float *out, *dk_sum, *dv_sum;                  // [tile_rows][width]
   float *dq_sum, *dot_dy_y;                      // [T][width], [T]
+  float* inv_sums;                               // [tile_rows]: 1 / l of forward's rows
   OnlineSoftmax* row_state;                      // [tile_rows]
 };
 
@@ -170,6 +179,7 @@ HeadBuffers carve(Arena& arena, const HeadGeometry& g) {
   buffers.dv_sum = arena.take<float>(g.tile_rows * g.width);
   buffers.dq_sum = arena.take<float>(T * g.width);
   buffers.dot_dy_y = arena.take<float>(T);
+  buffers.inv_sums = arena.take<float>(g.tile_rows);
   buffers.row_state = arena.take<OnlineSoftmax>(g.tile_rows);
   return buffers;
 }
@@ -184,31 +194,53 @@ int64_t scratch_bytes(const HeadGeometry& geometry) {
 
 namespace {
 
-// One score row of a key tile (`count` of its keys visible) through the online softmax
-// (flash_attention.cpp's forward): whole vectors, the invisible keys masked to -inf, the weights
-// exp(S - m') rounded into `weights`, and the row's output rescaled to the new max.
-void online_weights(bf16_bits* weights, float* out_row, OnlineSoftmax& state, float* row,
-                    int64_t width, int64_t count, int64_t keys, float scale) {
-  const int64_t lanes = mask_invisible(row, count), extent = read_extent(count, keys);
+// One unscaled score row of a key tile (`count` of its keys visible) through the online softmax
+// (flash_attention.cpp's forward), in two passes over its whole vectors held in L1: the scaled
+// row's max, then the weights exp(scale S - m') rounded into `weights` and their sum; the
+// invisible keys are masked in registers, never written. `out_row` is rescaled to the new max
+// unless this is the row's first key tile (`first`), whose output the mix then writes afresh:
+// there exp(-inf - m') = 0 would only zero an output that is not there yet, and cost a libm call.
+void online_weights(bf16_bits* weights, float* out_row, OnlineSoftmax& state, const float* row,
+                    int64_t width, int64_t count, int64_t keys, float scale, bool first) {
+  const int64_t vectors = count > 0 ? (count + kLanes - 1) / kLanes : 0;
+  const int64_t extent = read_extent(count, keys);
+  // The last vector's visible lanes (count may be <= 0: a row before the key tile's first key).
+  const int64_t tail_lanes = count - (vectors - 1) * kLanes;
+  const __mmask16 last = vectors > 0 ? static_cast<__mmask16>((1u << tail_lanes) - 1) : 0;
+  const __m512 scales = _mm512_set1_ps(scale);
   float tile_max = kMasked;
-#pragma omp simd reduction(max : tile_max)
-  for (int64_t s = 0; s < lanes; ++s) {
-    row[s] *= scale;
-    tile_max = row[s] > tile_max ? row[s] : tile_max;
+  if (vectors > 0) {
+    __m512 maxima = _mm512_set1_ps(kMasked);
+    for (int64_t v = 0; v + 1 < vectors; ++v)
+      maxima = _mm512_maskz_max_ps(kAll, maxima,
+                                   _mm512_mul_ps(_mm512_loadu_ps(row + v * kLanes), scales));
+    const __m512 tail = _mm512_mul_ps(_mm512_loadu_ps(row + (vectors - 1) * kLanes), scales);
+    tile_max = reduce_lanes<true>(_mm512_mask_max_ps(maxima, last, maxima, tail));
   }
-  const float rescale = online_softmax_rescale(state, tile_max);
-  const float new_max = state.max;
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t s = 0; s < lanes; ++s) {
-    row[s] = row[s] == kMasked ? 0.0f : online_softmax_weight(row[s], new_max);
-    sum += row[s];
+  float rescale = 1.0f;
+  if (first)
+    state.max = tile_max;
+  else
+    rescale = online_softmax_rescale(state, tile_max);
+  const __m512 new_max = _mm512_set1_ps(state.max);
+  __m512 sums = _mm512_setzero_ps();
+  for (int64_t v = 0; v < vectors; ++v) {
+    // GCC contracts scale S - m' into one fma (fp-contract=fast): exp's argument is then the
+    // exact one rounded once, where the widened path rounds scale S first.
+    const __m512 scores = _mm512_mul_ps(_mm512_loadu_ps(row + v * kLanes), scales);
+    __m512 e = exp_lanes(_mm512_sub_ps(scores, new_max));
+    if (v + 1 == vectors) e = _mm512_maskz_mov_ps(last, e);
+    sums = _mm512_add_ps(sums, e);
+    const __m256bh rounded = _mm512_cvtneps_pbh(e);
+    std::memcpy(weights + v * kLanes, &rounded, sizeof(rounded));
   }
-  fill(row, lanes, extent, 0.0f);
-  online_softmax_accumulate(state, rescale, sum);
+  for (int64_t s = vectors * kLanes; s < extent; s += kLanes)
+    std::memset(weights + s, 0, kLanes * sizeof(bf16_bits));
+  const float piece_sum = reduce_lanes<false>(sums);
+  state.sum = first ? piece_sum : state.sum * rescale + piece_sum;
+  if (first) return;
 #pragma omp simd
   for (int64_t d = 0; d < width; ++d) out_row[d] *= rescale;
-  round_row_pair(weights, nullptr, nullptr, row, nullptr, extent);
 }
 
 }  // namespace
@@ -218,29 +250,52 @@ void forward_head(float* y, float* lse, const bf16_bits* q, const bf16_bits* k, 
   Arena arena(aligned(scratch));
   const HeadBuffers b = carve(arena, g);
   const int64_t T = g.seq_len, width = g.width, words = width / 2, ld = g.ld;
-  const float scale = g.scale;  // a local, or GCC keeps the simd loops below scalar
-  pack_rows(b.q_rows, q, strides.q, T, g.hd, width);
+  // Q is the A of S = Q K^T, read a word per row and step: where its rows are whole words and
+  // vectors it is read where it lies, as a copy (its rows a line apart in the activation) cost
+  // more than the reads it saved.
+  const bool q_in_place =
+      g.hd == width && strides.q % 2 == 0 && reinterpret_cast<uintptr_t>(q) % alignof(word) == 0;
+  if (!q_in_place) pack_rows(b.q_rows, q, strides.q, T, g.hd, width);
   pack_transposed(b.kt, g.head_ld, k, strides.k, T, g.hd, width);
   pack_row_pairs(b.v_pairs, v, strides.v, T, g.hd, width);
-  const word* q_words = reinterpret_cast<const word*>(b.q_rows);
+  const word* q_words = reinterpret_cast<const word*>(q_in_place ? q : b.q_rows);
+  const int64_t q_ld = q_in_place ? strides.q / 2 : words;
   const word* probs_words = reinterpret_cast<const word*>(b.probs_bf16);
   for (int64_t i0 = 0; i0 < T; i0 += g.tile_rows) {
     const int64_t rows = lesser(i0 + g.tile_rows, T) - i0;
+    // Where one key tile holds every key the rows see (gpt_small: T <= tile), a row block's l is
+    // final after its weights: the mix then writes Y / l into y from its registers, whole vectors
+    // of the head's row (so only where hd fills them), with no pass over an output tile.
+    const bool direct = i0 + rows <= g.tile_rows && g.hd == width;
     for (int64_t r = 0; r < rows; ++r) b.row_state[r] = OnlineSoftmax{};
-    fill(b.out, 0, rows * width, 0.0f);
     for (int64_t j0 = 0; j0 < i0 + rows; j0 += g.tile_rows) {
       const TilePair pair{i0, rows, j0, lesser(j0 + g.tile_rows, T) - j0};
+      const word* v_pairs = b.v_pairs + j0 / 2 * width;
       // A row block at a time, scores to output, so that its rows of the tile stay in L1.
       for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
         const RowRange block{r0, lesser(r0 + kRowBlock, rows)};
-        causal_scores(b.probs, ld, q_words + i0 * words, words, b.kt + j0, g.head_ld, pair, block);
+        causal_scores(b.probs, ld, q_words + i0 * q_ld, q_ld, words, b.kt + j0, g.head_ld, pair,
+                      block);
         for (int64_t r = block.begin; r < block.end; ++r)
           online_weights(b.probs_bf16 + r * ld, b.out + r * width, b.row_state[r], b.probs + r * ld,
-                         width, pair.visible(r), pair.keys, scale);
-        causal_mix(b.out, width, probs_words, ld / 2, b.v_pairs + j0 / 2 * width, width, pair,
-                   block);
+                         width, pair.visible(r), pair.keys, g.scale, j0 == 0);
+        if (!direct) {
+          if (j0 == 0)
+            causal_mix<MixStore::kWrite>(b.out, width, probs_words, ld / 2, v_pairs, width, pair,
+                                         block);
+          else
+            causal_mix(b.out, width, probs_words, ld / 2, v_pairs, width, pair, block);
+          continue;
+        }
+        for (int64_t r = block.begin; r < block.end; ++r) {
+          b.inv_sums[r] = 1.0f / b.row_state[r].sum;
+          lse[i0 + r] = online_softmax_log_sum_exp(b.row_state[r]);
+        }
+        causal_mix<MixStore::kWriteScaled>(y + i0 * strides.y, strides.y, probs_words, ld / 2,
+                                           v_pairs, width, pair, block, b.inv_sums);
       }
     }
+    if (direct) continue;
     for (int64_t r = 0; r < rows; ++r) {
       const float inv_sum = 1.0f / b.row_state[r].sum;
       const float* out_row = b.out + r * width;

@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "core/gemm.h"
 #include "core/math/gelu_math.h"
+#include "fusion/ops/gelu_rows_avx512.h"
 #include "model/ops/linear.h"
 
 namespace ft {
@@ -23,6 +24,8 @@ constexpr int64_t kThreadedElements = 16384;
 // (skipped when null) and dpre rounded to bf16, with no fp32 dpre stored.
 void gelu_backward_row_bf16(bf16_bits* dpre_row, float* dbias, const float* dy_row,
                             const float* pre_row, int64_t begin, int64_t end) {
+  if (gelu_rows_avx512_enabled())
+    return gelu_backward_row_bf16_avx512(dpre_row, dbias, dy_row, pre_row, begin, end);
   if (dbias == nullptr) {
 #pragma omp simd
     for (int64_t o = begin; o < end; ++o)
@@ -56,11 +59,12 @@ void multiply_dpre_tile(float* dx, bool overwrite_dx, GemmOperand dpre_tile, Gem
 
 namespace {
 
-void store(float* out, float value) {
-  *out = value;
+void gelu_row(float* y_row, const float* pre_row, int64_t count) {
+  for (int64_t o = 0; o < count; ++o) y_row[o] = gelu_tanh(pre_row[o]);
 }
-void store(bf16_bits* out, float value) {
-  *out = float_to_bf16(value);
+void gelu_row(bf16_bits* y_row, const float* pre_row, int64_t count) {
+  if (gelu_rows_avx512_enabled()) return gelu_row_bf16_avx512(y_row, pre_row, count);
+  for (int64_t o = 0; o < count; ++o) y_row[o] = float_to_bf16(gelu_tanh(pre_row[o]));
 }
 
 }  // namespace
@@ -84,11 +88,8 @@ void linear_gelu_forward(Out* y, float* pre, GemmOperand x, GemmOperand weight, 
     gemm(pre_tile, x.at(first * x_stride), weight, args);
     Out* y_tile = y + first * y_stride;
 #pragma omp parallel for if (tile * out_features >= kThreadedElements)
-    for (int64_t row = 0; row < tile; ++row) {
-      const float* pre_row = pre_tile + row * out_features;
-      Out* y_row = y_tile + row * y_stride;
-      for (int64_t o = 0; o < out_features; ++o) store(y_row + o, gelu_tanh(pre_row[o]));
-    }
+    for (int64_t row = 0; row < tile; ++row)
+      gelu_row(y_tile + row * y_stride, pre_tile + row * out_features, out_features);
   }
 }
 

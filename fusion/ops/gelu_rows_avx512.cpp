@@ -1,0 +1,121 @@
+// The AVX-512 row loops of gelu_rows_avx512.h, compiled with AVX512-BF16 enabled for this file
+// alone (CMakeLists.txt); gelu_rows.cpp decides at run time whether they run. No library template
+// is instantiated here: a weak copy compiled with AVX-512 could be picked by the linker for the
+// rest of an AVX2 build.
+#if defined(__AVX512BF16__)
+#include "fusion/ops/gelu_rows_avx512.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "core/math/fast_exp.h"
+#include "core/math/gelu_math.h"
+
+namespace ft {
+namespace {
+
+// fast_exp (core/math/fast_exp.h), step for step.
+inline __m512 exp_lanes(__m512 x) {
+  const __m512 low = _mm512_set1_ps(-87.0f), high = _mm512_set1_ps(88.0f);
+  x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, low, _CMP_LT_OQ), x, low);
+  x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, high, _CMP_GT_OQ), x, high);
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_ps(
+      _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), magic), magic);
+  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+  r = _mm512_add_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(2.12194440e-4f)));
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  const float terms[] = {1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
+  for (float term : terms) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(term));
+  // The zero-masked forms with every lane set: GCC 12 warns that the plain ones read an
+  // uninitialised register.
+  const __mmask16 all = 0xFFFF;
+  const __m512i exponent = _mm512_maskz_slli_epi32(
+      all, _mm512_add_epi32(_mm512_maskz_cvttps_epi32(all, n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(exponent));
+}
+
+// gelu_sigmoid_term: 1 / (1 + exp(-2 s (x + c x x x))).
+inline __m512 sigmoid_term(__m512 x) {
+  const __m512 cubic =
+      _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(kGeluCubic), x), x), x);
+  const __m512 inner = _mm512_mul_ps(_mm512_set1_ps(kGeluScale), _mm512_add_ps(x, cubic));
+  const __m512 e = exp_lanes(_mm512_mul_ps(_mm512_set1_ps(-2.0f), inner));
+  return _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+// gelu_tanh_grad: g + 2 x g (1 - g) s (1 + 3 c x x).
+inline __m512 gelu_grad(__m512 x) {
+  const __m512 g = sigmoid_term(x);
+  const __m512 x_squared_term =
+      _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(3.0f * kGeluCubic), x), x);
+  const __m512 dinner = _mm512_mul_ps(_mm512_set1_ps(kGeluScale),
+                                      _mm512_add_ps(_mm512_set1_ps(1.0f), x_squared_term));
+  const __m512 product =
+      _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), x), g),
+                                  _mm512_sub_ps(_mm512_set1_ps(1.0f), g)),
+                    dinner);
+  return _mm512_add_ps(g, product);
+}
+
+inline void store_bf16(bf16_bits* out, __m512 values, __mmask16 lanes) {
+  const __m256bh rounded = _mm512_cvtneps_pbh(values);
+  __m256i bits;
+  std::memcpy(&bits, &rounded, sizeof(bits));
+  _mm256_mask_storeu_epi16(out, lanes, bits);
+}
+
+inline __mmask16 lanes_left(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
+}  // namespace
+
+// Four vectors a step: each is one long chain of dependent operations (the exp's polynomial, the
+// division), and four independent ones let the core overlap them.
+constexpr int64_t kStep = 64;
+
+void gelu_row_bf16_avx512(bf16_bits* out, const float* pre, int64_t count) {
+  int64_t i = 0;
+  for (; i + kStep <= count; i += kStep) {
+    __m512 x[4];
+    for (int v = 0; v < 4; ++v) x[v] = _mm512_loadu_ps(pre + i + 16 * v);
+    for (int v = 0; v < 4; ++v)
+      store_bf16(out + i + 16 * v, _mm512_mul_ps(x[v], sigmoid_term(x[v])), 0xFFFF);
+  }
+  for (; i < count; i += 16) {
+    const __mmask16 lanes = lanes_left(count - i);
+    const __m512 x = _mm512_maskz_loadu_ps(lanes, pre + i);
+    store_bf16(out + i, _mm512_mul_ps(x, sigmoid_term(x)), lanes);
+  }
+}
+
+namespace {
+
+inline void gelu_backward_lanes(bf16_bits* dpre, float* dbias, const float* dy, const float* pre,
+                                __mmask16 lanes) {
+  const __m512 gradient =
+      _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, dy), gelu_grad(_mm512_maskz_loadu_ps(lanes, pre)));
+  if (dbias != nullptr)
+    _mm512_mask_storeu_ps(dbias, lanes,
+                          _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, dbias), gradient));
+  store_bf16(dpre, gradient, lanes);
+}
+
+}  // namespace
+
+void gelu_backward_row_bf16_avx512(bf16_bits* dpre, float* dbias, const float* dy, const float* pre,
+                                   int64_t begin, int64_t end) {
+  int64_t i = begin;
+  for (; i + kStep <= end; i += kStep)
+    for (int v = 0; v < 4; ++v)
+      gelu_backward_lanes(dpre + i + 16 * v, dbias == nullptr ? nullptr : dbias + i + 16 * v,
+                          dy + i + 16 * v, pre + i + 16 * v, 0xFFFF);
+  for (; i < end; i += 16)
+    gelu_backward_lanes(dpre + i, dbias == nullptr ? nullptr : dbias + i, dy + i, pre + i,
+                        lanes_left(end - i));
+}
+
+}  // namespace ft
+#endif  // __AVX512BF16__
