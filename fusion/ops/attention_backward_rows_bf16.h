@@ -32,7 +32,7 @@ inline __mmask16 first_lanes(int64_t n) {
 
 // The bf16 bits of rows `even` (low 256 bits) and `odd` (high) as the pair form's words.
 inline __m512i interleave_pair(__m512i bits) {
-  // Word i takes bf16 element i (even row, low half) and 16 + i (odd row), as round_row_pair.
+  // Word i takes bf16 element i (even row, low half) and 16 + i (odd row).
   alignas(64) static const uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
                                                        21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
                                                        11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
@@ -50,15 +50,6 @@ inline __m512i as_bits(__m512bh values) {
 inline __m512 widen(__m256i bf16_values) {
   const __m512i words = _mm512_maskz_cvtepu16_epi32(0xFFFF, bf16_values);
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, words, 16));
-}
-
-// The sum of a vector's lanes: halves, quarters, pairs, then neighbours folded in.
-inline float lane_sum(__m512 v) {
-  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0x4E));
-  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0xB1));
-  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(0xFFFF, v, 0x4E));
-  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(0xFFFF, v, 0xB1));
-  return _mm512_cvtss_f32(v);
 }
 
 // Rows ahead that backward's row-pair passes ask for. A head's rows lie a whole activation row
@@ -148,8 +139,8 @@ inline void round_dy(bf16_bits* rows, word* pairs, float* dots, const float* dy,
       dot_odd = _mm512_fmadd_ps(widen(odd_bits),
                                 _mm512_maskz_loadu_ps(odd_lanes, y_even + next + d), dot_odd);
     }
-    dots[t] = lane_sum(dot_even);
-    if (odd) dots[t + 1] = lane_sum(dot_odd);
+    dots[t] = tile::reduce_lanes<false>(dot_even);
+    if (odd) dots[t + 1] = tile::reduce_lanes<false>(dot_odd);
   }
 }
 

@@ -1,6 +1,6 @@
 // The pieces of FlashAttentionOp's AVX512-BF16 tiles (flash_attention_bf16_tiles.cpp): packing
-// bf16 rows into vdpbf16ps operand layouts, the register-blocked dot-product GEMM, rounding fp32
-// weight rows to bf16, and the softmax's vector exp and lane reductions. Include only from a file
+// bf16 rows into vdpbf16ps operand layouts, the register-blocked dot-product GEMM, and the
+// softmax's vector exp and lane reductions. Include only from a file
 // compiled with AVX512-BF16 enabled, and only from one: these inline functions, compiled with other
 // flags elsewhere, would be one symbol to the linker. Thread safety: pure functions on caller-owned
 // buffers.
@@ -193,40 +193,6 @@ inline void dot_row_block(float* c, int64_t ldc, const word* a, int64_t lda, con
                                                          p_begin, p_end, accumulate, row_scale);
   dot_rows<kRows, kColumns, kScaled>(c, ldc, a, lda, b, ldb, columns, p_begin, p_end, accumulate,
                                      row_scale);
-}
-
-// Rounds rows `even` and `odd` (null: a row of zeros) of a score tile, columns [0, count) with
-// count a multiple of kLanes, to bf16: into their bf16 row forms (where not null) and row-pair
-// form `pairs` (if not null).
-inline void round_row_pair(bf16_bits* even_out, bf16_bits* odd_out, word* pairs, const float* even,
-                           const float* odd, int64_t count) {
-  // Word i of the pair form takes bf16 element i (even row, low half) and 16 + i (odd row).
-  alignas(64) static const uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                       21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                       11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i interleave = _mm512_load_si512(kInterleave);
-  for (int64_t s = 0; s < count; s += kLanes) {
-    const __m512 odd_values = odd ? _mm512_loadu_ps(odd + s) : _mm512_setzero_ps();
-    const __m512bh both = _mm512_cvtne2ps_pbh(odd_values, _mm512_loadu_ps(even + s));
-    __m512i bits;
-    std::memcpy(&bits, &both, sizeof(bits));
-    // A masked store, as GCC 12's _mm512_castsi512_si256 warns of an uninitialised value.
-    if (even_out) _mm512_mask_storeu_epi16(even_out + s, 0xFFFF, bits);
-    if (odd_out)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(odd_out + s),
-                          _mm512_maskz_extracti64x4_epi64(0xF, bits, 1));
-    if (pairs) _mm512_storeu_si512(pairs + s, _mm512_permutexvar_epi16(interleave, bits));
-  }
-}
-
-// out[0, width) = row[0, count) rounded to bf16, zero padded. REQUIRES: width a multiple of kLanes.
-inline void round_row(bf16_bits* out, const float* row, int64_t count, int64_t width) {
-  for (int64_t d = 0; d < width; d += kLanes) {
-    const int64_t left = lesser(kLanes, greater(0, count - d));
-    const __m512 values = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << left) - 1), row + d);
-    const __m256bh rounded = _mm512_cvtneps_pbh(values);
-    std::memcpy(out + d, &rounded, sizeof(rounded));
-  }
 }
 
 // Masked forms of the AVX-512 steps below, as GCC 12's plain max, scalef and shuffles warn of an

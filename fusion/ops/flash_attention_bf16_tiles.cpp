@@ -42,7 +42,6 @@ using tile::pack_row_pairs;
 using tile::pack_rows;
 using tile::pack_transposed;
 using tile::reduce_lanes;
-using tile::round_row_pair;
 using tile::round_up;
 using tile::word;
 
