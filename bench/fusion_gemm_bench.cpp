@@ -59,7 +59,8 @@ enum LinearGeluVariant { kEager = 0, kFusedTiled = 1, kFusedPostOp = 2 };
 
 struct MlpTensors {
   int64_t rows, in, out;
-  std::vector<float> x, weight, bias, pre, y, dy, dpre, dx, dweight, dbias;
+  // pre: the eager Linear's output, or the fused op's kept gelu'(pre); pre_tile its scratch tile
+  std::vector<float> x, weight, bias, pre, pre_tile, y, dy, dpre, dx, dweight, dbias;
   MlpTensors(int64_t r, int64_t i, int64_t o)
       : rows(r),
         in(i),
@@ -68,6 +69,7 @@ struct MlpTensors {
         weight(random_floats(o * i, 0.1f, 2)),
         bias(random_floats(o, 0.1f, 3)),
         pre(r * o),
+        pre_tile(r * o),
         y(r * o),
         dy(random_floats(r * o, 1.0f, 4)),
         dpre(r * o),
@@ -86,8 +88,8 @@ void mlp_forward(MlpTensors& t, int variant, int tile_rows) {
                        t.out);
     ft::gelu_forward(t.y.data(), t.pre.data(), t.rows * t.out);
   } else if (variant == kFusedTiled) {
-    ft::linear_gelu_forward(t.y.data(), t.pre.data(), t.x.data(), t.weight.data(), t.bias.data(),
-                            t.rows, t.in, t.out, tile_rows);
+    ft::linear_gelu_forward(t.y.data(), t.pre.data(), t.pre_tile.data(), t.x.data(),
+                            t.weight.data(), t.bias.data(), t.rows, t.in, t.out, tile_rows);
   } else {
     ft::GemmArgs args;
     args.m = t.rows;
@@ -118,13 +120,13 @@ void mlp_backward(MlpTensors& t, int variant, int tile_rows) {
 double mlp_forward_floats(double r, double i, double o, int variant) {
   const double operands = r * i + o * i + o;
   if (variant == kEager) return operands + 3 * r * o;       // pre written, read; y written
-  if (variant == kFusedTiled) return operands + 2 * r * o;  // pre (saved) and y written
+  if (variant == kFusedTiled) return operands + 2 * r * o;  // gelu'(pre) (saved) and y written
   return operands + r * o;                                  // y only
 }
 double mlp_backward_floats(double r, double i, double o, int variant) {
   if (variant == kEager)  // zero + gelu' (dy, pre, dpre rw), dx zero + GEMM, dW GEMM, db
     return 5 * r * o + (r * o + o * i + 3 * r * i) + (r * o + r * i + 2 * o * i) + r * o + o;
-  // dpre written from dy and pre, dx GEMM from the hot tile, dW GEMM re-reads dpre
+  // dpre written from dy and gelu'(pre), dx GEMM from the hot tile, dW GEMM re-reads dpre
   return 3 * r * o + (o * i + r * i) + (r * o + r * i + 2 * o * i) + o;
 }
 

@@ -183,39 +183,51 @@ TEST(LinearGeluOpTest, Avx512RowLoopsMatchTheGenericOnesBitForBit) {
   }
 }
 
-// The forward's bf16 output (what fusion.vertical.cast makes it write) from the AVX-512 row loop
-// against the generic one, over rows of 100 columns (a four-vector step and a masked tail).
+// The forward's bf16 output (what fusion.vertical.cast makes it write) and the gelu'(pre) it keeps
+// from the AVX-512 row loop against the generic one, over rows of 100 columns (a four-vector step
+// and a masked tail).
 TEST(LinearGeluOpTest, Avx512Bf16OutputMatchesTheGenericLoopBitForBit) {
   if (!gelu_rows_avx512_enabled()) GTEST_SKIP() << "no AVX512-BF16 here (or capped by oneDNN)";
-  const int64_t rows = 9, in = 16, out = 100;
+  const int64_t rows = 9, in = 16, out = 100, tile = 4;
   Rng rng(3);
   std::vector<bf16_bits> x(rows * in), weight(out * in);
   for (bf16_bits& value : x) value = float_to_bf16(rng.normal());
   for (bf16_bits& value : weight) value = float_to_bf16(0.3f * rng.normal());
-  std::vector<float> bias(out), pre(rows * out);
+  std::vector<float> bias(out), pre_tile(tile * out);
   for (float& value : bias) value = rng.normal();
   std::vector<bf16_bits> generic(rows * out), avx512(rows * out);
+  std::vector<float> generic_grad(rows * out), avx512_grad(rows * out);
   for (bool fast : {false, true}) {
     set_gelu_rows_avx512_for_testing(fast);
-    linear_gelu_forward((fast ? avx512 : generic).data(), pre.data(), x.data(), weight.data(),
-                        bias.data(), rows, in, out, 4, 0, 0);
+    linear_gelu_forward((fast ? avx512 : generic).data(),
+                        (fast ? avx512_grad : generic_grad).data(), pre_tile.data(), x.data(),
+                        weight.data(), bias.data(), rows, in, out, tile, 0, 0);
   }
   set_gelu_rows_avx512_for_testing(true);
   EXPECT_EQ(avx512, generic);
+  EXPECT_EQ(avx512_grad, generic_grad);
   int negative = 0;  // GELU's negative lobe and positive side both show up
   for (bf16_bits value : generic) negative += bf16_to_float(value) < 0.0f;
   EXPECT_GT(negative, 0);
   EXPECT_LT(negative, rows * out);
 }
 
-TEST(LinearGeluOpTest, KeepsThePreactivationForBackward) {
-  LinearGeluGraph fused;
+// Forward keeps gelu'(pre) for backward: each kept value is gelu_tanh_grad of the eager Linear's
+// output, and y is gelu_tanh of it.
+TEST(LinearGeluOpTest, KeepsTheGeluDerivativeForBackward) {
+  LinearGeluGraph unfused, fused;
+  build(unfused, false, {9, 8, 12}, {});
   build(fused, true, {9, 8, 12}, {});
+  unfused.g.forward();
   fused.g.forward();
   const auto& op = static_cast<const LinearGeluOp&>(*fused.g.op_under_test);
-  ASSERT_EQ(op.preactivation().numel(), 9 * 12);
-  for (int64_t i = 0; i < 9 * 12; ++i)
-    EXPECT_FLOAT_EQ(fused.g.ws.values[fused.y].data()[i], gelu_tanh(op.preactivation().data()[i]));
+  ASSERT_EQ(op.saved_for_backward().numel(), 9 * 12);
+  const ValueId pre_id = unfused.g.graph.ops.front()->outputs[0];
+  const float* pre = unfused.g.ws.values[pre_id].data();
+  for (int64_t i = 0; i < 9 * 12; ++i) {
+    EXPECT_NEAR(op.saved_for_backward().data()[i], gelu_tanh_grad(pre[i]), 1e-5f) << i;
+    EXPECT_NEAR(fused.g.ws.values[fused.y].data()[i], gelu_tanh(pre[i]), 1e-5f) << i;
+  }
 }
 
 TEST(LinearGeluOpTest, GeluPostOpMatchesTheEagerEvalPair) {

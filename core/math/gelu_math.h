@@ -22,10 +22,14 @@ FT_HD float gelu_tanh(float x) {
 
 // With g = sigmoid(2u): dy/dx = g + x g (1 - g) 2 du/dx, du/dx = s (1 + 3 c x^2).
 // (The same as 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx with t = tanh(u) = 2g - 1.)
-FT_HD float gelu_tanh_grad(float x) {
-  const float g = gelu_sigmoid_term(x);
+// From g = gelu_sigmoid_term(x) already at hand (Linear+GELU's forward keeps gelu'(pre) with y).
+FT_HD float gelu_tanh_grad_from_sigmoid(float x, float g) {
   const float dinner = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
   return g + 2.0f * x * g * (1.0f - g) * dinner;
+}
+
+FT_HD float gelu_tanh_grad(float x) {
+  return gelu_tanh_grad_from_sigmoid(x, gelu_sigmoid_term(x));
 }
 
 }  // namespace ft

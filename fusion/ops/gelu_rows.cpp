@@ -29,8 +29,8 @@ void set_gelu_rows_avx512_for_testing(bool allowed) {
 }
 
 #if !FT_GELU_ROWS_AVX512
-void gelu_row_bf16_avx512(bf16_bits*, const float*, int64_t) {
-  FT_CHECK(false, "gelu_row_bf16_avx512: this build has no AVX512-BF16 loops");
+void gelu_and_grad_row_bf16_avx512(bf16_bits*, float*, const float*, int64_t) {
+  FT_CHECK(false, "gelu_and_grad_row_bf16_avx512: this build has no AVX512-BF16 loops");
 }
 void gelu_backward_row_bf16_avx512(bf16_bits*, float*, const float*, const float*, int64_t,
                                    int64_t) {

@@ -45,9 +45,8 @@ inline __m512 sigmoid_term(__m512 x) {
   return _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
 
-// gelu_tanh_grad: g + 2 x g (1 - g) s (1 + 3 c x x).
-inline __m512 gelu_grad(__m512 x) {
-  const __m512 g = sigmoid_term(x);
+// gelu_tanh_grad_from_sigmoid: g + 2 x g (1 - g) s (1 + 3 c x x).
+inline __m512 gelu_grad_from_sigmoid(__m512 x, __m512 g) {
   const __m512 x_squared_term =
       _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(3.0f * kGeluCubic), x), x);
   const __m512 dinner = _mm512_mul_ps(_mm512_set1_ps(kGeluScale),
@@ -70,33 +69,19 @@ inline __mmask16 lanes_left(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
 }
 
-}  // namespace
-
-// Four vectors a step: each is one long chain of dependent operations (the exp's polynomial, the
-// division), and four independent ones let the core overlap them.
-constexpr int64_t kStep = 64;
-
-void gelu_row_bf16_avx512(bf16_bits* out, const float* pre, int64_t count) {
-  int64_t i = 0;
-  for (; i + kStep <= count; i += kStep) {
-    __m512 x[4];
-    for (int v = 0; v < 4; ++v) x[v] = _mm512_loadu_ps(pre + i + 16 * v);
-    for (int v = 0; v < 4; ++v)
-      store_bf16(out + i + 16 * v, _mm512_mul_ps(x[v], sigmoid_term(x[v])), 0xFFFF);
-  }
-  for (; i < count; i += 16) {
-    const __mmask16 lanes = lanes_left(count - i);
-    const __m512 x = _mm512_maskz_loadu_ps(lanes, pre + i);
-    store_bf16(out + i, _mm512_mul_ps(x, sigmoid_term(x)), lanes);
-  }
+// y and gelu' of one vector of pre, sharing the sigmoid term.
+inline void gelu_and_grad_lanes(bf16_bits* out, float* grad, const float* pre, __mmask16 lanes) {
+  const __m512 x = _mm512_maskz_loadu_ps(lanes, pre);
+  const __m512 g = sigmoid_term(x);
+  store_bf16(out, _mm512_mul_ps(x, g), lanes);
+  _mm512_mask_storeu_ps(grad, lanes, gelu_grad_from_sigmoid(x, g));
 }
 
-namespace {
-
-inline void gelu_backward_lanes(bf16_bits* dpre, float* dbias, const float* dy, const float* pre,
-                                __mmask16 lanes) {
+// dpre = dy gelu' (+ db) for one vector.
+inline void scale_lanes(bf16_bits* dpre, float* dbias, const float* dy, const float* grad,
+                        __mmask16 lanes) {
   const __m512 gradient =
-      _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, dy), gelu_grad(_mm512_maskz_loadu_ps(lanes, pre)));
+      _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, dy), _mm512_maskz_loadu_ps(lanes, grad));
   if (dbias != nullptr)
     _mm512_mask_storeu_ps(dbias, lanes,
                           _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, dbias), gradient));
@@ -105,16 +90,28 @@ inline void gelu_backward_lanes(bf16_bits* dpre, float* dbias, const float* dy, 
 
 }  // namespace
 
-void gelu_backward_row_bf16_avx512(bf16_bits* dpre, float* dbias, const float* dy, const float* pre,
-                                   int64_t begin, int64_t end) {
+// Four vectors a step: each is one long chain of dependent operations (the exp's polynomial, the
+// division), and four independent ones let the core overlap them.
+constexpr int64_t kStep = 64;
+
+void gelu_and_grad_row_bf16_avx512(bf16_bits* out, float* grad, const float* pre, int64_t count) {
+  int64_t i = 0;
+  for (; i + kStep <= count; i += kStep)
+    for (int v = 0; v < 4; ++v)
+      gelu_and_grad_lanes(out + i + 16 * v, grad + i + 16 * v, pre + i + 16 * v, 0xFFFF);
+  for (; i < count; i += 16) gelu_and_grad_lanes(out + i, grad + i, pre + i, lanes_left(count - i));
+}
+
+void gelu_backward_row_bf16_avx512(bf16_bits* dpre, float* dbias, const float* dy,
+                                   const float* grad, int64_t begin, int64_t end) {
   int64_t i = begin;
   for (; i + kStep <= end; i += kStep)
     for (int v = 0; v < 4; ++v)
-      gelu_backward_lanes(dpre + i + 16 * v, dbias == nullptr ? nullptr : dbias + i + 16 * v,
-                          dy + i + 16 * v, pre + i + 16 * v, 0xFFFF);
+      scale_lanes(dpre + i + 16 * v, dbias == nullptr ? nullptr : dbias + i + 16 * v,
+                  dy + i + 16 * v, grad + i + 16 * v, 0xFFFF);
   for (; i < end; i += 16)
-    gelu_backward_lanes(dpre + i, dbias == nullptr ? nullptr : dbias + i, dy + i, pre + i,
-                        lanes_left(end - i));
+    scale_lanes(dpre + i, dbias == nullptr ? nullptr : dbias + i, dy + i, grad + i,
+                lanes_left(end - i));
 }
 
 }  // namespace ft

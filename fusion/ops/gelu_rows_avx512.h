@@ -19,11 +19,12 @@ namespace ft {
 bool gelu_rows_avx512_enabled();
 void set_gelu_rows_avx512_for_testing(bool allowed);
 
-// out[i] = float_to_bf16(gelu_tanh(pre[i])) for i < count. REQUIRES: gelu_rows_avx512_enabled().
-void gelu_row_bf16_avx512(bf16_bits* out, const float* pre, int64_t count);
-// For i in [begin, end): g = dy[i] gelu_tanh_grad(pre[i]); dbias[i] += g (when dbias is not
-// null); dpre[i] = float_to_bf16(g). REQUIRES: gelu_rows_avx512_enabled().
-void gelu_backward_row_bf16_avx512(bf16_bits* dpre, float* dbias, const float* dy, const float* pre,
-                                   int64_t begin, int64_t end);
+// For i < count: out[i] = float_to_bf16(gelu_tanh(pre[i])) and grad[i] = gelu_tanh_grad(pre[i]),
+// the sigmoid term computed once for both. REQUIRES: gelu_rows_avx512_enabled().
+void gelu_and_grad_row_bf16_avx512(bf16_bits* out, float* grad, const float* pre, int64_t count);
+// For i in [begin, end): g = dy[i] grad[i] (grad = gelu' as kept by forward); dbias[i] += g (when
+// dbias is not null); dpre[i] = float_to_bf16(g). REQUIRES: gelu_rows_avx512_enabled().
+void gelu_backward_row_bf16_avx512(bf16_bits* dpre, float* dbias, const float* dy,
+                                   const float* grad, int64_t begin, int64_t end);
 
 }  // namespace ft

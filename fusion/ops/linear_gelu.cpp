@@ -1,6 +1,8 @@
-// Linear + GELU over row tiles: each tile's pre-activation is produced by the GEMM and consumed
-// by the GELU (forward) or by gelu' and the dx GEMM (backward) while it is still in cache, instead
-// of the eager pair's full [rows, out] round trip through memory between two ops.
+// Linear + GELU over row tiles: each tile's pre-activation is produced by the GEMM into one
+// cache-sized scratch tile and consumed there by the GELU, which also keeps gelu'(pre) for
+// backward, instead of the eager pair's full [rows, out] round trip through memory between two
+// ops. Backward's gelu' sweep is then a product (dy gelu'), and dpre feeds the dx GEMM while the
+// tile is in cache.
 #include "fusion/ops/linear_gelu.h"
 
 #include <omp.h>
@@ -20,21 +22,20 @@ namespace {
 // Below this many elements a tile's elementwise loop costs less than waking OpenMP's team.
 constexpr int64_t kThreadedElements = 16384;
 
-// Columns [begin, end) of one row: dpre = dy gelu'(pre) (core/math/gelu_math.h), db += dpre
-// (skipped when null) and dpre rounded to bf16, with no fp32 dpre stored.
+// Columns [begin, end) of one row: dpre = dy gelu'(pre), gelu'(pre) as forward kept it in
+// `grad_row`; db += dpre (skipped when null) and dpre rounded to bf16, with no fp32 dpre stored.
 void gelu_backward_row_bf16(bf16_bits* dpre_row, float* dbias, const float* dy_row,
-                            const float* pre_row, int64_t begin, int64_t end) {
+                            const float* grad_row, int64_t begin, int64_t end) {
   if (gelu_rows_avx512_enabled())
-    return gelu_backward_row_bf16_avx512(dpre_row, dbias, dy_row, pre_row, begin, end);
+    return gelu_backward_row_bf16_avx512(dpre_row, dbias, dy_row, grad_row, begin, end);
   if (dbias == nullptr) {
 #pragma omp simd
-    for (int64_t o = begin; o < end; ++o)
-      dpre_row[o] = float_to_bf16(dy_row[o] * gelu_tanh_grad(pre_row[o]));
+    for (int64_t o = begin; o < end; ++o) dpre_row[o] = float_to_bf16(dy_row[o] * grad_row[o]);
     return;
   }
 #pragma omp simd
   for (int64_t o = begin; o < end; ++o) {
-    const float gradient = dy_row[o] * gelu_tanh_grad(pre_row[o]);
+    const float gradient = dy_row[o] * grad_row[o];
     dbias[o] += gradient;
     dpre_row[o] = float_to_bf16(gradient);
   }
@@ -59,25 +60,41 @@ void multiply_dpre_tile(float* dx, bool overwrite_dx, GemmOperand dpre_tile, Gem
 
 namespace {
 
-void gelu_row(float* y_row, const float* pre_row, int64_t count) {
-  for (int64_t o = 0; o < count; ++o) y_row[o] = gelu_tanh(pre_row[o]);
+// y = gelu(pre) and gelu'(pre) for one row, the sigmoid term computed once for both: the same
+// operations as gelu_tanh and gelu_tanh_grad (core/math/gelu_math.h), so the same bits.
+void store(float& y, float value) {
+  y = value;
 }
-void gelu_row(bf16_bits* y_row, const float* pre_row, int64_t count) {
-  if (gelu_rows_avx512_enabled()) return gelu_row_bf16_avx512(y_row, pre_row, count);
-  for (int64_t o = 0; o < count; ++o) y_row[o] = float_to_bf16(gelu_tanh(pre_row[o]));
+void store(bf16_bits& y, float value) {
+  y = float_to_bf16(value);
+}
+template <typename Out>
+void gelu_and_grad_row(Out* y_row, float* grad_row, const float* pre_row, int64_t count) {
+  for (int64_t o = 0; o < count; ++o) {
+    const float x = pre_row[o], g = gelu_sigmoid_term(x);
+    store(y_row[o], x * g);
+    grad_row[o] = gelu_tanh_grad_from_sigmoid(x, g);
+  }
+}
+void gelu_row(float* y_row, float* grad_row, const float* pre_row, int64_t count) {
+  gelu_and_grad_row(y_row, grad_row, pre_row, count);
+}
+void gelu_row(bf16_bits* y_row, float* grad_row, const float* pre_row, int64_t count) {
+  if (gelu_rows_avx512_enabled())
+    return gelu_and_grad_row_bf16_avx512(y_row, grad_row, pre_row, count);
+  gelu_and_grad_row(y_row, grad_row, pre_row, count);
 }
 
 }  // namespace
 
 template <typename Out>
-void linear_gelu_forward(Out* y, float* pre, GemmOperand x, GemmOperand weight, const float* bias,
-                         int64_t rows, int64_t in_features, int64_t out_features, int tile_rows,
-                         int64_t y_stride, int64_t x_stride) {
+void linear_gelu_forward(Out* y, float* gelu_grad, float* pre_tile, GemmOperand x,
+                         GemmOperand weight, const float* bias, int64_t rows, int64_t in_features,
+                         int64_t out_features, int tile_rows, int64_t y_stride, int64_t x_stride) {
   if (y_stride == 0) y_stride = out_features;
   if (x_stride == 0) x_stride = in_features;
   for (int64_t first = 0; first < rows; first += tile_rows) {
     const int64_t tile = std::min<int64_t>(tile_rows, rows - first);
-    float* pre_tile = pre + first * out_features;
     GemmArgs args;
     args.m = tile;
     args.n = out_features;
@@ -87,20 +104,22 @@ void linear_gelu_forward(Out* y, float* pre, GemmOperand x, GemmOperand weight, 
     args.bias = bias;
     gemm(pre_tile, x.at(first * x_stride), weight, args);
     Out* y_tile = y + first * y_stride;
+    float* grad_tile = gelu_grad + first * out_features;
 #pragma omp parallel for if (tile * out_features >= kThreadedElements)
     for (int64_t row = 0; row < tile; ++row)
-      gelu_row(y_tile + row * y_stride, pre_tile + row * out_features, out_features);
+      gelu_row(y_tile + row * y_stride, grad_tile + row * out_features,
+               pre_tile + row * out_features, out_features);
   }
 }
 
-template void linear_gelu_forward(float*, float*, GemmOperand, GemmOperand, const float*, int64_t,
-                                  int64_t, int64_t, int, int64_t, int64_t);
-template void linear_gelu_forward(bf16_bits*, float*, GemmOperand, GemmOperand, const float*,
+template void linear_gelu_forward(float*, float*, float*, GemmOperand, GemmOperand, const float*,
                                   int64_t, int64_t, int64_t, int, int64_t, int64_t);
+template void linear_gelu_forward(bf16_bits*, float*, float*, GemmOperand, GemmOperand,
+                                  const float*, int64_t, int64_t, int64_t, int, int64_t, int64_t);
 
 void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* dbias, float* dpre,
-                          bf16_bits* dpre_bf16, const float* dy, const float* pre, GemmOperand x,
-                          GemmOperand weight, int64_t rows, int64_t in_features,
+                          bf16_bits* dpre_bf16, const float* dy, const float* gelu_grad,
+                          GemmOperand x, GemmOperand weight, int64_t rows, int64_t in_features,
                           int64_t out_features, int tile_rows, int64_t dy_stride,
                           int64_t x_stride) {
   FT_CHECK((x.dtype == DType::kBF16) == (dpre_bf16 != nullptr),
@@ -109,7 +128,7 @@ void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* d
   if (x_stride == 0) x_stride = in_features;
   for (int64_t first = 0; first < rows; first += tile_rows) {
     const int64_t tile = std::min<int64_t>(tile_rows, rows - first);
-    const float* pre_tile = pre + first * out_features;
+    const float* grad_tile = gelu_grad + first * out_features;
     const float* dy_tile = dy + first * dy_stride;
     if (dpre_bf16 != nullptr) {
       // bf16: one sweep computes dpre, adds it to db and rounds it for the GEMMs, so the fp32
@@ -124,7 +143,7 @@ void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* d
         const int64_t begin = part * chunk, end = std::min(out_features, begin + chunk);
         for (int64_t row = 0; row < tile; ++row)
           gelu_backward_row_bf16(dpre_bf16_tile + row * out_features, dbias,
-                                 dy_tile + row * dy_stride, pre_tile + row * out_features, begin,
+                                 dy_tile + row * dy_stride, grad_tile + row * out_features, begin,
                                  end);
       }
       multiply_dpre_tile(dx, overwrite_dx, dpre_bf16_tile, weight, first, tile, in_features,
@@ -132,14 +151,14 @@ void linear_gelu_backward(float* dx, bool overwrite_dx, float* dweight, float* d
       continue;
     }
     float* dpre_tile = dpre + first * out_features;
-    // y = gelu(pre)  =>  dpre = dy gelu'(pre); gelu' is derived in core/math/gelu_math.h.
+    // y = gelu(pre)  =>  dpre = dy gelu'(pre); gelu' is derived in core/math/gelu_math.h and
+    // was kept by forward.
 #pragma omp parallel for if (tile * out_features >= kThreadedElements)
     for (int64_t row = 0; row < tile; ++row) {
-      const float* pre_row = pre_tile + row * out_features;
+      const float* grad_row = grad_tile + row * out_features;
       const float* dy_row = dy_tile + row * dy_stride;
       float* dpre_row = dpre_tile + row * out_features;
-      for (int64_t o = 0; o < out_features; ++o)
-        dpre_row[o] = dy_row[o] * gelu_tanh_grad(pre_row[o]);
+      for (int64_t o = 0; o < out_features; ++o) dpre_row[o] = dy_row[o] * grad_row[o];
     }
     // pre = ... + b broadcast over rows  =>  db = sum over rows of dpre
     if (dbias != nullptr)
@@ -208,24 +227,26 @@ void LinearGeluOp::forward(Workspace& ws, ParamStore& params) {
     gemm(y, x, weight, args);
     return;
   }
-  if (preactivation_.numel() != rows_ * out_features_ || preactivation_.device() != ws.device)
-    preactivation_ = Tensor::empty({rows_, out_features_}, ws.device);
+  if (saved_.numel() != rows_ * out_features_ || saved_.device() != ws.device)
+    saved_ = Tensor::empty({rows_, out_features_}, ws.device);
+  if (ws.device == Device::kCpu && preactivation_tile_.numel() != tile_rows_ * out_features_)
+    preactivation_tile_ = Tensor::empty({tile_rows_, out_features_});
   const int64_t y_stride = ws.row_stride(outputs[0]), x_stride = ws.row_stride(inputs[0]);
   // fusion.vertical.cast: y feeds GEMMs only and is written in bf16 straight from the tile.
   if (y_value.dtype() == DType::kBF16) {
     bf16_bits* y_bf16 = y_value.bf16_data();
     FT_RUN_ON_CUDA(
-        ws, linear_gelu_forward_cuda(y_bf16, preactivation_.data(), x, weight, bias, rows_,
-                                     in_features_, out_features_, y_stride, x_stride, ws.stream));
-    linear_gelu_forward(y_bf16, preactivation_.data(), x, weight, bias, rows_, in_features_,
-                        out_features_, tile_rows_, y_stride, x_stride);
+        ws, linear_gelu_forward_cuda(y_bf16, saved_.data(), x, weight, bias, rows_, in_features_,
+                                     out_features_, y_stride, x_stride, ws.stream));
+    linear_gelu_forward(y_bf16, saved_.data(), preactivation_tile_.data(), x, weight, bias, rows_,
+                        in_features_, out_features_, tile_rows_, y_stride, x_stride);
     return;
   }
-  FT_RUN_ON_CUDA(
-      ws, linear_gelu_forward_cuda(y, preactivation_.data(), x, weight, bias, rows_, in_features_,
-                                   out_features_, y_stride, x_stride, ws.stream));
-  linear_gelu_forward(y, preactivation_.data(), x, weight, bias, rows_, in_features_, out_features_,
-                      tile_rows_, y_stride, x_stride);
+  FT_RUN_ON_CUDA(ws,
+                 linear_gelu_forward_cuda(y, saved_.data(), x, weight, bias, rows_, in_features_,
+                                          out_features_, y_stride, x_stride, ws.stream));
+  linear_gelu_forward(y, saved_.data(), preactivation_tile_.data(), x, weight, bias, rows_,
+                      in_features_, out_features_, tile_rows_, y_stride, x_stride);
 }
 
 void LinearGeluOp::backward(Workspace& ws, ParamStore& params) {
@@ -233,7 +254,7 @@ void LinearGeluOp::backward(Workspace& ws, ParamStore& params) {
                       weight_row_offset_);
   FT_CHECK(forward_kind_ == LinearGeluForward::kTiledKeepPreactivation, kind(), " '", name,
            "': built for inference (GELU post-op), which saves nothing for backward");
-  FT_CHECK(preactivation_.numel() == rows_ * out_features_, kind(), " '", name,
+  FT_CHECK(saved_.numel() == rows_ * out_features_, kind(), " '", name,
            "': backward before forward");
   const int64_t offset = weight_row_offset_ * in_features_;
   float* dbias = has_bias_ ? params[this->params[1]].grad.data() + weight_row_offset_ : nullptr;
@@ -255,19 +276,20 @@ void LinearGeluOp::backward(Workspace& ws, ParamStore& params) {
     dpreactivation_ = Tensor::empty({rows_, out_features_}, ws.device);
   float* dpre = stores_fp32_dpre ? dpreactivation_.data() : nullptr;
   float* dweight = params[this->params[0]].grad.data() + offset;
-  FT_RUN_ON_CUDA(
-      ws, linear_gelu_backward_cuda(
-              dx_data, ws.grad_is_fresh(inputs[0]), dweight, dbias, dpre, dpre_bf16,
-              ws.grads[outputs[0]].data(), preactivation_.data(), x, weight, rows_, in_features_,
-              out_features_, ws.row_stride(outputs[0]), ws.row_stride(inputs[0]), ws.stream));
+  FT_RUN_ON_CUDA(ws, linear_gelu_backward_cuda(dx_data, ws.grad_is_fresh(inputs[0]), dweight, dbias,
+                                               dpre, dpre_bf16, ws.grads[outputs[0]].data(),
+                                               saved_.data(), x, weight, rows_, in_features_,
+                                               out_features_, ws.row_stride(outputs[0]),
+                                               ws.row_stride(inputs[0]), ws.stream));
   linear_gelu_backward(dx_data, ws.grad_is_fresh(inputs[0]), dweight, dbias, dpre, dpre_bf16,
-                       ws.grads[outputs[0]].data(), preactivation_.data(), x, weight, rows_,
-                       in_features_, out_features_, tile_rows_, ws.row_stride(outputs[0]),
+                       ws.grads[outputs[0]].data(), saved_.data(), x, weight, rows_, in_features_,
+                       out_features_, tile_rows_, ws.row_stride(outputs[0]),
                        ws.row_stride(inputs[0]));
 }
 
-// The Linear's GEMMs plus GeluOp's elementwise work; the pre-activation is written once (training)
-// and re-read from cache, so it counts as saved bytes rather than a second read.
+// The Linear's GEMMs plus GeluOp's elementwise work; what backward needs (gelu'(pre) on the CPU,
+// pre on cuda) is written once (training), and pre is re-read from cache, so the saved tensor
+// counts as saved bytes rather than a second read.
 OpCost LinearGeluOp::cost(const Graph& graph) const {
   OpCost cost = Op::cost(graph);
   const double macs = static_cast<double>(rows_) * in_features_ * out_features_;
