@@ -11,6 +11,9 @@
 // is perturbed (linear, residual, embedding, dropout, lm head) have no truncation error at all
 // and get the tighter tolerance. A wrong backward (missing term, wrong index, transpose) is off
 // by O(1).
+#include <limits>
+#include <vector>
+
 #include "tests/op_test_util.h"
 
 namespace ft {
@@ -88,6 +91,21 @@ TEST(SoftmaxCrossEntropyOpTest, ForwardMatchesHandComputation) {
               1e-6);
   EXPECT_NEAR(op.probs().data()[6], 1.0f, 1e-6);
   EXPECT_TRUE(std::isfinite(g.data(loss)[0]));
+}
+
+// row_max (the softmax's shift, vectorised) finds the maximum wherever it lies, at lengths that
+// leave vector tails, among negative values, and beside -inf.
+TEST(SoftmaxCrossEntropyOpTest, RowMaxFindsTheMaximumAnywhere) {
+  for (int64_t n : {1, 2, 15, 16, 17, 33, 256}) {
+    for (int64_t at = 0; at < n; at += std::max<int64_t>(1, n / 5)) {
+      std::vector<float> row(n);
+      for (int64_t i = 0; i < n; ++i) row[i] = -100.0f - static_cast<float>(i % 7);
+      row[n - 1 == at ? 0 : n - 1] = -std::numeric_limits<float>::infinity();
+      if (n == 1) row[0] = 0.0f;
+      row[at] = 1000.0f - static_cast<float>(at);
+      EXPECT_EQ(row_max(row.data(), n), row[at]) << "n " << n << ", max at " << at;
+    }
+  }
 }
 
 TEST(SoftmaxCrossEntropyOpTest, RejectsOutOfRangeTargets) {

@@ -42,8 +42,7 @@ float classifier_forward(float* logits, float* dlogits, GemmOperand x, GemmOpera
 #pragma omp parallel for reduction(+ : loss_sum) if (block * vocab >= kThreadedElements)
     for (int64_t row = 0; row < block; ++row) {
       const float* logit_row = logit_block + row * vocab;
-      float max_logit = logit_row[0];
-      for (int64_t c = 1; c < vocab; ++c) max_logit = std::fmax(max_logit, logit_row[c]);
+      const float max_logit = row_max(logit_row, vocab);
       float sum = 0.0f;
       const int32_t target = targets[first + row];
       if (dlogits != nullptr) {

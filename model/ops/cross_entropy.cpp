@@ -24,8 +24,7 @@ float softmax_cross_entropy_forward(float* probs, const float* logits, const int
   for (int64_t row = 0; row < rows; ++row) {
     const float* logit_row = logits + row * classes;
     float* prob_row = probs + row * classes;
-    float max_logit = logit_row[0];
-    for (int64_t c = 1; c < classes; ++c) max_logit = std::fmax(max_logit, logit_row[c]);
+    const float max_logit = row_max(logit_row, classes);
     float sum = 0.0f;
     for (int64_t c = 0; c < classes; ++c) {
       prob_row[c] = std::exp(logit_row[c] - max_logit);
