@@ -13,13 +13,19 @@
 
 namespace {
 
-// Args: m, n, k, transpose_a, transpose_b, accumulate, bf16 (0: fp32 operands, 1: bf16).
-void BM_Gemm(benchmark::State& state) {
+// The GEMM shape of a benchmark's first three args (m, n, k), after setting its threads.
+ft::GemmArgs shape_of(const benchmark::State& state) {
   ft::bench::set_threads_from_env();
   ft::GemmArgs args;
   args.m = state.range(0);
   args.n = state.range(1);
   args.k = state.range(2);
+  return args;
+}
+
+// Args: m, n, k, transpose_a, transpose_b, accumulate, bf16 (0: fp32 operands, 1: bf16).
+void BM_Gemm(benchmark::State& state) {
+  ft::GemmArgs args = shape_of(state);
   args.transpose_a = state.range(3) != 0;
   args.transpose_b = state.range(4) != 0;
   args.accumulate = state.range(5) != 0;
@@ -76,6 +82,36 @@ BENCHMARK(BM_Gemm)
     ->Apply(linear_shapes)
     ->Apply(mlp_tile_shapes)
     ->Apply(gpt_small_bf16_shapes)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// gpt_small's QKV GEMM (rows 1024, 256 -> 768, bias) writing bf16 q, k, v: oneDNN rounding C as it
+// stores it (gemm_bf16_output, variant 1) against the fp32 C of gemm then a rounding pass
+// (variant 0, the row-tile path where the CPU has no bf16 instructions).
+// Args: m, n, k, variant.
+void BM_Bf16Output(benchmark::State& state) {
+  ft::GemmArgs args = shape_of(state);
+  args.transpose_b = true;
+  std::vector<float> bias(args.n, 0.1f), c(args.m * args.n);
+  args.bias = bias.data();
+  std::vector<ft::bf16_bits> a(args.m * args.k, ft::float_to_bf16(0.5f)),
+      b(args.k * args.n, ft::float_to_bf16(0.25f)), c16(args.m * args.n);
+  if (!ft::bf16_gemm_native()) return state.SkipWithError("no bf16 instructions here");
+  for (auto _ : state) {
+    if (state.range(3) != 0) {
+      ft::gemm_bf16_output(c16.data(), a.data(), b.data(), args);
+    } else {
+      ft::gemm(c.data(), a.data(), b.data(), args);
+      ft::cast_rows_to_bf16(c16.data(), args.n, c.data(), args.n, args.m, args.n);
+    }
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * args.m * args.n * args.k * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Bf16Output)
+    ->ArgNames({"m", "n", "k", "variant"})
+    ->Args({1024, 768, 256, 0})
+    ->Args({1024, 768, 256, 1})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

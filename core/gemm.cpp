@@ -106,9 +106,10 @@ struct CachedGemm {
   dnnl::memory src, weights, bias, dst;
 };
 
-std::map<GemmShapeKey, CachedGemm>& cache() {
-  static std::map<GemmShapeKey, CachedGemm> gemms;
-  return gemms;
+// One cache per C dtype: fp32 (gemm) and bf16 (gemm_bf16_output).
+std::map<GemmShapeKey, CachedGemm>& cache(DType output) {
+  static std::map<GemmShapeKey, CachedGemm> fp32_output, bf16_output;
+  return output == DType::kBF16 ? bf16_output : fp32_output;
 }
 
 // Row-major X[rows, cols] with row stride `ld`; `transposed` means the storage is [cols, rows].
@@ -123,13 +124,13 @@ dnnl::memory::desc matrix_desc(int64_t batch, int64_t rows, int64_t cols, int64_
 }
 
 // `r` has resolved strides and an epilogue oneDNN runs itself (kNone, kRelu, kGeluTanh).
-CachedGemm make_gemm(const GemmArgs& r, DType operands) {
+CachedGemm make_gemm(const GemmArgs& r, DType operands, DType output) {
   dnnl::engine& engine = cpu_engine();
   const auto src_md =
       matrix_desc(r.batch, r.m, r.k, r.lda, r.batch_stride_a, r.transpose_a, operands);
   const auto weights_md =
       matrix_desc(r.batch, r.k, r.n, r.ldb, r.batch_stride_b, r.transpose_b, operands);
-  const auto dst_md = matrix_desc(r.batch, r.m, r.n, r.ldc, r.batch_stride_c, false);
+  const auto dst_md = matrix_desc(r.batch, r.m, r.n, r.ldc, r.batch_stride_c, false, output);
   dnnl::memory::desc bias_md;
   if (r.bias != nullptr)
     bias_md = dnnl::memory::desc({1, 1, r.n}, dnnl::memory::data_type::f32, {r.n, r.n, 1});
@@ -157,10 +158,13 @@ CachedGemm make_gemm(const GemmArgs& r, DType operands) {
   return gemm;
 }
 
-void run_onednn(float* c, GemmOperand a, GemmOperand b, const GemmArgs& r) {
+// C is fp32 (float*) or, with `output` bf16, bf16_bits*.
+void run_onednn(void* c, GemmOperand a, GemmOperand b, const GemmArgs& r,
+                DType output = DType::kF32) {
   const GemmShapeKey key = GemmShapeKey::of(r, a.dtype);
-  auto it = cache().find(key);
-  if (it == cache().end()) it = cache().emplace(key, make_gemm(r, a.dtype)).first;
+  auto& gemms = cache(output);
+  auto it = gemms.find(key);
+  if (it == gemms.end()) it = gemms.emplace(key, make_gemm(r, a.dtype, output)).first;
   CachedGemm& cached = it->second;
   cached.src.set_data_handle(const_cast<void*>(a.data));
   cached.weights.set_data_handle(const_cast<void*>(b.data));
@@ -327,6 +331,18 @@ void gemm(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args) {
   const double start_ms = now_ms();
   gemm_dispatch(c, a, b, args);
   timed_ms += now_ms() - start_ms;
+}
+
+void gemm_bf16_output(bf16_bits* c, GemmOperand a, GemmOperand b, const GemmArgs& args) {
+  check_gemm_args(args, "gemm_bf16_output");
+  FT_CHECK(a.dtype == DType::kBF16 && b.dtype == DType::kBF16 && bf16_gemm_native(),
+           "gemm_bf16_output: needs bf16 A and B and a CPU with bf16 instructions");
+  FT_CHECK(
+      args.epilogue == Epilogue::kNone && !args.accumulate && args.batch == 1 && args.alpha == 1.0f,
+      "gemm_bf16_output: takes a bias only (no epilogue, accumulate, batch or alpha)");
+  const double start_ms = timing_enabled ? now_ms() : 0.0;
+  run_onednn(c, a, b, resolve_gemm_strides(args), DType::kBF16);
+  if (timing_enabled) timed_ms += now_ms() - start_ms;
 }
 
 }  // namespace ft

@@ -109,6 +109,13 @@ struct GemmOperand {
 // products, so both paths agree to fp32 accumulation order. REQUIRES: a.dtype == b.dtype.
 void gemm(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args);
 
+// C = A B (+ bias) with C in bf16: oneDNN accumulates in fp32, adds the bias and rounds each
+// element once to nearest even, as float_to_bf16 rounds gemm's fp32 C, with no fp32 C written.
+// For a producer whose output feeds bf16 GEMMs only (fusion.vertical.cast). ldc counts bf16
+// elements. REQUIRES: bf16 A and B, bf16_gemm_native(), epilogue kNone, no accumulate, batch 1,
+// alpha 1.
+void gemm_bf16_output(bf16_bits* c, GemmOperand a, GemmOperand b, const GemmArgs& args);
+
 // True when oneDNN runs bf16 GEMMs with bf16 instructions here (AVX512-BF16 or AMX); decided at
 // run time from oneDNN's effective ISA, so ONEDNN_MAX_CPU_ISA=AVX2 forces the widening path.
 bool bf16_gemm_native();

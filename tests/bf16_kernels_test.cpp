@@ -144,6 +144,42 @@ TEST(Bf16Gemm, MixedOperandDtypesAreRefused) {
   EXPECT_THROW(gemm(c.data(), a.data(), b.data(), args), Error);
 }
 
+// gemm_bf16_output (the QKV GEMM writing bf16 q, k, v) against gemm's fp32 C rounded by
+// float_to_bf16: bit for bit, with a bias, a transposed B, an A column view and a C row stride
+// wider than N whose gap it leaves alone. It needs bf16 instructions and takes a bias only.
+TEST(Bf16Gemm, Bf16OutputIsTheFp32OutputRounded) {
+  GemmArgs args;
+  args.m = 37, args.n = 48, args.k = 96;
+  args.transpose_b = true, args.lda = 100, args.ldc = 53;
+  const std::vector<float> a = gemm_test::uniform(args.m * args.lda, -2, 2, 11);
+  const std::vector<float> b = gemm_test::uniform(args.n * args.k, -2, 2, 12);
+  const std::vector<float> bias = gemm_test::uniform(args.n, -1, 1, 13);
+  std::vector<bf16_bits> a16(a.size()), b16(b.size());
+  cast_to_bf16(a16.data(), a.data(), static_cast<int64_t>(a.size()));
+  cast_to_bf16(b16.data(), b.data(), static_cast<int64_t>(b.size()));
+  args.bias = bias.data();
+  const bf16_bits gap = float_to_bf16(7.0f);
+  std::vector<bf16_bits> c16(args.m * args.ldc, gap);
+  if (!bf16_gemm_native()) {
+    EXPECT_THROW(gemm_bf16_output(c16.data(), a16.data(), b16.data(), args), Error);
+    GTEST_SKIP() << bf16_gemm_path();
+  }
+  gemm_bf16_output(c16.data(), a16.data(), b16.data(), args);
+  std::vector<float> c32(args.m * args.ldc);
+  gemm(c32.data(), a16.data(), b16.data(), args);
+  int64_t inexact = 0;
+  for (int64_t i = 0; i < args.m; ++i)
+    for (int64_t j = 0; j < args.ldc; ++j) {
+      const bf16_bits want = j < args.n ? float_to_bf16(c32[i * args.ldc + j]) : gap;
+      ASSERT_EQ(c16[i * args.ldc + j], want) << "C[" << i << ", " << j << "]";
+      inexact += j < args.n && bf16_to_float(want) != c32[i * args.ldc + j];
+    }
+  EXPECT_GT(inexact, args.m * args.n / 2) << "the fp32 sums were mostly not bf16 values";
+  GemmArgs accumulate = args;
+  accumulate.accumulate = true;
+  EXPECT_THROW(gemm_bf16_output(c16.data(), a16.data(), b16.data(), accumulate), Error);
+}
+
 TEST(CastOp, ForwardRoundsAndBackwardPassesTheGradientThrough) {
   Graph graph;
   const ValueId x = graph.add_value("x", {3, 8});

@@ -52,6 +52,13 @@ void QkvLinearOp::forward_into_bf16(Workspace& ws, ParamStore& params) {
   const GemmOperand weight =
       weight_operand(params[this->params[0]], weight_row_offset_ * in_features_, DType::kBF16);
   const bool on_cuda = ws.device == Device::kCuda;
+  if (!on_cuda && bf16_gemm_native()) {
+    // oneDNN rounds C to bf16 as it stores it, so no fp32 rows are written (the bits are those
+    // of the tiles below: the same fp32 sums, rounded to nearest even).
+    return gemm_bf16_output(
+        y, x.bf16_data(), weight,
+        linear_forward_gemm(rows_, in_features_, out, bias, y_stride, x_stride));
+  }
   const int64_t tile_rows = on_cuda ? rows_ : bf16_tile_rows_;
   reuse_or_allocate(fp32_tile_, tile_rows * out, ws.device);
   float* fp32_rows = fp32_tile_.data();
