@@ -8,10 +8,11 @@
 // which sums the three Linears' dx contributions inside one GEMM instead of three.
 // Inputs {x}, outputs {y [rows, count * width]} (either may be a view), params {weight, bias when
 // has_bias}.
-// bf16 y (fusion.vertical.cast absorbed the casts of q, k and v, fusion/cast_pass.cpp): the GEMM
-// writes fp32 row tiles of `bf16_tile_rows` rows into a scratch that stays in cache, each rounded
-// into y as the eager cast ops round (bit for bit: the same fp32 sums); on cuda one fp32 scratch
-// of all rows, then the cast kernel. Backward is the same, its dy being fp32 whatever y's dtype;
+// bf16 y (fusion.vertical.cast absorbed the casts of q, k and v, fusion/cast_pass.cpp): where the
+// CPU has bf16 instructions oneDNN rounds C into y as it stores it (gemm_bf16_output); elsewhere
+// the GEMM writes fp32 row tiles of `bf16_tile_rows` rows into a scratch that stays in cache, each
+// rounded into y. Both round as the eager cast ops do (bit for bit: the same fp32 sums). On cuda
+// one fp32 scratch of all rows, then the cast kernel. Backward is the same, its dy being fp32 whatever y's dtype;
 // on the CPU in bf16 one sweep over dy both rounds it for the GEMMs and sums db (LinearOp's reads
 // it twice), bit for bit with LinearOp.
 // On cuda forward and backward run linear.h's *_cuda launchers (via linear_op_forward/backward).
