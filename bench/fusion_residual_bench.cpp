@@ -4,7 +4,8 @@
 //   8·128, C 256), with dropout 0.1 and without (dropout_pct 0: residual add -> LayerNorm);
 //   Sweep*: the optimizer step's parameter sweeps over gpt_tiny's 0.83M parameters (AdamW step,
 //   gradient zeroing, global norm with clipping, and all three as one step's worth), per tensor
-//   (multi 0) vs one chunked pass each (multi 1).
+//   (multi 0) vs one chunked pass each (multi 1); a step's worth also with the clip's scale and
+//   the zeroing folded into the update (multi 2), and over gpt_small's 4.84M (gpt_small 1).
 //   build-*/bench/fusion_residual_bench --benchmark_counters_tabular=true
 // Env FT_THREADS sets the OpenMP threads (default 1; the multi-tensor target is stated for 2).
 // Counters: GB/s over the bytes each variant moves. ResidualLn: 3x the forward bytes of the ops'
@@ -15,6 +16,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +26,7 @@
 #include "core/rng.h"
 #include "fusion/multi_tensor.h"
 #include "fusion/ops/residual_layernorm.h"
+#include "kernels/step_control.h"
 #include "model/executor.h"
 #include "model/gpt.h"
 #include "model/ops/dropout.h"
@@ -96,8 +99,9 @@ struct SweepBench {
   std::shared_ptr<ParamSweep> sweep;
   std::vector<float> saved_grads;  // what backward leaves, restored before each timed sweep
 
-  explicit SweepBench(bool multi) {
-    const GptShape shape{4, 4, 128, 64, 256, 0.0f, false};
+  explicit SweepBench(bool multi, bool gpt_small = false) {
+    const GptShape shape = gpt_small ? GptShape{6, 8, 256, 128, 256, 0.0f, false}
+                                     : GptShape{4, 4, 128, 64, 256, 0.0f, false};
     register_gpt_params(shape, params);
     params.allocate();
     params.initialize(1);
@@ -149,19 +153,29 @@ void BM_SweepGradNormClip(benchmark::State& state) {
   b.counters(state, 12);
 }
 
-// What a training step spends outside forward and backward on the parameters: clip, step, zero.
+// What a training step spends outside forward and backward on the parameters: clip, step, zero;
+// multi 2 is the trainer's multi-tensor step, the clip's scale and the zeroing folded into the
+// update (ParamSweep::fold_into_next_update). gpt_small 1: its 4.84M parameters (19 MB a buffer,
+// past L2 and most of L3) instead of gpt_tiny's 0.83M.
 void BM_SweepStep(benchmark::State& state) {
   bench::set_threads_from_env();
-  SweepBench b(state.range(0) != 0);
+  const bool folded = state.range(0) == 2;
+  SweepBench b(state.range(0) != 0, state.range(1) != 0);
   for (auto _ : state) {
     state.PauseTiming();
     b.restore_grads();
     state.ResumeTiming();
-    benchmark::DoNotOptimize(clip_grad_norm(b.params, 0.5f, *b.sweep));
-    b.optimizer->step(b.params, 1e-4f);
-    b.sweep->zero(b.params);
+    if (folded) {
+      const float norm = static_cast<float>(std::sqrt(b.sweep->square_sum(b.params)));
+      b.sweep->fold_into_next_update(b.params, clip_grad_scale(norm, 0.5f));
+      b.optimizer->step(b.params, 1e-4f);
+    } else {
+      benchmark::DoNotOptimize(clip_grad_norm(b.params, 0.5f, *b.sweep));
+      b.optimizer->step(b.params, 1e-4f);
+      b.sweep->zero(b.params);
+    }
   }
-  b.counters(state, 44);
+  b.counters(state, folded ? 36 : 44);
 }
 
 void sweep_modes(benchmark::internal::Benchmark* bench) {
@@ -171,7 +185,11 @@ void sweep_modes(benchmark::internal::Benchmark* bench) {
 BENCHMARK(BM_SweepAdamW)->Apply(sweep_modes);
 BENCHMARK(BM_SweepZeroGrads)->Apply(sweep_modes);
 BENCHMARK(BM_SweepGradNormClip)->Apply(sweep_modes);
-BENCHMARK(BM_SweepStep)->Apply(sweep_modes);
+BENCHMARK(BM_SweepStep)
+    ->ArgNames({"multi", "gpt_small"})
+    ->ArgsProduct({{0, 1, 2}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 }  // namespace
 

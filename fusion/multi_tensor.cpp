@@ -53,40 +53,67 @@ MultiTensorPlan make_multi_tensor_plan(const ParamStore& params) {
   return plan;
 }
 
-void multi_tensor_adamw(const MultiTensorPlan& plan, float* values, float* exp_avg,
-                        float* exp_avg_sq, const float* grads, const AdamWStep& step,
-                        bf16_bits* bf16_values) {
+namespace {
+
+// update(segment) for every segment of the plan, chunks in parallel.
+template <typename Update>
+void for_each_segment(const MultiTensorPlan& plan, const Update& update) {
   const int64_t chunks = plan.num_chunks();
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (int64_t chunk = 0; chunk < chunks; ++chunk)
-    for (int s = plan.chunk_segments[chunk]; s < plan.chunk_segments[chunk + 1]; ++s) {
-      const MultiTensorSegment& segment = plan.segments[s];
-      const int64_t begin = segment.begin;
-      // The bf16 copy as each value is updated, still in a register: one sweep instead of two.
-      if (bf16_values != nullptr)
-        adamw_update(values + begin, exp_avg + begin, exp_avg_sq + begin, grads + begin,
-                     segment.end - begin, step, segment.weight_decay, bf16_values + begin);
-      else
-        adamw_update(values + begin, exp_avg + begin, exp_avg_sq + begin, grads + begin,
-                     segment.end - begin, step, segment.weight_decay);
-    }
+    for (int s = plan.chunk_segments[chunk]; s < plan.chunk_segments[chunk + 1]; ++s)
+      update(plan.segments[s]);
+}
+
+}  // namespace
+
+void multi_tensor_adamw(const MultiTensorPlan& plan, float* values, float* exp_avg,
+                        float* exp_avg_sq, const float* grads, const AdamWStep& step,
+                        bf16_bits* bf16_values) {
+  for_each_segment(plan, [&](const MultiTensorSegment& segment) {
+    const int64_t begin = segment.begin;
+    // The bf16 copy as each value is updated, still in a register: one sweep instead of two.
+    if (bf16_values != nullptr)
+      adamw_update(values + begin, exp_avg + begin, exp_avg_sq + begin, grads + begin,
+                   segment.end - begin, step, segment.weight_decay, bf16_values + begin);
+    else
+      adamw_update(values + begin, exp_avg + begin, exp_avg_sq + begin, grads + begin,
+                   segment.end - begin, step, segment.weight_decay);
+  });
 }
 
 void multi_tensor_sgd(const MultiTensorPlan& plan, float* values, float* momentum_buffer,
                       const float* grads, const SgdStep& step, bf16_bits* bf16_values) {
-  const int64_t chunks = plan.num_chunks();
-#pragma omp parallel for schedule(static) if (chunks > 1)
-  for (int64_t chunk = 0; chunk < chunks; ++chunk)
-    for (int s = plan.chunk_segments[chunk]; s < plan.chunk_segments[chunk + 1]; ++s) {
-      const MultiTensorSegment& segment = plan.segments[s];
-      const int64_t begin = segment.begin;
-      if (bf16_values != nullptr)
-        sgd_update(values + begin, momentum_buffer + begin, grads + begin, segment.end - begin,
-                   step, segment.weight_decay, bf16_values + begin);
-      else
-        sgd_update(values + begin, momentum_buffer + begin, grads + begin, segment.end - begin,
-                   step, segment.weight_decay);
-    }
+  for_each_segment(plan, [&](const MultiTensorSegment& segment) {
+    const int64_t begin = segment.begin;
+    if (bf16_values != nullptr)
+      sgd_update(values + begin, momentum_buffer + begin, grads + begin, segment.end - begin, step,
+                 segment.weight_decay, bf16_values + begin);
+    else
+      sgd_update(values + begin, momentum_buffer + begin, grads + begin, segment.end - begin, step,
+                 segment.weight_decay);
+  });
+}
+
+void multi_tensor_adamw_consuming(const MultiTensorPlan& plan, float* values, float* exp_avg,
+                                  float* exp_avg_sq, float* grads, const AdamWStep& step,
+                                  bf16_bits* bf16_values, float grad_scale) {
+  for_each_segment(plan, [&](const MultiTensorSegment& segment) {
+    const int64_t begin = segment.begin;
+    adamw_update_consuming(values + begin, exp_avg + begin, exp_avg_sq + begin, grads + begin,
+                           segment.end - begin, step, segment.weight_decay,
+                           bf16_values == nullptr ? nullptr : bf16_values + begin, grad_scale);
+  });
+}
+
+void multi_tensor_sgd_consuming(const MultiTensorPlan& plan, float* values, float* momentum_buffer,
+                                float* grads, const SgdStep& step, bf16_bits* bf16_values) {
+  for_each_segment(plan, [&](const MultiTensorSegment& segment) {
+    const int64_t begin = segment.begin;
+    sgd_update_consuming(values + begin, momentum_buffer + begin, grads + begin,
+                         segment.end - begin, step, segment.weight_decay,
+                         bf16_values == nullptr ? nullptr : bf16_values + begin);
+  });
 }
 
 void multi_tensor_zero(float* data, int64_t numel) {
@@ -121,7 +148,17 @@ double multi_tensor_square_sum(const float* data, int64_t numel) {
 }
 
 MultiTensorSweep::MultiTensorSweep(const ParamStore& params)
-    : plan_(make_multi_tensor_plan(params)) {}
+    : plan_(make_multi_tensor_plan(params)) {
+  // Segments are sorted and disjoint: they cover [0, numel) when they abut and sum to it.
+  int64_t covered = 0, next = 0;
+  bool abutting = true;
+  for (const MultiTensorSegment& segment : plan_.segments) {
+    abutting = abutting && segment.begin == next;
+    next = segment.end;
+    covered += segment.end - segment.begin;
+  }
+  segments_cover_all_ = abutting && covered == plan_.numel;
+}
 
 void MultiTensorSweep::check_store(const ParamStore& params) const {
   FT_CHECK(params.num_trainable_floats() == plan_.numel, "MultiTensorSweep: planned for ",
@@ -190,6 +227,12 @@ void MultiTensorSweep::adamw(ParamStore& params, Tensor& exp_avg, Tensor& exp_av
                                    step, device_control(), bf16_copy_target(params),
                                    compute_stream());
 #endif
+  if (fold_pending_) {
+    fold_pending_ = false;
+    return multi_tensor_adamw_consuming(plan_, params.flat_values().data(), exp_avg.data(),
+                                        exp_avg_sq.data(), params.flat_grads().data(), step,
+                                        bf16_copies(params), fold_scale_);
+  }
   multi_tensor_adamw(plan_, params.flat_values().data(), exp_avg.data(), exp_avg_sq.data(),
                      params.flat_grads().data(), step, bf16_copies(params));
 }
@@ -204,8 +247,25 @@ void MultiTensorSweep::sgd(ParamStore& params, Tensor& momentum_buffer, const Sg
                {params.flat_values().data(), params.flat_grads().data(), momentum_buffer.data()}),
         step, device_control(), bf16_copy_target(params), compute_stream());
 #endif
+  if (fold_pending_) {
+    fold_pending_ = false;
+    // SGD's g + decay * value would let the compiler contract grad * scale into an fma, which
+    // the scaled gradient of the twin never sees: the scale keeps its own pass here.
+    if (fold_scale_ != 1.0f)
+      multi_tensor_scale(params.flat_grads().data(), plan_.numel, fold_scale_);
+    return multi_tensor_sgd_consuming(plan_, params.flat_values().data(), momentum_buffer.data(),
+                                      params.flat_grads().data(), step, bf16_copies(params));
+  }
   multi_tensor_sgd(plan_, params.flat_values().data(), momentum_buffer.data(),
                    params.flat_grads().data(), step, bf16_copies(params));
+}
+
+bool MultiTensorSweep::fold_into_next_update(const ParamStore& params, float grad_scale) {
+  check_store(params);
+  if (params.device() != Device::kCpu || !segments_cover_all_) return false;
+  fold_pending_ = true;
+  fold_scale_ = grad_scale;
+  return true;
 }
 
 double MultiTensorSweep::square_sum(ParamStore& params) {

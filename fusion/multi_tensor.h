@@ -56,6 +56,17 @@ void multi_tensor_adamw(const MultiTensorPlan& plan, float* values, float* exp_a
 void multi_tensor_sgd(const MultiTensorPlan& plan, float* values, float* momentum_buffer,
                       const float* grads, const SgdStep& step, bf16_bits* bf16_values = nullptr);
 
+// The same passes consuming the gradients (adamw_update_consuming): each leaves the gradient
+// zero, folding the next step's zeroing pass into the update, and AdamW reads grad * grad_scale,
+// folding the clip's scale pass too (SGD's caller scales first). Their twin is scale (when
+// grad_scale != 1), the pass above, then zero: the same bits (tests/fusion_multi_tensor_test.cpp).
+// REQUIRES: the plan's segments cover [0, numel).
+void multi_tensor_adamw_consuming(const MultiTensorPlan& plan, float* values, float* exp_avg,
+                                  float* exp_avg_sq, float* grads, const AdamWStep& step,
+                                  bf16_bits* bf16_values, float grad_scale);
+void multi_tensor_sgd_consuming(const MultiTensorPlan& plan, float* values, float* momentum_buffer,
+                                float* grads, const SgdStep& step, bf16_bits* bf16_values);
+
 // The bf16 weight copies a CUDA AdamW or SGD pass writes as it updates the masters: for every
 // element it updates at values_base + i it stores copies[i] = bf16(updated value), the CPU
 // passes' fusion of the weight-copy sweep. Both null: no copies.
@@ -94,6 +105,8 @@ class MultiTensorSweep : public ParamSweep {
   void square_sum_on_device(ParamStore& params, double* device_total) override;
   // adamw and sgd write the store's bf16 copies as they update the masters, on either device.
   bool writes_bf16_copies() const override { return true; }
+  // On the CPU: the next adamw or sgd runs the *_consuming passes.
+  bool fold_into_next_update(const ParamStore& params, float grad_scale) override;
 
   const MultiTensorPlan& plan() const { return plan_; }
 
@@ -120,7 +133,10 @@ class MultiTensorSweep : public ParamSweep {
   PackedPass<4> adamw_pass_;
   PackedPass<3> sgd_pass_;
   PackedPass<1> grad_pass_;
-  Tensor norm_scratch_;  // on cuda: the norm's partials and total, as doubles
+  Tensor norm_scratch_;              // on cuda: the norm's partials and total, as doubles
+  bool segments_cover_all_ = false;  // the plan's segments are [0, numel): consuming may run
+  bool fold_pending_ = false;        // fold_into_next_update asked; the next update consumes
+  float fold_scale_ = 1.0f;
 };
 
 std::unique_ptr<ParamSweep> make_multi_tensor_sweep(const ParamStore& params);

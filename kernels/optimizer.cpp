@@ -45,6 +45,47 @@ void sgd_update(float* value, float* momentum_buffer, const float* grad, int64_t
   }
 }
 
+void adamw_update_consuming(float* value, float* exp_avg, float* exp_avg_sq, float* grad,
+                            int64_t count, const AdamWStep& step, bool weight_decay,
+                            bf16_bits* bf16_value, float grad_scale) {
+  const AdamWStep constants = step;
+  const float decay = weight_decay ? step.decay : 0.0f;
+  if (bf16_value == nullptr) {
+#pragma omp simd
+    for (int64_t i = 0; i < count; ++i) {
+      adamw_element(value[i], exp_avg[i], exp_avg_sq[i], grad[i] * grad_scale, constants, decay);
+      grad[i] = 0.0f;
+    }
+    return;
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < count; ++i) {
+    adamw_element(value[i], exp_avg[i], exp_avg_sq[i], grad[i] * grad_scale, constants, decay);
+    grad[i] = 0.0f;
+    bf16_value[i] = float_to_bf16(value[i]);
+  }
+}
+
+void sgd_update_consuming(float* value, float* momentum_buffer, float* grad, int64_t count,
+                          const SgdStep& step, bool weight_decay, bf16_bits* bf16_value) {
+  const SgdStep constants = step;
+  const float decay = weight_decay ? step.weight_decay : 0.0f;
+  if (bf16_value == nullptr) {
+#pragma omp simd
+    for (int64_t i = 0; i < count; ++i) {
+      sgd_element(value[i], momentum_buffer[i], grad[i], constants, decay);
+      grad[i] = 0.0f;
+    }
+    return;
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < count; ++i) {
+    sgd_element(value[i], momentum_buffer[i], grad[i], constants, decay);
+    grad[i] = 0.0f;
+    bf16_value[i] = float_to_bf16(value[i]);
+  }
+}
+
 void accumulate_squares(NormLanes& lanes, const float* grad, int64_t flat_index, int64_t count) {
   int64_t i = 0;
   for (; i < count && (flat_index + i) % kNormLanes != 0; ++i)

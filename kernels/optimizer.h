@@ -32,6 +32,18 @@ void adamw_update(float* value, float* exp_avg, float* exp_avg_sq, const float* 
 void sgd_update(float* value, float* momentum_buffer, const float* grad, int64_t count,
                 const SgdStep& step, bool weight_decay, bf16_bits* bf16_value);
 
+// The same, consuming the gradient (the multi-tensor sweep's folded clip and zeroing): each
+// element leaves grad[i] = 0 after its update, the next step's zeroing done while the line is in
+// cache. AdamW updates from g = grad[i] * grad_scale, the fp32 product a scale pass would have
+// stored (grad_scale 1 leaves g exact): its moments multiply g again, so the product is rounded
+// before any sum. SGD takes no scale: in g + decay * value the compiler may contract grad * scale
+// into an fma the scale pass never rounds that way. `bf16_value` may be null (no weight copies).
+void adamw_update_consuming(float* value, float* exp_avg, float* exp_avg_sq, float* grad,
+                            int64_t count, const AdamWStep& step, bool weight_decay,
+                            bf16_bits* bf16_value, float grad_scale);
+void sgd_update_consuming(float* value, float* momentum_buffer, float* grad, int64_t count,
+                          const SgdStep& step, bool weight_decay, bf16_bits* bf16_value);
+
 // The gradient norm's summation order, the same for both sweeps so their norms agree bitwise:
 // the flat gradient buffer is cut into chunks of kSweepChunk floats; in a chunk, lane L (flat
 // index % kNormLanes) sums the squares of its floats in double in index order; a chunk adds its

@@ -58,6 +58,16 @@ class ParamSweep {
   // True if adamw and sgd also write the store's bf16 weight copies (train.precision: bf16), so
   // the optimizer marks them fresh; otherwise the next forward casts them again.
   virtual bool writes_bf16_copies() const { return false; }
+  // Asks the next adamw or sgd to fold two passes into its own: it multiplies every gradient by
+  // `grad_scale` as it reads it (clipping's scale, which then needs no pass of its own) and leaves
+  // every gradient zero (the next step's zeroing, which the caller then skips). True when this
+  // sweep does so for `params`; false (the default, and cuda) when the caller must scale and
+  // zero with the passes above. A request holds until that update runs.
+  virtual bool fold_into_next_update(const ParamStore& params, float grad_scale) {
+    static_cast<void>(params);
+    static_cast<void>(grad_scale);
+    return false;
+  }
 
   // While set (a CUDA-graph step), the cuda adamw and sgd passes read their constants, the clip
   // scale and the skip decision from `control` (device memory, kernels/step_control.h) instead of

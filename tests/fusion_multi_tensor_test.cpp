@@ -12,9 +12,11 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/rng.h"
 #include "fusion/multi_tensor.h"
+#include "kernels/step_control.h"
 #include "model/gpt.h"
 #include "model/optimizer.h"
 
@@ -23,9 +25,10 @@ namespace {
 
 const GptShape kGptTiny{4, 4, 128, 64, 256, 0.0f, false};
 
-std::unique_ptr<ParamStore> make_store() {
+std::unique_ptr<ParamStore> make_store(bool bf16_copies = false) {
   auto params = std::make_unique<ParamStore>();
   register_gpt_params(kGptTiny, *params);
+  if (bf16_copies) params->enable_bf16_copies();
   params->allocate();
   params->initialize(11);
   return params;
@@ -187,6 +190,70 @@ TEST(MultiTensorTest, SquareSumDoesNotDependOnWhereTensorsAreCut) {
   }
   const double pieces = sum_chunk_lanes(lanes);
   EXPECT_EQ(std::memcmp(&chunked, &pieces, sizeof(double)), 0) << chunked << " vs " << pieces;
+}
+
+// The clip and the next step's zeroing folded into the multi-tensor update
+// (fold_into_next_update) against the twin's separate passes: the per-tensor sweep's scale (when
+// the clip scales), update and zero. Values, state and the bf16 weight copies are bit-equal, the
+// folded store's gradients are zero after each update, and a step without a fold request leaves
+// them as they were. Steps alternate between clipping and not (scale 1).
+void expect_folded_passes_bit_equal(OptimizerOptions options) {
+  const auto twin = make_store(true);
+  const auto folded = make_store(true);
+  std::shared_ptr<ParamSweep> twin_sweep = make_per_tensor_sweep();
+  std::shared_ptr<ParamSweep> folded_sweep = make_multi_tensor_sweep(*folded);
+  auto twin_optimizer = make_optimizer(options, *twin, twin_sweep);
+  auto folded_optimizer = make_optimizer(options, *folded, folded_sweep);
+  int clipped = 0;
+  for (int step = 0; step < 4; ++step) {
+    fill_grads(*twin, 200 + step);
+    fill_grads(*folded, 200 + step);
+    const float max_norm = step % 2 == 0 ? 1.0f : 1e6f;
+    const float norm = static_cast<float>(std::sqrt(twin_sweep->square_sum(*twin)));
+    const float scale = clip_grad_scale(norm, max_norm);
+    clipped += scale != 1.0f;
+    if (scale != 1.0f) twin_sweep->scale(*twin, scale);
+    twin_optimizer->step(*twin, 1e-2f);
+    twin_sweep->zero(*twin);
+    ASSERT_TRUE(folded_sweep->fold_into_next_update(*folded, scale));
+    folded_optimizer->step(*folded, 1e-2f);
+    EXPECT_TRUE(same_bits(twin->flat_grads(), folded->flat_grads())) << "step " << step;
+    EXPECT_TRUE(same_bits(twin->flat_values(), folded->flat_values())) << "step " << step;
+  }
+  EXPECT_EQ(clipped, 2);
+  const auto slots = twin_optimizer->state_slots();
+  const auto folded_slots = folded_optimizer->state_slots();
+  for (size_t s = 0; s < slots.size(); ++s)
+    EXPECT_TRUE(same_bits(*slots[s].second, *folded_slots[s].second)) << slots[s].first;
+  twin->refresh_bf16_copies();
+  const Tensor& twin_copies = twin->flat_bf16_values();
+  const Tensor& folded_copies = folded->flat_bf16_values();
+  ASSERT_EQ(twin_copies.numel(), folded_copies.numel());
+  EXPECT_EQ(std::memcmp(twin_copies.bf16_data(), folded_copies.bf16_data(),
+                        sizeof(bf16_bits) * static_cast<size_t>(twin_copies.numel())),
+            0);
+  // No request: the update reads the gradients and leaves them.
+  fill_grads(*folded, 300);
+  const std::vector<float> before = folded->flat_grads().to_host_vector();
+  folded_optimizer->step(*folded, 1e-2f);
+  EXPECT_EQ(folded->flat_grads().to_host_vector(), before);
+}
+
+TEST(MultiTensorTest, FoldedClipAndZeroingMatchTheSeparatePassesBitwise) {
+  OptimizerOptions options;
+  options.name = "adamw";
+  options.weight_decay = 0.1f;
+  expect_folded_passes_bit_equal(options);
+  options.name = "sgd";
+  options.weight_decay = 5e-4f;
+  options.momentum = 0.9f;
+  expect_folded_passes_bit_equal(options);
+}
+
+TEST(MultiTensorTest, OnlyTheMultiTensorSweepFolds) {
+  const auto params = make_store();
+  EXPECT_FALSE(make_per_tensor_sweep()->fold_into_next_update(*params, 0.5f));
+  EXPECT_TRUE(make_multi_tensor_sweep(*params)->fold_into_next_update(*params, 0.5f));
 }
 
 TEST(MultiTensorTest, ZeroingClearsEveryGradient) {

@@ -11,6 +11,7 @@
 #include "core/rng.h"
 #include "core/timer.h"
 #include "fusion/multi_tensor.h"
+#include "kernels/step_control.h"
 
 namespace ft {
 namespace {
@@ -100,7 +101,8 @@ StepStats Trainer::train_step() {
   Workspace& ws = train_run_->workspace;
   Executor& executor = *train_run_->executor;
   const int micro_batches = config_.train.grad_accum;
-  sweep_->zero(params_);
+  if (!grads_zeroed_) sweep_->zero(params_);
+  grads_zeroed_ = false;
   // A skipped step must leave BatchNorm's running statistics as they were too: its forward
   // already folded the (possibly non-finite) batch statistics into them.
   const bool may_skip = config_.train.nan_policy == "skip_step";
@@ -132,13 +134,19 @@ StepStats Trainer::train_step() {
     sweep_->scale(params_, grad_scale);
   }
   // The global norm is computed whether or not optim.grad_clip clips.
-  stats.grad_norm = clip_grad_norm(params_, config_.optim.grad_clip, *sweep_);
+  stats.grad_norm = static_cast<float>(std::sqrt(sweep_->square_sum(params_)));
+  const float clip_scale = clip_grad_scale(stats.grad_norm, config_.optim.grad_clip);
   stats.lr = schedule_.at(step_);
   stats.loss = static_cast<float>(loss_sum / micro_batches);
   const bool locally_finite = std::isfinite(stats.loss) && std::isfinite(stats.grad_norm);
   if (any_rank_diverged(locally_finite)) {
     skip_diverged_step(stats, locally_finite);
   } else {
+    // fusion.horizontal.multi_tensor on the CPU: the update applies the clip and leaves the
+    // gradients zero, two passes fewer; elsewhere (the twin) a scale pass, and a zeroing pass
+    // when the next step starts.
+    grads_zeroed_ = sweep_->fold_into_next_update(params_, clip_scale);
+    if (!grads_zeroed_ && clip_scale != 1.0f) sweep_->scale(params_, clip_scale);
     optimizer_->step(params_, stats.lr);
   }
   ++step_;

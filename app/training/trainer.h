@@ -87,6 +87,9 @@ class Trainer {
   // Every pass over the flat buffers (step, clip, zero): chunked when
   // fusion.horizontal.multi_tensor is on, else per tensor. Shared with optimizer_.
   std::shared_ptr<ParamSweep> sweep_;
+  // The last optimizer step left every gradient zero (ParamSweep::fold_into_next_update), so the
+  // next step needs no zeroing pass.
+  bool grads_zeroed_ = false;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Communicator> device_comm_;  // NCCL, when the gradients reduce on the GPU
   std::unique_ptr<GradSync> grad_sync_;

@@ -12,11 +12,11 @@
 // CPU has bf16 instructions oneDNN rounds C into y as it stores it (gemm_bf16_output); elsewhere
 // the GEMM writes fp32 row tiles of `bf16_tile_rows` rows into a scratch that stays in cache, each
 // rounded into y. Both round as the eager cast ops do (bit for bit: the same fp32 sums). On cuda
-// one fp32 scratch of all rows, then the cast kernel. Backward is the same, its dy being fp32 whatever y's dtype;
-// on the CPU in bf16 one sweep over dy both rounds it for the GEMMs and sums db (LinearOp's reads
-// it twice), bit for bit with LinearOp.
-// On cuda forward and backward run linear.h's *_cuda launchers (via linear_op_forward/backward).
-// Thread safety: an op instance belongs to one training thread (gemm runs on oneDNN's pool).
+// one fp32 scratch of all rows, then the cast kernel. Backward is the same, its dy being fp32
+// whatever y's dtype; on the CPU in bf16 one sweep over dy both rounds it for the GEMMs and sums db
+// (LinearOp's reads it twice), bit for bit with LinearOp. On cuda forward and backward run
+// linear.h's *_cuda launchers (via linear_op_forward/backward). Thread safety: an op instance
+// belongs to one training thread (gemm runs on oneDNN's pool).
 #pragma once
 #include <cstdint>
 #include <vector>
