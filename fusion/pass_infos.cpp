@@ -52,7 +52,7 @@ const PassInfo& multi_tensor_info() {
   static const PassInfo info{
       FT_HORIZONTAL(multi_tensor),
       "optimizer step, gradient zeroing and gradient norm as chunked passes over the flat "
-      "buffers",
+      "buffers; on the CPU the update also applies the clip and zeroes the gradients",
       {},
       {},
       {},
