@@ -10,10 +10,11 @@
 //   BatchNormRelu -> cast, BatchNormAddRelu -> cast (a ResNet's ReLU feeding convolutions)
 //                                   => the fused op writes its output in bf16
 //   QkvLinear -> q, k, v views -> one cast each
-//                                   => the QKV GEMM writes a bf16 [rows, 3C] root, rounding its
-//                                      fp32 row tiles in cache, and the casts' outputs become its
-//                                      column views (all the views' casts or none: one dtype per
-//                                      root); attention reads them in place
+//                                   => the QKV GEMM writes a bf16 [rows, 3C] root (oneDNN
+//                                      rounding C as it stores it, or, without bf16 instructions,
+//                                      fp32 row tiles rounded in cache), and the casts' outputs
+//                                      become its column views (all the views' casts or none: one
+//                                      dtype per root); attention reads them in place
 // Order: after qkv, gemm_epilogue, residual_layernorm and bn_relu, whose fused producers it
 // rewrites, and after attention, which absorbs the probabilities' cast itself (PassInfo::after);
 // nothing runs after it that matches casts. Producers not listed (attention, the embedding, the
@@ -200,8 +201,9 @@ class CastPass : public CandidatePass {
     fusion.absorbed = op_indices(graph, ops);
     fusion.placement = Placement::kFirst;
     fusion.outputs = {bf16_root};
-    // Even tiles of at most fusion.tile_kb (one row at least): 1024 rows of 3 KiB in 1 MiB are
-    // three tiles of 342 rows, not 341 + 341 + 341 + 1.
+    // The row tiles of the CPU path without bf16 instructions: even tiles of at most
+    // fusion.tile_kb (one row at least): 1024 rows of 3 KiB in 1 MiB are three tiles of 342
+    // rows, not 341 + 341 + 341 + 1.
     const int64_t fitting =
         std::max<int64_t>(rows_per_tile(options.tile_kb, qkv.out_features()), 1);
     const int64_t tiles = (qkv.rows() + fitting - 1) / fitting;
