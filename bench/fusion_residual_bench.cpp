@@ -16,7 +16,6 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -166,8 +165,8 @@ void BM_SweepStep(benchmark::State& state) {
     b.restore_grads();
     state.ResumeTiming();
     if (folded) {
-      const float norm = static_cast<float>(std::sqrt(b.sweep->square_sum(b.params)));
-      b.sweep->fold_into_next_update(b.params, clip_grad_scale(norm, 0.5f));
+      b.sweep->fold_into_next_update(b.params,
+                                     clip_grad_scale(grad_norm(b.params, *b.sweep), 0.5f));
       b.optimizer->step(b.params, 1e-4f);
     } else {
       benchmark::DoNotOptimize(clip_grad_norm(b.params, 0.5f, *b.sweep));

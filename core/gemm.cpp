@@ -326,11 +326,21 @@ void gemm_dispatch(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args)
 
 }  // namespace
 
-void gemm(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args) {
-  if (!timing_enabled) return gemm_dispatch(c, a, b, args);
+namespace {
+
+// run(), its time added to gemm_timed_ms() while timing is on.
+template <typename Run>
+void timed(const Run& run) {
+  if (!timing_enabled) return run();
   const double start_ms = now_ms();
-  gemm_dispatch(c, a, b, args);
+  run();
   timed_ms += now_ms() - start_ms;
+}
+
+}  // namespace
+
+void gemm(float* c, GemmOperand a, GemmOperand b, const GemmArgs& args) {
+  timed([&] { gemm_dispatch(c, a, b, args); });
 }
 
 void gemm_bf16_output(bf16_bits* c, GemmOperand a, GemmOperand b, const GemmArgs& args) {
@@ -340,9 +350,7 @@ void gemm_bf16_output(bf16_bits* c, GemmOperand a, GemmOperand b, const GemmArgs
   FT_CHECK(
       args.epilogue == Epilogue::kNone && !args.accumulate && args.batch == 1 && args.alpha == 1.0f,
       "gemm_bf16_output: takes a bias only (no epilogue, accumulate, batch or alpha)");
-  const double start_ms = timing_enabled ? now_ms() : 0.0;
-  run_onednn(c, a, b, resolve_gemm_strides(args), DType::kBF16);
-  if (timing_enabled) timed_ms += now_ms() - start_ms;
+  timed([&] { run_onednn(c, a, b, resolve_gemm_strides(args), DType::kBF16); });
 }
 
 }  // namespace ft

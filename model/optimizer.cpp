@@ -286,8 +286,12 @@ float LrSchedule::at(int step) const {
   return min_lr + (peak_lr - min_lr) * cosine;
 }
 
+float grad_norm(ParamStore& params, ParamSweep& sweep) {
+  return static_cast<float>(std::sqrt(sweep.square_sum(params)));
+}
+
 float clip_grad_norm(ParamStore& params, float max_norm, ParamSweep& sweep) {
-  const float norm = static_cast<float>(std::sqrt(sweep.square_sum(params)));
+  const float norm = grad_norm(params, sweep);
   const float scale = clip_grad_scale(norm, max_norm);  // the CUDA-graph step's formula too
   if (scale != 1.0f) sweep.scale(params, scale);
   return norm;

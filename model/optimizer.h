@@ -113,6 +113,8 @@ struct LrSchedule {
   float at(int step) const;
 };
 
+// The global L2 norm of every trainable gradient, as the sweep sums their squares.
+float grad_norm(ParamStore& params, ParamSweep& sweep);
 // Returns the global L2 norm of every gradient; scales them down to `max_norm` when it is larger
 // (max_norm <= 0: no clipping). Without a sweep: the per-tensor one.
 float clip_grad_norm(ParamStore& params, float max_norm, ParamSweep& sweep);

@@ -209,7 +209,7 @@ void expect_folded_passes_bit_equal(OptimizerOptions options) {
     fill_grads(*twin, 200 + step);
     fill_grads(*folded, 200 + step);
     const float max_norm = step % 2 == 0 ? 1.0f : 1e6f;
-    const float norm = static_cast<float>(std::sqrt(twin_sweep->square_sum(*twin)));
+    const float norm = grad_norm(*twin, *twin_sweep);
     const float scale = clip_grad_scale(norm, max_norm);
     clipped += scale != 1.0f;
     if (scale != 1.0f) twin_sweep->scale(*twin, scale);

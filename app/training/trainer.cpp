@@ -134,7 +134,7 @@ StepStats Trainer::train_step() {
     sweep_->scale(params_, grad_scale);
   }
   // The global norm is computed whether or not optim.grad_clip clips.
-  stats.grad_norm = static_cast<float>(std::sqrt(sweep_->square_sum(params_)));
+  stats.grad_norm = grad_norm(params_, *sweep_);
   const float clip_scale = clip_grad_scale(stats.grad_norm, config_.optim.grad_clip);
   stats.lr = schedule_.at(step_);
   stats.loss = static_cast<float>(loss_sum / micro_batches);

@@ -69,20 +69,17 @@ void store(bf16_bits& y, float value) {
   y = float_to_bf16(value);
 }
 template <typename Out>
-void gelu_and_grad_row(Out* y_row, float* grad_row, const float* pre_row, int64_t count) {
+void gelu_row(Out* y_row, float* grad_row, const float* pre_row, int64_t count) {
   for (int64_t o = 0; o < count; ++o) {
     const float x = pre_row[o], g = gelu_sigmoid_term(x);
     store(y_row[o], x * g);
     grad_row[o] = gelu_tanh_grad_from_sigmoid(x, g);
   }
 }
-void gelu_row(float* y_row, float* grad_row, const float* pre_row, int64_t count) {
-  gelu_and_grad_row(y_row, grad_row, pre_row, count);
-}
 void gelu_row(bf16_bits* y_row, float* grad_row, const float* pre_row, int64_t count) {
   if (gelu_rows_avx512_enabled())
     return gelu_and_grad_row_bf16_avx512(y_row, grad_row, pre_row, count);
-  gelu_and_grad_row(y_row, grad_row, pre_row, count);
+  gelu_row<bf16_bits>(y_row, grad_row, pre_row, count);
 }
 
 }  // namespace
