@@ -108,7 +108,8 @@ class AttentionPass : public CandidatePass {
       context.skipped(kPass, site, chain.refusal);
       return std::nullopt;
     }
-    const int chain_ops = static_cast<int>(chain.ops().size());
+    const int chain_ops =
+        counted_ops(static_cast<int>(chain.ops().size()), chain.cast >= 0 ? 1 : 0);
     if (!within_max_ops(context, kPass, site, chain_ops)) return std::nullopt;
     const auto& scores = static_cast<const AttentionScoresOp&>(*graph.ops[chain.scores]);
     const Op& mix = *graph.ops[chain.mix];

@@ -9,6 +9,10 @@
 //   ReLU -> cast                    => ReluCastOp (fusion/ops/relu_cast.h)
 //   BatchNormRelu -> cast, BatchNormAddRelu -> cast (a ResNet's ReLU feeding convolutions)
 //                                   => the fused op writes its output in bf16
+//   FlashAttention -> cast (the attention output feeding the projection)
+//                                   => flash attention writes y in bf16 (its backward then takes
+//                                      D = <dY, Y> on the rounded Y, so this pair agrees with
+//                                      its twin to bf16 rounding, not bit for bit)
 //   QkvLinear -> q, k, v views -> one cast each
 //                                   => the QKV GEMM writes a bf16 [rows, 3C] root (oneDNN
 //                                      rounding C as it stores it, or, without bf16 instructions,
@@ -17,9 +21,10 @@
 //                                      dtype per root); attention reads them in place
 // Order: after qkv, gemm_epilogue, residual_layernorm and bn_relu, whose fused producers it
 // rewrites, and after attention, which absorbs the probabilities' cast itself (PassInfo::after);
-// nothing runs after it that matches casts. Producers not listed (attention, the embedding, the
-// ResNet's pooling) keep their cast, with the reason in `plan`; so does a ResNet block output that
-// an identity shortcut also reads. Thread safety: stateless.
+// nothing runs after it that matches casts. Casts do not count against fusion.max_ops
+// (counted_ops, fusion/pass_util.h). Producers not listed (the eager attention mix, the
+// embedding, the ResNet's pooling) keep their cast, with the reason in `plan`; so does a ResNet
+// block output that an identity shortcut also reads. Thread safety: stateless.
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -67,6 +72,7 @@ bool bf16_writer(const Graph& graph, int producer_index, ValueId fp32_value, Val
       break;
     case OpKind::kBatchNormRelu:
     case OpKind::kBatchNormAddRelu:
+    case OpKind::kFlashAttention:
       break;
     case OpKind::kResidualLayerNorm:
       if (producer.outputs[1] != fp32_value) {
@@ -240,7 +246,9 @@ class CastPass : public CandidatePass {
       refusal = "'" + graph.values[fp32_value].name + "' has " + std::to_string(readers) +
                 " readers: its fp32 form is needed";
     if (refusal.empty() &&
-        !within_max_ops(context, kPass, site, graph.ops[producer]->eager_ops + 1))
+        !within_max_ops(context, kPass, site,
+                        counted_ops(graph.ops[producer]->eager_ops + cast.eager_ops,
+                                    graph.ops[producer]->eager_casts + cast.eager_casts)))
       return std::nullopt;
     Fusion fusion;
     if (refusal.empty()) bf16_writer(graph, producer, fp32_value, bf16_value, &fusion, &refusal);

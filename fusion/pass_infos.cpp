@@ -134,8 +134,8 @@ const PassInfo& cast_info() {
   static const PassInfo info{
       FT_VERTICAL(cast),
       "train.precision bf16: the op producing a GEMM or convolution operand (LayerNorm, "
-      "residual+LayerNorm, GELU, Linear+GELU, the QKV GEMM; ReLU, BatchNorm+ReLU, "
-      "BatchNorm+add+ReLU) writes it in bf16, absorbing the cast op after it",
+      "residual+LayerNorm, GELU, Linear+GELU, the QKV GEMM, flash attention; ReLU, "
+      "BatchNorm+ReLU, BatchNorm+add+ReLU) writes it in bf16, absorbing the cast op after it",
       {OpKind::kLayerNormCast, OpKind::kGeluCast, OpKind::kReluCast, OpKind::kQkvLinear},
       {"gemm_epilogue", "residual_layernorm", "attention", "bn_relu", "qkv"},
       {{OpKind::kLayerNorm, OpKind::kCast},
@@ -143,6 +143,7 @@ const PassInfo& cast_info() {
        {OpKind::kResidualLayerNorm, OpKind::kCast},
        {OpKind::kLinearGelu, OpKind::kCast},
        {OpKind::kQkvLinear, OpKind::kCast},
+       {OpKind::kFlashAttention, OpKind::kCast},
        {OpKind::kRelu, OpKind::kCast},
        {OpKind::kBatchNormRelu, OpKind::kCast},
        {OpKind::kBatchNormAddRelu, OpKind::kCast}},

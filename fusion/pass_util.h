@@ -3,6 +3,7 @@
 // is skipped so that `plan` prints the same words for the same refusal in every pass.
 // Thread safety: stateless.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -34,6 +35,14 @@ inline int sole_reader(const GraphIndex& index, ValueId id, const std::string& n
 }
 
 // False, with the skip recorded, when a fusion absorbing `chain_ops` eager ops exceeds max_ops.
+// What a chain of `eager_ops` eager ops, `eager_casts` of them casts, counts against
+// fusion.max_ops: its ops less its casts, as absorbing train.precision bf16's cast changes how
+// its producer stores a value, not what it computes (so bf16 fuses the chains fp32 fuses), and at
+// least 2, as any fusion makes two ops one (so max_ops 1 still fuses nothing).
+inline int counted_ops(int eager_ops, int eager_casts) {
+  return std::max(2, eager_ops - eager_casts);
+}
+
 inline bool within_max_ops(PassContext& context, const char* pass, const std::string& site,
                            int chain_ops) {
   if (context.options.max_ops >= chain_ops) return true;

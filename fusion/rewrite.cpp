@@ -22,8 +22,11 @@ int apply_fusion(Graph& graph, Fusion fusion) {
   FT_CHECK(!absorbed.empty() && absorbed.front() >= 0 &&
                absorbed.back() < static_cast<int>(graph.ops.size()),
            "apply_fusion: absorbed op indices out of range");
-  int eager_ops = 0;
-  for (int op_index : absorbed) eager_ops += graph.ops[op_index]->eager_ops;
+  int eager_ops = 0, eager_casts = 0;
+  for (int op_index : absorbed) {
+    eager_ops += graph.ops[op_index]->eager_ops;
+    eager_casts += graph.ops[op_index]->eager_casts;
+  }
   std::unique_ptr<Op> op = std::move(fusion.op);
   if (!op) {
     FT_CHECK(fusion.placement == Placement::kFirst,
@@ -35,6 +38,7 @@ int apply_fusion(Graph& graph, Fusion fusion) {
   op->outputs = std::move(fusion.outputs);
   op->params = std::move(fusion.params);
   op->eager_ops = eager_ops;
+  op->eager_casts = eager_casts;
   for (ValueId id : fusion.no_grad) graph.values.at(id).needs_grad = false;
   if (fusion.placement == Placement::kLast) {
     replace_op_set(graph, absorbed, std::move(op));

@@ -183,6 +183,7 @@ class Op {
   std::vector<ValueId> outputs;
   std::vector<ParamId> params;  // every parameter the op reads
   int eager_ops = 1;            // ops of the eager graph this op stands for (fused ops: > 1)
+  int eager_casts = 0;          // of those, the casts of train.precision bf16 (a CastOp: 1)
 };
 
 class Graph {

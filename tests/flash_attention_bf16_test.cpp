@@ -243,5 +243,48 @@ TEST(FlashAttentionBf16Test, OverwritingWritesWhatAddingIntoZerosGives) {
   }
 }
 
+// A bf16 y (fusion.vertical.cast): forward rounds exactly the fp32 y it would write (the direct
+// store from the registers where one key tile holds every key, the row pass otherwise), and
+// backward on the bf16 y equals backward on that y widened to fp32 bit for bit, as D = <dY, Y>
+// then reads the same values.
+TEST(FlashAttentionBf16Test, Bf16OutputIsTheFp32OutputRounded) {
+  if (!flash_attention_bf16_native()) GTEST_SKIP() << "no AVX512-BF16 here (or capped by oneDNN)";
+  const Shape shapes[] = {{2, 48, 64, 2, 64}, {1, 50, 64, 2, 16}, {2, 37, 40, 2, 40}};
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE("T=" + std::to_string(s.T) + " tile=" + std::to_string(s.tile));
+    const Inputs in = make_inputs(s, 5 + s.T);
+    const size_t n = in.dy.size(), lse_count = static_cast<size_t>(s.B) * s.NH * s.T;
+    const AttentionStrides strides{s.C, s.C, s.C, s.C};
+    std::vector<float> y(n), lse(lse_count), lse_bf16(lse_count);
+    std::vector<bf16_bits> y_bf16(n);
+    flash_attention_forward_bf16(y.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(),
+                                 strides, s.B, s.T, s.C, s.NH, s.tile);
+    flash_attention_forward_bf16(y_bf16.data(), lse_bf16.data(), in.q.data(), in.k.data(),
+                                 in.v.data(), strides, s.B, s.T, s.C, s.NH, s.tile);
+    EXPECT_EQ(lse_bf16, lse);
+    std::vector<float> y_widened(n);
+    size_t misrounded = 0;
+    for (size_t i = 0; i < n; ++i) {
+      misrounded += y_bf16[i] != float_to_bf16(y[i]);
+      y_widened[i] = bf16_to_float(y_bf16[i]);
+    }
+    EXPECT_EQ(misrounded, 0u);
+    std::vector<float> grads[2];
+    for (int from_bf16 = 0; from_bf16 < 2; ++from_bf16) {
+      std::vector<float>& g = grads[from_bf16];
+      g.assign(3 * n, 0.0f);
+      if (from_bf16)
+        flash_attention_backward_bf16(g.data(), g.data() + n, g.data() + 2 * n, in.dy.data(),
+                                      y_bf16.data(), lse.data(), in.q.data(), in.k.data(),
+                                      in.v.data(), strides, s.B, s.T, s.C, s.NH, s.tile);
+      else
+        flash_attention_backward_bf16(g.data(), g.data() + n, g.data() + 2 * n, in.dy.data(),
+                                      y_widened.data(), lse.data(), in.q.data(), in.k.data(),
+                                      in.v.data(), strides, s.B, s.T, s.C, s.NH, s.tile);
+    }
+    EXPECT_EQ(grads[1], grads[0]);
+  }
+}
+
 }  // namespace
 }  // namespace ft

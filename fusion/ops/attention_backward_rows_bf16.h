@@ -107,15 +107,25 @@ inline void pack_query(bf16_bits* rows_out, word* pairs_out, const bf16_bits* q,
   }
 }
 
+// Y's lanes as fp32: an fp32 Y as it is, a bf16 one widened (exact).
+inline __m512 load_lanes(__mmask16 lanes, const float* at) {
+  return _mm512_maskz_loadu_ps(lanes, at);
+}
+inline __m512 load_lanes(__mmask16 lanes, const bf16_bits* at) {
+  return widen(_mm256_maskz_loadu_epi16(lanes, at));
+}
+
 // dY's rows [0, count) (fp32, `stride` apart) rounded to bf16, in one pass per row pair: into
 // rows[t][0, width) and pairs[t / 2][0, width), zero padded past hd, and dots[t] = <dY_t, Y_t> on
-// the rounded dY; asks for the rows kAheadRows ahead.
-inline void round_dy(bf16_bits* rows, word* pairs, float* dots, const float* dy, const float* y,
+// the rounded dY and the Y forward wrote (fp32, or bf16 widened); asks for the rows kAheadRows
+// ahead.
+template <typename Y>
+inline void round_dy(bf16_bits* rows, word* pairs, float* dots, const float* dy, const Y* y,
                      int64_t stride, int64_t count, int64_t hd, int64_t width) {
   for (int64_t t = 0; t < count; t += 2) {
     const bool odd = t + 1 < count;
     const float* dy_even = dy + t * stride;
-    const float* y_even = y + t * stride;
+    const Y* y_even = y + t * stride;
     // The odd row of a last, unpaired row reads the even row again under an empty mask.
     const int64_t next = odd ? stride : 0;
     if (t + kAheadRows < count) {
@@ -134,10 +144,8 @@ inline void round_dy(bf16_bits* rows, word* pairs, float* dots, const float* dy,
       if (odd)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(rows + (t + 1) * width + d), odd_bits);
       _mm512_storeu_si512(pairs + t / 2 * width + d, interleave_pair(bits));
-      dot_even =
-          _mm512_fmadd_ps(widen(even_bits), _mm512_maskz_loadu_ps(lanes, y_even + d), dot_even);
-      dot_odd = _mm512_fmadd_ps(widen(odd_bits),
-                                _mm512_maskz_loadu_ps(odd_lanes, y_even + next + d), dot_odd);
+      dot_even = _mm512_fmadd_ps(widen(even_bits), load_lanes(lanes, y_even + d), dot_even);
+      dot_odd = _mm512_fmadd_ps(widen(odd_bits), load_lanes(odd_lanes, y_even + next + d), dot_odd);
     }
     dots[t] = tile::reduce_lanes<false>(dot_even);
     if (odd) dots[t + 1] = tile::reduce_lanes<false>(dot_odd);

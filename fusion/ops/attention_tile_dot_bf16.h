@@ -137,19 +137,33 @@ inline __m512bh as_bf16(__m512i bits) {
   return reinterpret_cast<__m512bh&>(bits);
 }
 
+// A vector of C stored as the output's element type: fp32 as is, or rounded to bf16 (nearest
+// even, as vcvtneps2bf16 rounds; the flash output written for a bf16 GEMM).
+inline void store_lanes(float* at, __m512 values) {
+  _mm512_storeu_ps(at, values);
+}
+inline void store_lanes(bf16_bits* at, __m512 values) {
+  const __m256bh rounded = _mm512_cvtneps_pbh(values);
+  std::memcpy(at, &rounded, sizeof(rounded));
+}
+
 // C[r][0, kVectors * kLanes) (+)= sum over word steps p in [p_begin, p_end) of the pair products
 // A(r, p) . B[p][.], A(r, p) at a[r * lda + p] (rows) or a[p * lda + r] (kColumns); kScaled
 // stores row r times row_scale[r] (a compile-time choice, so that the other forms' code stays
-// as it was).
-template <int kRows, int kVectors, bool kColumns, bool kScaled = false>
-inline __attribute__((always_inline)) void dot_block(float* c, int64_t ldc, const word* a,
+// as it was). C is fp32, or bf16 for a written (not accumulated) result.
+template <int kRows, int kVectors, bool kColumns, bool kScaled = false, typename Out>
+inline __attribute__((always_inline)) void dot_block(Out* c, int64_t ldc, const word* a,
                                                      int64_t lda, const word* b, int64_t ldb,
                                                      int64_t p_begin, int64_t p_end,
                                                      bool accumulate, const float* row_scale) {
   __m512 acc[kRows][kVectors];
   for (int r = 0; r < kRows; ++r)
-    for (int v = 0; v < kVectors; ++v)
-      acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + v * kLanes) : _mm512_setzero_ps();
+    for (int v = 0; v < kVectors; ++v) {
+      if constexpr (sizeof(Out) == sizeof(float))
+        acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + v * kLanes) : _mm512_setzero_ps();
+      else
+        acc[r][v] = _mm512_setzero_ps();  // a bf16 C is written, never added into
+    }
   for (int64_t p = p_begin; p < p_end; ++p) {
     __m512bh b_row[kVectors];
     for (int v = 0; v < kVectors; ++v)
@@ -165,11 +179,11 @@ inline __attribute__((always_inline)) void dot_block(float* c, int64_t ldc, cons
       for (int v = 0; v < kVectors; ++v)
         acc[r][v] = _mm512_mul_ps(acc[r][v], _mm512_set1_ps(row_scale[r]));
   for (int r = 0; r < kRows; ++r)
-    for (int v = 0; v < kVectors; ++v) _mm512_storeu_ps(c + r * ldc + v * kLanes, acc[r][v]);
+    for (int v = 0; v < kVectors; ++v) store_lanes(c + r * ldc + v * kLanes, acc[r][v]);
 }
 
-template <int kRows, bool kColumns, bool kScaled>
-inline void dot_rows(float* c, int64_t ldc, const word* a, int64_t lda, const word* b, int64_t ldb,
+template <int kRows, bool kColumns, bool kScaled, typename Out>
+inline void dot_rows(Out* c, int64_t ldc, const word* a, int64_t lda, const word* b, int64_t ldb,
                      int64_t columns, int64_t p_begin, int64_t p_end, bool accumulate,
                      const float* row_scale) {
   int64_t n = 0;
@@ -182,9 +196,9 @@ inline void dot_rows(float* c, int64_t ldc, const word* a, int64_t lda, const wo
 }
 
 // C[rows x columns] (+)= A B for one block of 1..kRowBlock rows; columns a multiple of kLanes.
-// kScaled: row r of the result is stored times row_scale[r].
-template <bool kColumns, bool kScaled = false, int kRows = kRowBlock>
-inline void dot_row_block(float* c, int64_t ldc, const word* a, int64_t lda, const word* b,
+// kScaled: row r of the result is stored times row_scale[r]. REQUIRES: !accumulate for a bf16 C.
+template <bool kColumns, bool kScaled = false, int kRows = kRowBlock, typename Out>
+inline void dot_row_block(Out* c, int64_t ldc, const word* a, int64_t lda, const word* b,
                           int64_t ldb, int64_t rows, int64_t columns, int64_t p_begin,
                           int64_t p_end, bool accumulate, const float* row_scale = nullptr) {
   if constexpr (kRows > 1)

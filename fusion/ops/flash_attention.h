@@ -10,7 +10,10 @@
 //   dV += P^T dY,  dP = dY V^T,  dS = P (dP - D) with D_t = rowsum(dY_t y_t) = <P_t, dP_t>,
 //   dQ += scale dS K,  dK += scale dS^T Q.
 // Inputs {q, k, v [B, T, C]} (any may be a column view; all fp32, or all bf16 and packed under
-// train.precision: bf16, see flash_attention_op.cpp), outputs {y [B, T, C]} fp32 (may be a view).
+// train.precision: bf16, see flash_attention_op.cpp), outputs {y [B, T, C]} fp32 (may be a view),
+// or bf16 where fusion.vertical.cast absorbed the cast after it: y is then rounded once from the
+// fp32 Y / l, and backward's D = <dY, Y> is taken on the rounded Y (FlashAttention-2's choice on a
+// bf16 output), which is where it differs from its twin, flash attention then the cast.
 // On cuda (flash_attention.cu) the tiles are 32 x 32 whatever `tile` says, head_dim is at most
 // 128, and backward needs no atomics: one kernel per key tile for dK, dV, one per query tile for
 // dQ, so a step is reproducible bit for bit.
@@ -83,6 +86,8 @@ class FlashAttentionOp : public Op {
     const float *q, *k, *v;
   };
   Operands operands(const Workspace& ws, bool widen);
+  // Forward on fp32 operands `in` into the fp32 y: the CPU kernels, or cuda's.
+  void forward_fp32_kernels(const Workspace& ws, float* y, const Operands& in);
   // Whether the bf16 tile kernels (flash_attention_bf16.h) run this op: bf16 operands on a CPU
   // that has them.
   bool runs_bf16_tiles(const Workspace& ws) const;
@@ -90,10 +95,16 @@ class FlashAttentionOp : public Op {
   TileRounding tile_rounding(const Workspace& ws) const;
   // The CUDA backward's D_t = <dY_t, Y_t>, [B, NH, T], allocated on `device` on first use.
   float* delta_scratch(Device device);
+  // A bf16 y on the kernels that write fp32 (no bf16 tiles, or cuda): widened_y_, y's span in
+  // fp32 at y's stride, which forward writes and rounds into y, and backward refills from y.
+  float* widened_output(const Workspace& ws);
+  void round_output(Workspace& ws);
+  void widen_output(const Workspace& ws);
   int batch_, seq_len_, channels_, n_head_, tile_;
   Tensor lse_;         // saved by forward, on the workspace's device
   Tensor delta_;       // cuda only
   Tensor widened_[3];  // bf16 operands without the bf16 kernels: q, k, v widened by forward
+  Tensor widened_y_;   // a bf16 y without the bf16 kernels (widened_output)
 };
 
 }  // namespace ft

@@ -110,11 +110,11 @@ void for_each_head(const char* what, const AttentionStrides& strides, int batch,
   }
 }
 
-}  // namespace
-
-void flash_attention_forward_bf16(float* y, float* lse, const bf16_bits* q, const bf16_bits* k,
-                                  const bf16_bits* v, const AttentionStrides& strides, int batch,
-                                  int seq_len, int channels, int n_head, int tile) {
+// The drivers for either y: fp32, or bf16 (fusion.vertical.cast).
+template <typename Y>
+void forward_heads(Y* y, float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+                   const AttentionStrides& strides, int batch, int seq_len, int channels,
+                   int n_head, int tile) {
   const int64_t T = seq_len;
   for_each_head("flash_attention_forward_bf16", strides, batch, seq_len, channels, n_head, tile,
                 [&](int64_t bh, const HeadOffsets& at, const HeadOffsets* next,
@@ -125,11 +125,11 @@ void flash_attention_forward_bf16(float* y, float* lse, const bf16_bits* q, cons
                 });
 }
 
-void flash_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, const float* y,
-                                   const float* lse, const bf16_bits* q, const bf16_bits* k,
-                                   const bf16_bits* v, const AttentionStrides& strides, int batch,
-                                   int seq_len, int channels, int n_head, int tile,
-                                   const AttentionGradWrites& writes) {
+template <typename Y>
+void backward_heads(float* dq, float* dk, float* dv, const float* dy, const Y* y, const float* lse,
+                    const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+                    const AttentionStrides& strides, int batch, int seq_len, int channels,
+                    int n_head, int tile, const AttentionGradWrites& writes) {
   const int64_t T = seq_len;
   for_each_head("flash_attention_backward_bf16", strides, batch, seq_len, channels, n_head, tile,
                 [&](int64_t bh, const HeadOffsets& at, const HeadOffsets* next,
@@ -149,6 +149,37 @@ void flash_attention_backward_bf16(float* dq, float* dk, float* dv, const float*
                                                 v + at.v, strides, g, writes, scratch);
                 });
 }
+
+}  // namespace
+
+void flash_attention_forward_bf16(float* y, float* lse, const bf16_bits* q, const bf16_bits* k,
+                                  const bf16_bits* v, const AttentionStrides& strides, int batch,
+                                  int seq_len, int channels, int n_head, int tile) {
+  forward_heads(y, lse, q, k, v, strides, batch, seq_len, channels, n_head, tile);
+}
+void flash_attention_forward_bf16(bf16_bits* y, float* lse, const bf16_bits* q, const bf16_bits* k,
+                                  const bf16_bits* v, const AttentionStrides& strides, int batch,
+                                  int seq_len, int channels, int n_head, int tile) {
+  forward_heads(y, lse, q, k, v, strides, batch, seq_len, channels, n_head, tile);
+}
+
+void flash_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, const float* y,
+                                   const float* lse, const bf16_bits* q, const bf16_bits* k,
+                                   const bf16_bits* v, const AttentionStrides& strides, int batch,
+                                   int seq_len, int channels, int n_head, int tile,
+                                   const AttentionGradWrites& writes) {
+  backward_heads(dq, dk, dv, dy, y, lse, q, k, v, strides, batch, seq_len, channels, n_head, tile,
+                 writes);
+}
+void flash_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy,
+                                   const bf16_bits* y, const float* lse, const bf16_bits* q,
+                                   const bf16_bits* k, const bf16_bits* v,
+                                   const AttentionStrides& strides, int batch, int seq_len,
+                                   int channels, int n_head, int tile,
+                                   const AttentionGradWrites& writes) {
+  backward_heads(dq, dk, dv, dy, y, lse, q, k, v, strides, batch, seq_len, channels, n_head, tile,
+                 writes);
+}
 #else
 void flash_attention_forward_bf16(float*, float*, const bf16_bits*, const bf16_bits*,
                                   const bf16_bits*, const AttentionStrides&, int, int, int, int,
@@ -159,6 +190,17 @@ void flash_attention_backward_bf16(float*, float*, float*, const float*, const f
                                    const bf16_bits*, const bf16_bits*, const bf16_bits*,
                                    const AttentionStrides&, int, int, int, int, int,
                                    const AttentionGradWrites&) {
+  FT_CHECK(false, "flash_attention_backward_bf16: this build has no AVX512-BF16 kernels");
+}
+void flash_attention_forward_bf16(bf16_bits*, float*, const bf16_bits*, const bf16_bits*,
+                                  const bf16_bits*, const AttentionStrides&, int, int, int, int,
+                                  int) {
+  FT_CHECK(false, "flash_attention_forward_bf16: this build has no AVX512-BF16 kernels");
+}
+void flash_attention_backward_bf16(float*, float*, float*, const float*, const bf16_bits*,
+                                   const float*, const bf16_bits*, const bf16_bits*,
+                                   const bf16_bits*, const AttentionStrides&, int, int, int, int,
+                                   int, const AttentionGradWrites&) {
   FT_CHECK(false, "flash_attention_backward_bf16: this build has no AVX512-BF16 kernels");
 }
 #endif

@@ -27,15 +27,26 @@ struct AttentionGradWrites {
 };
 
 // As flash_attention_forward / flash_attention_backward, on bf16 q, k, v; backward overwrites the
-// gradients `writes` names.
+// gradients `writes` names. y is fp32, or bf16 (fusion.vertical.cast: y feeds the projection's
+// GEMM only), rounded once from the fp32 Y / l; backward takes the y forward wrote, and with a
+// bf16 one D = <dY, Y> is taken on the rounded Y.
 // REQUIRES: flash_attention_bf16_native(); tile >= 1.
 void flash_attention_forward_bf16(float* y, float* lse, const bf16_bits* q, const bf16_bits* k,
+                                  const bf16_bits* v, const AttentionStrides& strides, int batch,
+                                  int seq_len, int channels, int n_head, int tile);
+void flash_attention_forward_bf16(bf16_bits* y, float* lse, const bf16_bits* q, const bf16_bits* k,
                                   const bf16_bits* v, const AttentionStrides& strides, int batch,
                                   int seq_len, int channels, int n_head, int tile);
 void flash_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy, const float* y,
                                    const float* lse, const bf16_bits* q, const bf16_bits* k,
                                    const bf16_bits* v, const AttentionStrides& strides, int batch,
                                    int seq_len, int channels, int n_head, int tile,
+                                   const AttentionGradWrites& writes = {});
+void flash_attention_backward_bf16(float* dq, float* dk, float* dv, const float* dy,
+                                   const bf16_bits* y, const float* lse, const bf16_bits* q,
+                                   const bf16_bits* k, const bf16_bits* v,
+                                   const AttentionStrides& strides, int batch, int seq_len,
+                                   int channels, int n_head, int tile,
                                    const AttentionGradWrites& writes = {});
 
 namespace attention_bf16 {
@@ -55,12 +66,20 @@ HeadGeometry head_geometry(int seq_len, int channels, int n_head, int tile);
 // Bytes of scratch one thread needs for forward_head and backward_head (either).
 int64_t scratch_bytes(const HeadGeometry& geometry);
 // One (b, h) pair: the pointers are its first row's head columns, rows `strides` apart. Writes y
-// and the head's lse [T]. `scratch` holds scratch_bytes(geometry) bytes, owned by the caller.
+// (fp32 or bf16) and the head's lse [T]. `scratch` holds scratch_bytes(geometry) bytes, owned by
+// the caller.
 void forward_head(float* y, float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
                   const AttentionStrides& strides, const HeadGeometry& geometry,
                   unsigned char* scratch);
+void forward_head(bf16_bits* y, float* lse, const bf16_bits* q, const bf16_bits* k,
+                  const bf16_bits* v, const AttentionStrides& strides, const HeadGeometry& geometry,
+                  unsigned char* scratch);
 // Adds the head's gradients into dq, dk, dv, or writes those `writes` names.
 void backward_head(float* dq, float* dk, float* dv, const float* dy, const float* y,
+                   const float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+                   const AttentionStrides& strides, const HeadGeometry& geometry,
+                   const AttentionGradWrites& writes, unsigned char* scratch);
+void backward_head(float* dq, float* dk, float* dv, const float* dy, const bf16_bits* y,
                    const float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
                    const AttentionStrides& strides, const HeadGeometry& geometry,
                    const AttentionGradWrites& writes, unsigned char* scratch);

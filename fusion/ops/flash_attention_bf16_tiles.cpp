@@ -96,14 +96,15 @@ inline __attribute__((always_inline)) void causal_scores(float* out, int64_t ld,
 }
 
 // How causal_mix stores its sums: added to out; written over it (a row's first key tile); or
-// written over it, row r times row_scale[r] (Y / l straight from the registers).
+// written over it, row r times row_scale[r] (Y / l straight from the registers, into an fp32 or
+// a bf16 Y).
 enum class MixStore { kAdd, kWrite, kWriteScaled };
 
 // out[r][.] += sum_{s visible to r} weights[r][s] rows[s][.]  (Y += P V, dQ += dS K); weights
 // rows are bf16, `lda` words apart; row_pairs is the key tile's row-pair form. row_scale (for
 // kWriteScaled) is indexed as out's rows.
-template <MixStore kStore = MixStore::kAdd>
-void causal_mix(float* out, int64_t ldo, const word* weights, int64_t lda, const word* row_pairs,
+template <MixStore kStore = MixStore::kAdd, typename Out = float>
+void causal_mix(Out* out, int64_t ldo, const word* weights, int64_t lda, const word* row_pairs,
                 int64_t width, const TilePair& pair, const RowRange& range,
                 const float* row_scale = nullptr) {
   constexpr bool kScaled = kStore == MixStore::kWriteScaled;
@@ -242,10 +243,18 @@ void online_weights(bf16_bits* weights, float* out_row, OnlineSoftmax& state, co
   for (int64_t d = 0; d < width; ++d) out_row[d] *= rescale;
 }
 
-}  // namespace
+void put(float& y, float value) {
+  y = value;
+}
+void put(bf16_bits& y, float value) {
+  y = float_to_bf16(value);
+}
 
-void forward_head(float* y, float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
-                  const AttentionStrides& strides, const HeadGeometry& g, unsigned char* scratch) {
+// forward_head for an fp32 or a bf16 Y (Y / l rounded once, as the cast op after an fp32 Y does).
+template <typename Out>
+void forward_head_into(Out* y, float* lse, const bf16_bits* q, const bf16_bits* k,
+                       const bf16_bits* v, const AttentionStrides& strides, const HeadGeometry& g,
+                       unsigned char* scratch) {
   Arena arena(aligned(scratch));
   const HeadBuffers b = carve(arena, g);
   const int64_t T = g.seq_len, width = g.width, words = width / 2, ld = g.ld;
@@ -298,18 +307,20 @@ void forward_head(float* y, float* lse, const bf16_bits* q, const bf16_bits* k, 
     for (int64_t r = 0; r < rows; ++r) {
       const float inv_sum = 1.0f / b.row_state[r].sum;
       const float* out_row = b.out + r * width;
-      float* y_row = y + (i0 + r) * strides.y;
+      Out* y_row = y + (i0 + r) * strides.y;
 #pragma omp simd
-      for (int64_t d = 0; d < g.hd; ++d) y_row[d] = out_row[d] * inv_sum;
+      for (int64_t d = 0; d < g.hd; ++d) put(y_row[d], out_row[d] * inv_sum);
       lse[i0 + r] = online_softmax_log_sum_exp(b.row_state[r]);
     }
   }
 }
 
-void backward_head(float* dq, float* dk, float* dv, const float* dy, const float* y,
-                   const float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
-                   const AttentionStrides& strides, const HeadGeometry& g,
-                   const AttentionGradWrites& writes, unsigned char* scratch) {
+// backward_head for the Y forward wrote, fp32 or bf16 (D = <dY, Y> on the Y the GEMMs saw).
+template <typename Y>
+void backward_head_from(float* dq, float* dk, float* dv, const float* dy, const Y* y,
+                        const float* lse, const bf16_bits* q, const bf16_bits* k,
+                        const bf16_bits* v, const AttentionStrides& strides, const HeadGeometry& g,
+                        const AttentionGradWrites& writes, unsigned char* scratch) {
   Arena arena(aligned(scratch));
   const HeadBuffers b = carve(arena, g);
   const int64_t T = g.seq_len, hd = g.hd, width = g.width, words = width / 2, ld = g.ld;
@@ -372,6 +383,31 @@ void backward_head(float* dq, float* dk, float* dv, const float* dy, const float
   }
   add_scaled(dq, strides.q, b.dq_sum, width, T, hd, scale, writes.dq);
   _mm_sfence();  // streamed rows are weakly ordered: make them visible before another thread reads
+}
+
+}  // namespace
+
+void forward_head(float* y, float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+                  const AttentionStrides& strides, const HeadGeometry& g, unsigned char* scratch) {
+  forward_head_into(y, lse, q, k, v, strides, g, scratch);
+}
+void forward_head(bf16_bits* y, float* lse, const bf16_bits* q, const bf16_bits* k,
+                  const bf16_bits* v, const AttentionStrides& strides, const HeadGeometry& g,
+                  unsigned char* scratch) {
+  forward_head_into(y, lse, q, k, v, strides, g, scratch);
+}
+
+void backward_head(float* dq, float* dk, float* dv, const float* dy, const float* y,
+                   const float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+                   const AttentionStrides& strides, const HeadGeometry& g,
+                   const AttentionGradWrites& writes, unsigned char* scratch) {
+  backward_head_from(dq, dk, dv, dy, y, lse, q, k, v, strides, g, writes, scratch);
+}
+void backward_head(float* dq, float* dk, float* dv, const float* dy, const bf16_bits* y,
+                   const float* lse, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+                   const AttentionStrides& strides, const HeadGeometry& g,
+                   const AttentionGradWrites& writes, unsigned char* scratch) {
+  backward_head_from(dq, dk, dv, dy, y, lse, q, k, v, strides, g, writes, scratch);
 }
 
 }  // namespace ft::attention_bf16

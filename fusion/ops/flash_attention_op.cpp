@@ -14,6 +14,7 @@
 #include "fusion/ops/flash_attention.h"
 #include "fusion/ops/flash_attention_bf16.h"
 #include "kernels/attention_heads.h"
+#include "model/ops/cast.h"
 #include "model/ops/op_checks.h"
 
 namespace ft {
@@ -83,6 +84,30 @@ TileRounding FlashAttentionOp::tile_rounding(const Workspace& ws) const {
   return ws.values[inputs[0]].dtype() == DType::kBF16 ? TileRounding::kBf16 : TileRounding::kNone;
 }
 
+float* FlashAttentionOp::widened_output(const Workspace& ws) {
+  const int64_t rows = static_cast<int64_t>(batch_) * seq_len_;
+  reuse_or_allocate(widened_y_, strided_span(rows, channels_, ws.row_stride(outputs[0])),
+                    ws.device);
+  return widened_y_.data();
+}
+
+void FlashAttentionOp::round_output(Workspace& ws) {
+  const int64_t rows = static_cast<int64_t>(batch_) * seq_len_, stride = ws.row_stride(outputs[0]);
+  bf16_bits* y = ws.values[outputs[0]].bf16_data();
+  FT_RUN_ON_CUDA(
+      ws, cast_forward_cuda(y, widened_y_.data(), rows, channels_, stride, stride, ws.stream));
+  cast_forward(y, widened_y_.data(), rows, channels_, stride, stride);
+}
+
+void FlashAttentionOp::widen_output(const Workspace& ws) {
+  const int64_t span = widened_y_.numel();
+  const bf16_bits* y = ws.values[outputs[0]].bf16_data();
+#if defined(FT_HAVE_CUDA)
+  if (ws.device == Device::kCuda) return cuda_widen_bf16(widened_y_.data(), y, span, ws.stream);
+#endif
+  cast_to_float(widened_y_.data(), y, span);
+}
+
 float* FlashAttentionOp::delta_scratch(Device device) {
   if (delta_.numel() != lse_.numel() || delta_.device() != device)
     delta_ = Tensor::empty({batch_, n_head_, seq_len_}, device);
@@ -94,19 +119,32 @@ void FlashAttentionOp::forward(Workspace& ws, ParamStore&) {
   const int64_t lse_numel = static_cast<int64_t>(batch_) * n_head_ * seq_len_;
   if (lse_.numel() != lse_numel || lse_.device() != ws.device)
     lse_ = Tensor::empty({batch_, n_head_, seq_len_}, ws.device);
+  Tensor& y_value = ws.values[outputs[0]];
+  const bool y_in_bf16 = y_value.dtype() == DType::kBF16;
   if (runs_bf16_tiles(ws)) {
     const Tensor &q = ws.values[inputs[0]], &k = ws.values[inputs[1]], &v = ws.values[inputs[2]];
-    flash_attention_forward_bf16(ws.values[outputs[0]].data(), lse_.data(), q.bf16_data(),
-                                 k.bf16_data(), v.bf16_data(), strides(ws), batch_, seq_len_,
-                                 channels_, n_head_, tile_);
+    if (y_in_bf16)
+      flash_attention_forward_bf16(y_value.bf16_data(), lse_.data(), q.bf16_data(), k.bf16_data(),
+                                   v.bf16_data(), strides(ws), batch_, seq_len_, channels_, n_head_,
+                                   tile_);
+    else
+      flash_attention_forward_bf16(y_value.data(), lse_.data(), q.bf16_data(), k.bf16_data(),
+                                   v.bf16_data(), strides(ws), batch_, seq_len_, channels_, n_head_,
+                                   tile_);
     return;
   }
   const Operands in = operands(ws, /*widen=*/true);
-  FT_RUN_ON_CUDA(ws, flash_attention_forward_cuda(ws.values[outputs[0]].data(), lse_.data(), in.q,
-                                                  in.k, in.v, strides(ws), batch_, seq_len_,
-                                                  channels_, n_head_, ws.stream));
-  flash_attention_forward(ws.values[outputs[0]].data(), lse_.data(), in.q, in.k, in.v, strides(ws),
-                          batch_, seq_len_, channels_, n_head_, tile_, tile_rounding(ws));
+  // Without the bf16 tiles a bf16 y is written as the twin writes it: fp32, then rounded.
+  float* y = y_in_bf16 ? widened_output(ws) : y_value.data();
+  forward_fp32_kernels(ws, y, in);
+  if (y_in_bf16) round_output(ws);
+}
+
+void FlashAttentionOp::forward_fp32_kernels(const Workspace& ws, float* y, const Operands& in) {
+  FT_RUN_ON_CUDA(ws, flash_attention_forward_cuda(y, lse_.data(), in.q, in.k, in.v, strides(ws),
+                                                  batch_, seq_len_, channels_, n_head_, ws.stream));
+  flash_attention_forward(y, lse_.data(), in.q, in.k, in.v, strides(ws), batch_, seq_len_,
+                          channels_, n_head_, tile_, tile_rounding(ws));
 }
 
 void FlashAttentionOp::backward(Workspace& ws, ParamStore&) {
@@ -129,27 +167,33 @@ void FlashAttentionOp::backward(Workspace& ws, ParamStore&) {
              "': a fresh view gradient, which only the bf16 tiles take");
     ws.grads[inputs[i]].fill(0.0f);
   }
+  const Tensor& y_value = ws.values[outputs[0]];
+  const bool y_in_bf16 = y_value.dtype() == DType::kBF16;
+  float *dq = ws.grads[inputs[0]].data(), *dk = ws.grads[inputs[1]].data(),
+        *dv = ws.grads[inputs[2]].data();
+  const float* dy = ws.grads[outputs[0]].data();
   if (tiles) {
     const Tensor &q = ws.values[inputs[0]], &k = ws.values[inputs[1]], &v = ws.values[inputs[2]];
-    flash_attention_backward_bf16(ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
-                                  ws.grads[inputs[2]].data(), ws.grads[outputs[0]].data(),
-                                  ws.values[outputs[0]].data(), lse_.data(), q.bf16_data(),
-                                  k.bf16_data(), v.bf16_data(), strides(ws), batch_, seq_len_,
-                                  channels_, n_head_, tile_, {write[0], write[1], write[2]});
+    if (y_in_bf16)
+      flash_attention_backward_bf16(dq, dk, dv, dy, y_value.bf16_data(), lse_.data(), q.bf16_data(),
+                                    k.bf16_data(), v.bf16_data(), strides(ws), batch_, seq_len_,
+                                    channels_, n_head_, tile_, {write[0], write[1], write[2]});
+    else
+      flash_attention_backward_bf16(dq, dk, dv, dy, y_value.data(), lse_.data(), q.bf16_data(),
+                                    k.bf16_data(), v.bf16_data(), strides(ws), batch_, seq_len_,
+                                    channels_, n_head_, tile_, {write[0], write[1], write[2]});
     return;
   }
-  // The widened copies of forward still hold q, k and v: nothing writes a value in between.
+  // The widened copies of forward still hold q, k and v: nothing writes a value in between. A
+  // bf16 y is widened (D = <dY, Y> on the Y the projection read, as the bf16 tiles take it).
   const Operands in = operands(ws, /*widen=*/false);
-  FT_RUN_ON_CUDA(
-      ws, flash_attention_backward_cuda(ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
-                                        ws.grads[inputs[2]].data(), delta_scratch(ws.device),
-                                        ws.grads[outputs[0]].data(), ws.values[outputs[0]].data(),
-                                        lse_.data(), in.q, in.k, in.v, strides(ws), batch_,
-                                        seq_len_, channels_, n_head_, ws.stream));
-  flash_attention_backward(ws.grads[inputs[0]].data(), ws.grads[inputs[1]].data(),
-                           ws.grads[inputs[2]].data(), ws.grads[outputs[0]].data(),
-                           ws.values[outputs[0]].data(), lse_.data(), in.q, in.k, in.v, strides(ws),
-                           batch_, seq_len_, channels_, n_head_, tile_, tile_rounding(ws));
+  const float* y = y_in_bf16 ? widened_output(ws) : y_value.data();
+  if (y_in_bf16) widen_output(ws);
+  FT_RUN_ON_CUDA(ws, flash_attention_backward_cuda(
+                         dq, dk, dv, delta_scratch(ws.device), dy, y, lse_.data(), in.q, in.k, in.v,
+                         strides(ws), batch_, seq_len_, channels_, n_head_, ws.stream));
+  flash_attention_backward(dq, dk, dv, dy, y, lse_.data(), in.q, in.k, in.v, strides(ws), batch_,
+                           seq_len_, channels_, n_head_, tile_, tile_rounding(ws));
 }
 
 OpCost FlashAttentionOp::cost(const Graph& graph) const {

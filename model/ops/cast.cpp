@@ -28,6 +28,7 @@ void cast_backward(float* dx, const float* dy, int64_t rows, int64_t cols, int64
 
 CastOp::CastOp(int64_t rows, int64_t cols) : rows_(rows), cols_(cols) {
   FT_CHECK(rows > 0 && cols > 0, "CastOp: non-positive shape rows=", rows, " cols=", cols);
+  eager_casts = 1;
 }
 
 void CastOp::forward(Workspace& ws, ParamStore& params) {
