@@ -129,6 +129,25 @@ TEST_F(Bf16Gpt, FlashAttentionWritingBf16TracksItsTwin) {
   EXPECT_LT(relative_error(twin.grads, fused.grads), 5e-3f);
 }
 
+// Casts do not count against fusion.max_ops (counted_ops): at max_ops 3 flash attention (3
+// compute ops) fuses in bf16 as in fp32, with the probabilities' cast inside and its output's
+// absorbed; at max_ops 2 it does not fuse (the probabilities and the mix keep their casts); at 1
+// nothing fuses, casts included.
+TEST_F(Bf16Gpt, CastsDoNotCountAgainstMaxOps) {
+  const struct {
+    int max_ops;
+    int flash_ops, casts;
+  } cases[] = {{3, 2, 2 * 3}, {2, 0, 2 * 5}, {1, 0, 2 * 8 + 1}};
+  for (const auto& c : cases) {
+    FusionOptions options;
+    options.max_ops = c.max_ops;
+    const StepResult fused = run_step(build(DType::kBF16), params_, options);
+    EXPECT_EQ(std::count(fused.kinds.begin(), fused.kinds.end(), "flash_attention"), c.flash_ops)
+        << "max_ops " << c.max_ops;
+    EXPECT_EQ(fused.casts, c.casts) << "max_ops " << c.max_ops;
+  }
+}
+
 // The pass explains itself: what each absorbed cast saved, and why a cast stayed.
 TEST_F(Bf16Gpt, CastPassRecordsItsDecisions) {
   Graph graph = build(DType::kBF16);
