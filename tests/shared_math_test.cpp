@@ -1,7 +1,8 @@
 // The host/device helpers the GPT elementwise and normalisation ops share between their CPU loops
 // and their CUDA kernels (kernels/layernorm_math.h, kernels/dropout_math.h), and the host-side
-// token grouping of the embedding's CUDA backward, against double-precision or brute-force
-// references. These run on the CPU, so they cover the math the GPU kernels call.
+// token grouping of the embedding's CUDA backward, and fast_exp (core/math/fast_exp.h), against
+// double-precision or brute-force references. These run on the CPU, so they cover the math the GPU
+// kernels call.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/math/fast_exp.h"
 #include "core/rng.h"
 #include "kernels/dropout_math.h"
 #include "kernels/layernorm_math.h"
@@ -149,6 +151,24 @@ INSTANTIATE_TEST_SUITE_P(Widths, LayerNormMathTest, ::testing::Values(2, 7, 32, 
                          [](const ::testing::TestParamInfo<int64_t>& info) {
                            return "n" + std::to_string(info.param);
                          });
+
+// fast_exp over its whole range against double exp: within 3e-7 relative (its fused multiply-adds
+// round once each), clamped outside [-87, 88]; a vectorised loop returns the scalar call's bits.
+TEST(FastExp, MatchesDoubleExpAndItsVectorLoop) {
+  const int64_t count = 400001;
+  std::vector<float> x(count), vectorised(count);
+  for (int64_t i = 0; i < count; ++i) x[i] = -90.0f + 180.0f * static_cast<float>(i) / (count - 1);
+#pragma omp simd
+  for (int64_t i = 0; i < count; ++i) vectorised[i] = fast_exp(x[i]);
+  double worst = 0.0;
+  for (int64_t i = 0; i < count; ++i) {
+    const float value = fast_exp(x[i]);
+    ASSERT_EQ(value, vectorised[i]) << x[i];
+    const double clamped = std::min(std::max(static_cast<double>(x[i]), -87.0), 88.0);
+    worst = std::max(worst, std::fabs(value - std::exp(clamped)) / std::exp(clamped));
+  }
+  EXPECT_LT(worst, 3e-7);
+}
 
 TEST(DropoutMath, KeepIsTheHashThresholdAndScaleIsInverse) {
   const uint64_t seed = 0x1234abcdull ^ 77;

@@ -1,6 +1,7 @@
 // Linear+GELU's bf16 row loops (fusion/ops/linear_gelu.cpp) in AVX-512 with the AVX512-BF16
 // rounding instruction, for CPUs that have it: the same arithmetic as core/math/gelu_math.h and
-// fast_exp, operation for operation in the same order without contraction, so every fp32 value
+// fast_exp, operation for operation in the same order (no contraction beyond fast_exp's explicit
+// fused multiply-adds, written as vfmadd here), so every fp32 value
 // is the generic loop's bit for bit, and each rounded with vcvtneps2bf16 (nearest even, as
 // float_to_bf16) where the generic loop spends eight integer operations per vector. That
 // instruction reads an fp32 denormal as 0 where float_to_bf16 keeps it; the executor runs with
