@@ -39,8 +39,8 @@ inline __m512 exp_lanes(__m512 x) {
 // gelu_sigmoid_term: 1 / (1 + exp((-2 s) (c x x * x + x))).
 inline __m512 sigmoid_term(__m512 x) {
   const __m512 cubic_factor = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(kGeluCubic), x), x);
-  const __m512 minus_two_u = _mm512_mul_ps(_mm512_set1_ps(-2.0f * kGeluScale),
-                                           _mm512_fmadd_ps(cubic_factor, x, x));
+  const __m512 minus_two_u =
+      _mm512_mul_ps(_mm512_set1_ps(-2.0f * kGeluScale), _mm512_fmadd_ps(cubic_factor, x, x));
   const __m512 e = exp_lanes(minus_two_u);
   return _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
@@ -50,9 +50,8 @@ inline __m512 gelu_grad_from_sigmoid(__m512 x, __m512 g) {
   const __m512 square_factor = _mm512_mul_ps(_mm512_set1_ps(3.0f * kGeluCubic), x);
   const __m512 dinner = _mm512_mul_ps(_mm512_set1_ps(kGeluScale),
                                       _mm512_fmadd_ps(square_factor, x, _mm512_set1_ps(1.0f)));
-  const __m512 weight =
-      _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), x), g),
-                    _mm512_sub_ps(_mm512_set1_ps(1.0f), g));
+  const __m512 weight = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), x), g),
+                                      _mm512_sub_ps(_mm512_set1_ps(1.0f), g));
   return _mm512_fmadd_ps(weight, dinner, g);
 }
 
