@@ -29,6 +29,16 @@ void masked_add_row(float* out, uint8_t* keep_mask, const float* residual_in, co
   }
 }
 
+// Forward's inputs come from memory (the projection GEMM's output, the residual stream written
+// ops ago), and its row loop stalled on them: asking for both kAheadRows rows ahead made it 0.26
+// -> 0.20 ms per call at gpt_small (Zen 4). Backward's inputs are fresher, and the same prefetch
+// made it slower there.
+constexpr int64_t kAheadRows = 4;
+
+void prefetch_row(const float* row, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(row + i);
+}
+
 void add_row(float* out, const float* residual_in, const float* branch, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = residual_in[i] + branch[i];
@@ -157,6 +167,10 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
     const int64_t end = std::min(rows_, (tile + 1) * tile_rows_);
     std::vector<float> row_buffer(normed_in_bf16 ? static_cast<size_t>(C) : 0);
     for (int64_t row = tile * tile_rows_; row < end; ++row) {
+      if (row + kAheadRows < end) {
+        prefetch_row(residual_in + (row + kAheadRows) * in_stride, C);
+        prefetch_row(branch + (row + kAheadRows) * branch_stride, C);
+      }
       float* out_row = out + row * out_stride;
       if (masked)
         masked_add_row(out_row, keep_mask + row * C, residual_in + row * in_stride,
