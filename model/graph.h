@@ -49,6 +49,7 @@ enum class OpKind {
   // fused (built by fusion/ passes)
   kLinearGelu,
   kResidualLayerNorm,
+  kLinearResidualLayerNorm,  // the projection Linear + [dropout +] residual add + LayerNorm
   kClassifier,
   kFlashAttention,
   kBatchNormRelu,
