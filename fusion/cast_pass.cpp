@@ -4,7 +4,7 @@
 // producer followed by the cast; tests/precision_test.cpp checks each pair agrees bit for bit.
 //   LayerNorm -> cast               => LayerNormCastOp (fusion/ops/layernorm_cast.h)
 //   GELU -> cast                    => GeluCastOp (same file)
-//   (Linear)ResidualLayerNorm's normed -> cast, LinearGelu -> cast
+//   ResidualLayerNorm's normed -> cast, LinearGelu -> cast
 //                                   => the fused op writes that output in bf16
 //   ReLU -> cast                    => ReluCastOp (fusion/ops/relu_cast.h)
 //   BatchNormRelu -> cast, BatchNormAddRelu -> cast (a ResNet's ReLU feeding convolutions)
@@ -75,7 +75,6 @@ bool bf16_writer(const Graph& graph, int producer_index, ValueId fp32_value, Val
     case OpKind::kFlashAttention:
       break;
     case OpKind::kResidualLayerNorm:
-    case OpKind::kLinearResidualLayerNorm:
       if (producer.outputs[1] != fp32_value) {
         *refusal = "the residual stream of '" + producer.name + "' is not a GEMM operand";
         return false;

@@ -84,16 +84,12 @@ const PassInfo& gemm_epilogue_info() {
 }
 
 const PassInfo& residual_layernorm_info() {
-  static const PassInfo info{
-      FT_VERTICAL(residual_layernorm),
-      "dropout -> residual add -> next LayerNorm as one op, with the projection Linear feeding the "
-      "branch where max_ops leaves room (gpt)",
-      {OpKind::kResidualLayerNorm, OpKind::kLinearResidualLayerNorm},
-      {},
-      {{OpKind::kResidualAdd, OpKind::kLayerNorm},
-       {OpKind::kLinear, OpKind::kResidualAdd},
-       {OpKind::kLinear, OpKind::kResidualLayerNorm}},
-      {}};
+  static const PassInfo info{FT_VERTICAL(residual_layernorm),
+                             "dropout -> residual add -> next LayerNorm as one op (gpt)",
+                             {OpKind::kResidualLayerNorm},
+                             {},
+                             {{OpKind::kResidualAdd, OpKind::kLayerNorm}},
+                             {}};
   return info;
 }
 
@@ -145,7 +141,6 @@ const PassInfo& cast_info() {
       {{OpKind::kLayerNorm, OpKind::kCast},
        {OpKind::kGelu, OpKind::kCast},
        {OpKind::kResidualLayerNorm, OpKind::kCast},
-       {OpKind::kLinearResidualLayerNorm, OpKind::kCast},
        {OpKind::kLinearGelu, OpKind::kCast},
        {OpKind::kQkvLinear, OpKind::kCast},
        {OpKind::kFlashAttention, OpKind::kCast},

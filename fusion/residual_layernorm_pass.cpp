@@ -7,9 +7,6 @@
 // dropout), which is skipped with its reason. Per-head LayerNorms over column views are
 // batched_layernorm's, not candidates here. A dropout is absorbed only when the add is the one
 // reader of its output; with max_ops 2 the add and the LayerNorm fuse and the dropout stays.
-// The projection Linear writing the branch (c_proj: the branch its only reader) is absorbed too
-// where max_ops leaves room (LinearResidualLayerNormOp, fusion/ops/linear_residual_layernorm.h);
-// its twin is this pass at a max_ops one smaller.
 // Order: none of its own (PassInfo::after is empty); cast runs after it, to make the normalised
 // output of ResidualLayerNormOp bf16.
 // Thread safety: stateless.
@@ -17,14 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "fusion/ops/linear_residual_layernorm.h"
 #include "fusion/ops/residual_layernorm.h"
 #include "fusion/passes.h"
 #include "fusion/rewrite.h"
 #include "model/graph_edit.h"
 #include "model/ops/dropout.h"
 #include "model/ops/layernorm.h"
-#include "model/ops/linear.h"
 
 namespace ft {
 namespace {
@@ -66,7 +61,6 @@ int reader_between(const Graph& graph, ValueId value, int first, int last) {
 
 // A chain to replace, held by op identity: earlier rewrites shift indices.
 struct Plan {
-  const Op* linear = nullptr;   // absorbed, or null
   const Op* dropout = nullptr;  // absorbed, or null
   const Op* residual = nullptr;
   const Op* layernorm = nullptr;
@@ -174,39 +168,8 @@ class ResidualLayerNormPass : public FusionPass {
       context.skipped(kPass, site, "both summands are '" + graph.values[plan.branch].name + "'");
       return false;
     }
-    const int linear_index = index.producer(plan.branch);
-    if (is_kind(graph, linear_index, OpKind::kLinear)) {
-      const std::string& linear_name = graph.ops[linear_index]->name;
-      std::string refusal = linear_refusal(graph, index, linear_index, plan, layernorm);
-      if (refusal.empty() && absorbed + 1 > max_ops) refusal = "max_ops " + std::to_string(max_ops);
-      if (refusal.empty()) {
-        plan.linear = graph.ops[linear_index].get();
-        what = "linear+" + what;
-        ++absorbed;
-      } else {
-        what += " (linear '" + linear_name + "' left unfused: " + refusal + ")";
-      }
-    }
     context.fused(kPass, site, what + " -> " + layernorm.name, absorbed);
     return true;
-  }
-
-  // Why the Linear at `linear_index`, which writes the branch, cannot join the fused op; "" if it
-  // can: the branch must be its own tensor with the chain as its one reader, of the LayerNorm's
-  // shape, and the fused op takes no column views.
-  static std::string linear_refusal(const Graph& graph, const GraphIndex& index, int linear_index,
-                                    const Plan& plan, const LayerNormOp& layernorm) {
-    const auto& linear = static_cast<const LinearOp&>(*graph.ops[linear_index]);
-    const std::string& branch = graph.values[plan.branch].name;
-    if (graph.values[plan.branch].is_view() || index.reader_count_with_views(plan.branch) != 1 ||
-        index.is_graph_result(plan.branch))
-      return "'" + branch + "' is a view, a graph result or read elsewhere";
-    if (linear.rows() != layernorm.rows() || linear.out_features() != layernorm.channels())
-      return "its output is not the LayerNorm's shape";
-    for (ValueId id : {linear.inputs.at(0), plan.residual_in, plan.residual->outputs.at(0),
-                       layernorm.outputs.at(0)})
-      if (graph.values[id].is_view()) return "'" + graph.values[id].name + "' is a column view";
-    return "";
   }
 
   // The DropoutOp writing one summand (the second preferred) whose only reader is the add.
@@ -234,33 +197,14 @@ class ResidualLayerNormPass : public FusionPass {
       salt = dropout.salt();
     }
     Fusion fusion;
+    fusion.op = std::make_unique<ResidualLayerNormOp>(layernorm.rows(), layernorm.channels(), p,
+                                                      salt, plan.tile_rows);
     fusion.name = fused_name(plan.residual->name, layernorm.name);
+    fusion.inputs = {plan.residual_in, plan.branch};
     fusion.outputs = {plan.residual->outputs[0], layernorm.outputs[0]};
+    fusion.params = layernorm.params;
     std::vector<const Op*> absorbed = {plan.residual, plan.layernorm};
     if (plan.dropout != nullptr) absorbed.push_back(plan.dropout);
-    if (plan.linear != nullptr) {
-      const auto& linear = static_cast<const LinearOp&>(*plan.linear);
-      fusion.op = std::make_unique<LinearResidualLayerNormOp>(
-          linear.rows(), linear.in_features(), linear.out_features(), linear.has_bias(),
-          linear.weight_row_offset(), p, salt, plan.tile_rows);
-      // "h.0.attn.c_proj" and "h.0.residual_1+ln_2" -> "h.0.attn.c_proj+residual_1+ln_2".
-      const size_t dot = plan.residual->name.rfind('.');
-      const std::string block =
-          dot == std::string::npos ? "" : plan.residual->name.substr(0, dot + 1);
-      const bool same_block = !block.empty() && fusion.name.compare(0, block.size(), block) == 0 &&
-                              linear.name.compare(0, block.size(), block) == 0;
-      fusion.name =
-          linear.name + "+" + (same_block ? fusion.name.substr(block.size()) : fusion.name);
-      fusion.inputs = {plan.residual_in, linear.inputs.at(0)};
-      fusion.params = linear.params;
-      fusion.params.insert(fusion.params.end(), layernorm.params.begin(), layernorm.params.end());
-      absorbed.push_back(plan.linear);
-    } else {
-      fusion.op = std::make_unique<ResidualLayerNormOp>(layernorm.rows(), layernorm.channels(), p,
-                                                        salt, plan.tile_rows);
-      fusion.inputs = {plan.residual_in, plan.branch};
-      fusion.params = layernorm.params;
-    }
     fusion.absorbed = op_indices(graph, absorbed);
     apply_fusion(graph, std::move(fusion));
   }

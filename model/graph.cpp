@@ -54,8 +54,6 @@ const char* op_kind_name(OpKind kind) {
       return "linear_gelu";
     case OpKind::kResidualLayerNorm:
       return "residual_layernorm";
-    case OpKind::kLinearResidualLayerNorm:
-      return "linear_residual_layernorm";
     case OpKind::kClassifier:
       return "classifier";
     case OpKind::kFlashAttention:

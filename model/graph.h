@@ -49,7 +49,6 @@ enum class OpKind {
   // fused (built by fusion/ passes)
   kLinearGelu,
   kResidualLayerNorm,
-  kLinearResidualLayerNorm,  // the projection Linear + [dropout +] residual add + LayerNorm
   kClassifier,
   kFlashAttention,
   kBatchNormRelu,

@@ -95,74 +95,6 @@ RowBackwardFn row_backward_fn(bool fresh_in, bool fresh_branch, bool masked) {
 
 }  // namespace
 
-void residual_layernorm_forward_rows(const ResidualLayerNormRows& r, int64_t begin, int64_t end,
-                                     float* row_buffer) {
-  const int64_t C = r.channels;
-  const bool masked = r.dropout_p > 0.0f;
-  const float scale = dropout_scale(r.dropout_p);
-  for (int64_t row = begin; row < end; ++row) {
-    if (row + kAheadRows < end) {
-      prefetch_row(r.residual_in + (row + kAheadRows) * r.in_stride, C);
-      prefetch_row(r.branch + (row + kAheadRows - r.branch_first_row) * r.branch_stride, C);
-    }
-    float* out_row = r.out + row * r.out_stride;
-    const float* residual_row = r.residual_in + row * r.in_stride;
-    const float* branch_row = r.branch + (row - r.branch_first_row) * r.branch_stride;
-    if (masked)
-      masked_add_row(out_row, r.keep_mask + row * C, residual_row, branch_row, r.dropout_p, scale,
-                     r.seed, row * C, C);
-    else
-      add_row(out_row, residual_row, branch_row, C);
-    // The row just written is still in L1: normalising it now is the read the unfused LayerNorm
-    // would make from memory. A bf16 normed (it feeds GEMMs only; the twin is this op in fp32,
-    // then a CastOp) is rounded from an L1 row buffer.
-    if (r.normed_bf16 != nullptr) {
-      layernorm_row_forward(row_buffer, r.mean + row, r.rstd + row, out_row, r.weight, r.bias, C,
-                            kLayerNormEps);
-      store_row_bf16(r.normed_bf16 + row * r.normed_stride, row_buffer, C);
-    } else {
-      layernorm_row_forward(r.normed + row * r.normed_stride, r.mean + row, r.rstd + row, out_row,
-                            r.weight, r.bias, C, kLayerNormEps);
-    }
-  }
-}
-
-void residual_layernorm_backward_rows(const ResidualLayerNormGradRows& g, int64_t begin,
-                                      int64_t end, float* dweight, float* dbias) {
-  const int64_t C = g.channels;
-  const bool masked = g.dropout_p > 0.0f;
-  const RowBackwardFn backward_row_fn = row_backward_fn(g.fresh_in, g.fresh_branch, masked);
-  RowBackward r;
-  r.dweight = dweight;
-  r.dbias = dbias;
-  r.weight = g.weight;
-  r.scale = dropout_scale(g.dropout_p);
-  for (int64_t row = begin; row < end; ++row) {
-    r.d_in = g.d_in + row * g.in_stride;
-    r.d_branch = g.d_branch + (row - g.branch_first_row) * g.branch_stride;
-    r.d_out = g.d_out + row * g.out_stride;
-    r.d_normed = g.d_normed + row * g.normed_stride;
-    r.out = g.out + row * g.out_stride;
-    r.keep_mask = masked ? g.keep_mask + row * C : nullptr;
-    r.mean = g.mean[row];
-    r.rstd = g.rstd[row];
-    backward_row_fn(r, C);
-  }
-}
-
-void add_tile_partials(float* weight_grad, float* bias_grad, const std::vector<float>& partials,
-                       int64_t channels) {
-  const int64_t tiles = static_cast<int64_t>(partials.size()) / (2 * channels);
-  for (int64_t tile = 0; tile < tiles; ++tile) {
-    const float* dweight = partials.data() + tile * 2 * channels;
-    const float* dbias = dweight + channels;
-    for (int64_t c = 0; c < channels; ++c) {
-      weight_grad[c] += dweight[c];
-      bias_grad[c] += dbias[c];
-    }
-  }
-}
-
 ResidualLayerNormOp::ResidualLayerNormOp(int64_t rows, int64_t channels, float dropout_p,
                                          uint64_t dropout_salt, int tile_rows)
     : rows_(rows),
@@ -216,7 +148,7 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
   const int64_t out_stride = ws.row_stride(outputs[0]), normed_stride = ws.row_stride(outputs[1]);
   const float* weight = params[this->params[0]].value.data();
   const float* bias = params[this->params[1]].value.data();
-  const float p = dropout_p_;
+  const float p = dropout_p_, scale = dropout_scale(dropout_p_);
   const uint64_t seed = ws.dropout_seed ^ dropout_salt_;
   if (normed_in_bf16) {
     FT_RUN_ON_CUDA(ws, residual_layernorm_forward_cuda(
@@ -229,30 +161,33 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
                            ws.device_dropout_seed(), dropout_salt_, rows_, C, out_stride,
                            normed_stride, in_stride, branch_stride, ws.stream));
   }
-  ResidualLayerNormRows rows;
-  rows.out = out;
-  rows.out_stride = out_stride;
-  rows.normed = normed;
-  rows.normed_bf16 = normed_bf16;
-  rows.normed_stride = normed_stride;
-  rows.residual_in = residual_in;
-  rows.in_stride = in_stride;
-  rows.branch = branch;
-  rows.branch_stride = branch_stride;
-  rows.weight = weight;
-  rows.bias = bias;
-  rows.keep_mask = keep_mask;
-  rows.mean = mean;
-  rows.rstd = rstd;
-  rows.channels = C;
-  rows.dropout_p = p;
-  rows.seed = seed;
   const int64_t num_tiles = (rows_ + tile_rows_ - 1) / tile_rows_;
 #pragma omp parallel for if (rows_ * C > 65536)
   for (int64_t tile = 0; tile < num_tiles; ++tile) {
-    std::vector<float> row_buffer(static_cast<size_t>(C));
-    residual_layernorm_forward_rows(rows, tile * tile_rows_,
-                                    std::min(rows_, (tile + 1) * tile_rows_), row_buffer.data());
+    const int64_t end = std::min(rows_, (tile + 1) * tile_rows_);
+    std::vector<float> row_buffer(normed_in_bf16 ? static_cast<size_t>(C) : 0);
+    for (int64_t row = tile * tile_rows_; row < end; ++row) {
+      if (row + kAheadRows < end) {
+        prefetch_row(residual_in + (row + kAheadRows) * in_stride, C);
+        prefetch_row(branch + (row + kAheadRows) * branch_stride, C);
+      }
+      float* out_row = out + row * out_stride;
+      if (masked)
+        masked_add_row(out_row, keep_mask + row * C, residual_in + row * in_stride,
+                       branch + row * branch_stride, p, scale, seed, row * C, C);
+      else
+        add_row(out_row, residual_in + row * in_stride, branch + row * branch_stride, C);
+      // The row just written is still in L1: normalising it now is the read the unfused
+      // LayerNorm would make from memory.
+      if (normed_in_bf16) {
+        layernorm_row_forward(row_buffer.data(), mean + row, rstd + row, out_row, weight, bias, C,
+                              kLayerNormEps);
+        store_row_bf16(normed_bf16 + row * normed_stride, row_buffer.data(), C);
+      } else {
+        layernorm_row_forward(normed + row * normed_stride, mean + row, rstd + row, out_row, weight,
+                              bias, C, kLayerNormEps);
+      }
+    }
   }
 }
 
@@ -274,35 +209,42 @@ void ResidualLayerNormOp::backward(Workspace& ws, ParamStore& params) {
   const int64_t out_stride = ws.row_stride(outputs[0]), normed_stride = ws.row_stride(outputs[1]);
   const int64_t in_stride = ws.row_stride(inputs[0]), branch_stride = ws.row_stride(inputs[1]);
   const float* weight = params[this->params[0]].value.data();
-  ResidualLayerNormGradRows grads;
-  grads.d_in = d_in;
-  grads.in_stride = in_stride;
-  grads.d_branch = d_branch;
-  grads.branch_stride = branch_stride;
-  grads.fresh_in = ws.grad_is_fresh(inputs[0]);
-  grads.fresh_branch = ws.grad_is_fresh(inputs[1]);
-  grads.d_out = d_out;
-  grads.out = out;
-  grads.out_stride = out_stride;
-  grads.d_normed = d_normed;
-  grads.normed_stride = normed_stride;
-  grads.weight = weight;
-  grads.keep_mask = keep_mask;
-  grads.mean = mean;
-  grads.rstd = rstd;
-  grads.channels = C;
-  grads.dropout_p = dropout_p_;
+  const float scale = dropout_scale(dropout_p_);
+  const RowBackwardFn backward_rows =
+      row_backward_fn(ws.grad_is_fresh(inputs[0]), ws.grad_is_fresh(inputs[1]), masked);
   const int64_t num_tiles = (rows_ + tile_rows_ - 1) / tile_rows_;
   // Per tile: [dweight partial C | dbias partial C].
   std::vector<float> tile_partials(static_cast<size_t>(num_tiles) * 2 * C, 0.0f);
 #pragma omp parallel for if (rows_ * C > 65536)
   for (int64_t tile = 0; tile < num_tiles; ++tile) {
-    float* partial = tile_partials.data() + tile * 2 * C;
-    residual_layernorm_backward_rows(
-        grads, tile * tile_rows_, std::min(rows_, (tile + 1) * tile_rows_), partial, partial + C);
+    RowBackward r;
+    r.dweight = tile_partials.data() + tile * 2 * C;
+    r.dbias = r.dweight + C;
+    r.weight = weight;
+    r.scale = scale;
+    const int64_t end = std::min(rows_, (tile + 1) * tile_rows_);
+    for (int64_t row = tile * tile_rows_; row < end; ++row) {
+      r.d_in = d_in + row * in_stride;
+      r.d_branch = d_branch + row * branch_stride;
+      r.d_out = d_out + row * out_stride;
+      r.d_normed = d_normed + row * normed_stride;
+      r.out = out + row * out_stride;
+      r.keep_mask = masked ? keep_mask + row * C : nullptr;
+      r.mean = mean[row];
+      r.rstd = rstd[row];
+      backward_rows(r, C);
+    }
   }
-  add_tile_partials(params[this->params[0]].grad.data(), params[this->params[1]].grad.data(),
-                    tile_partials, C);
+  float* weight_grad = params[this->params[0]].grad.data();
+  float* bias_grad = params[this->params[1]].grad.data();
+  for (int64_t tile = 0; tile < num_tiles; ++tile) {
+    const float* dweight = tile_partials.data() + tile * 2 * C;
+    const float* dbias = dweight + C;
+    for (int64_t c = 0; c < C; ++c) {
+      weight_grad[c] += dweight[c];
+      bias_grad[c] += dbias[c];
+    }
+  }
 }
 
 #if defined(FT_HAVE_CUDA)

@@ -54,55 +54,6 @@ void residual_layernorm_backward_input_cuda(float* d_in, float* d_branch, const 
                                             int64_t normed_stride, int64_t in_stride,
                                             int64_t branch_stride, CudaStream stream);
 
-// The CPU row loops of ResidualLayerNormOp on pointers, for its tiles and for callers that hold
-// the branch themselves (LinearResidualLayerNormOp: its GEMM's row tile). Strides are floats
-// between rows; row r of each tensor is at its pointer + r * stride.
-struct ResidualLayerNormRows {
-  float* out = nullptr;
-  int64_t out_stride = 0;
-  float* normed = nullptr;           // fp32 normed, or
-  bf16_bits* normed_bf16 = nullptr;  // bf16 normed (the other null)
-  int64_t normed_stride = 0;
-  const float* residual_in = nullptr;
-  int64_t in_stride = 0;
-  const float* branch = nullptr;  // row r at branch + (r - branch_first_row) * branch_stride
-  int64_t branch_stride = 0, branch_first_row = 0;
-  const float *weight = nullptr, *bias = nullptr;
-  uint8_t* keep_mask = nullptr;  // [rows * C] bytes, written; null without dropout
-  float *mean = nullptr, *rstd = nullptr;
-  int64_t channels = 0;
-  float dropout_p = 0.0f;
-  uint64_t seed = 0;  // the step's dropout seed ^ the op's salt
-};
-// Forward of rows [begin, end) in order. REQUIRES: row_buffer holds channels floats.
-void residual_layernorm_forward_rows(const ResidualLayerNormRows& rows, int64_t begin, int64_t end,
-                                     float* row_buffer);
-
-struct ResidualLayerNormGradRows {
-  float* d_in = nullptr;  // (+)= total; `=` where fresh_in
-  int64_t in_stride = 0;
-  float* d_branch = nullptr;  // (+)= masked, scaled total; `=` where fresh_branch; as branch
-  int64_t branch_stride = 0, branch_first_row = 0;
-  bool fresh_in = false, fresh_branch = false;
-  const float *d_out = nullptr, *out = nullptr;
-  int64_t out_stride = 0;
-  const float* d_normed = nullptr;
-  int64_t normed_stride = 0;
-  const float* weight = nullptr;
-  const uint8_t* keep_mask = nullptr;
-  const float *mean = nullptr, *rstd = nullptr;
-  int64_t channels = 0;
-  float dropout_p = 0.0f;
-};
-// Backward of rows [begin, end) in order: the input gradients, and the LayerNorm's weight and
-// bias gradients added into dweight and dbias ([channels] each) row by row.
-void residual_layernorm_backward_rows(const ResidualLayerNormGradRows& grads, int64_t begin,
-                                      int64_t end, float* dweight, float* dbias);
-// Adds per-tile partials ([dweight C | dbias C] per tile, in tile order) into the LayerNorm's
-// weight and bias gradients, tile by tile: the order that makes the bits independent of threads.
-void add_tile_partials(float* weight_grad, float* bias_grad, const std::vector<float>& partials,
-                       int64_t channels);
-
 class ResidualLayerNormOp : public Op {
  public:
   // dropout_p 0: no dropout was absorbed (eval graphs, model.dropout 0, or max_ops split).
