@@ -34,7 +34,6 @@ inline int sole_reader(const GraphIndex& index, ValueId id, const std::string& n
   return index.consumers(id)[0];
 }
 
-// False, with the skip recorded, when a fusion absorbing `chain_ops` eager ops exceeds max_ops.
 // What a chain of `eager_ops` eager ops, `eager_casts` of them casts, counts against
 // fusion.max_ops: its ops less its casts, as absorbing train.precision bf16's cast changes how
 // its producer stores a value, not what it computes (so bf16 fuses the chains fp32 fuses), and at
@@ -43,6 +42,7 @@ inline int counted_ops(int eager_ops, int eager_casts) {
   return std::max(2, eager_ops - eager_casts);
 }
 
+// False, with the skip recorded, when a fusion absorbing `chain_ops` eager ops exceeds max_ops.
 inline bool within_max_ops(PassContext& context, const char* pass, const std::string& site,
                            int chain_ops) {
   if (context.options.max_ops >= chain_ops) return true;

@@ -205,11 +205,14 @@ OpCost FlashAttentionOp::cost(const Graph& graph) const {
   cost.backward_flops = pairs * (10 * hd + 6);           // S again, dP, dV, dQ, dK, dS
   cost.saved_bytes = 4.0 * batch_ * n_head_ * seq_len_;  // the log-sum-exp
   // bf16 operands are kept widened for backward, three fp32 copies of their rows' span, unless
-  // the bf16 kernels read them as they are.
-  if (graph.values[inputs[0]].dtype == DType::kBF16 && !flash_attention_bf16_native())
+  // the bf16 kernels read them as they are; so is a bf16 y (widened_y_).
+  if (flash_attention_bf16_native()) return cost;
+  const int64_t rows = static_cast<int64_t>(batch_) * seq_len_;
+  if (graph.values[inputs[0]].dtype == DType::kBF16)
     for (ValueId id : inputs)
-      cost.saved_bytes += 4.0 * strided_span(static_cast<int64_t>(batch_) * seq_len_, channels_,
-                                             graph.row_stride(id));
+      cost.saved_bytes += 4.0 * strided_span(rows, channels_, graph.row_stride(id));
+  if (graph.values[outputs[0]].dtype == DType::kBF16)
+    cost.saved_bytes += 4.0 * strided_span(rows, channels_, graph.row_stride(outputs[0]));
   return cost;
 }
 
