@@ -220,10 +220,18 @@ std::vector<double> as_double(const std::vector<float>& values) {
 // use tanhf where core/math/gelu_math.h uses an exp form; they agree far below 1e-4.
 constexpr double kGemmTolerance = 1e-4;
 
+// The bias gradient sums M rows of C's elements (times gelu'(aux) for dGELU), each within the
+// tolerance, in cuBLASLt's order: its error grows with the rows summed. The H200 run (cuBLASLt
+// 13.1) measured 1.2e-4 on "dgelu + bias grad" (M = 64); 4x the tolerance still fails TF32
+// (~1e-3 relative per product).
+constexpr double kBiasGradTolerance = 4;  // times the GEMM's tolerance
+
 void expect_matches_cpu(const GemmData& got, const GemmData& want, double tolerance) {
   EXPECT_LT(max_scaled_error(got.c, as_double(want.c)), tolerance) << "C";
   EXPECT_LT(max_scaled_error(got.aux, as_double(want.aux)), tolerance) << "aux";
-  EXPECT_LT(max_scaled_error(got.bias_grad, as_double(want.bias_grad)), tolerance) << "bias_grad";
+  EXPECT_LT(max_scaled_error(got.bias_grad, as_double(want.bias_grad)),
+            kBiasGradTolerance * tolerance)
+      << "bias_grad";
 }
 
 GemmCase gemm_case(std::string name, int64_t m, int64_t n, int64_t k) {

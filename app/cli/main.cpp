@@ -294,8 +294,12 @@ int main(int argc, char** argv) {
                        ft::MpiRuntime::launched_by_mpi() || app.got_subcommand(bandwidth));
     rank = mpi.world_rank();
     try {
+      // Under a launcher even one rank gets the communicator: comm.single_rank_allreduce sets the
+      // gradient communicator up over it (mpirun -np 1 on a one-GPU machine); at one rank
+      // GradSync reduces nothing unless asked.
       std::unique_ptr<ft::MpiCommunicator> comm;
-      if (mpi.world_size() > 1 || app.got_subcommand(bandwidth))
+      if (mpi.world_size() > 1 || ft::MpiRuntime::launched_by_mpi() ||
+          app.got_subcommand(bandwidth))
         comm = std::make_unique<ft::MpiCommunicator>();
       for (const auto& [job, path] : config_paths)
         if (job->parsed()) ft::require_config_file(*path);

@@ -80,6 +80,22 @@ std::vector<ConvAlgoReport> reports(const std::vector<Perf>& perf, int count) {
   return out;
 }
 
+// What cuDNN said of each algorithm, for the error when none is usable: "1: NOT_SUPPORTED, FMA
+// math, deterministic".
+template <typename Perf>
+std::string perf_text(const std::vector<Perf>& perf, int count) {
+  std::string text;
+  for (int i = 0; i < count && i < static_cast<int>(perf.size()); ++i) {
+    const char* math = perf[i].mathType == CUDNN_FMA_MATH       ? "FMA"
+                       : perf[i].mathType == CUDNN_DEFAULT_MATH ? "default"
+                                                                : "tensor-op";
+    text += (text.empty() ? "" : "; ") + std::to_string(static_cast<int>(perf[i].algo)) + ": " +
+            cudnnGetErrorString(perf[i].status) + ", " + math + " math, " +
+            (perf[i].determinism == CUDNN_DETERMINISTIC ? "deterministic" : "not deterministic");
+  }
+  return text.empty() ? "none" : text;
+}
+
 // Find (timed) and Get_v7 (heuristic), ranked into one list; `find` and `get` fill perf and
 // return cuDNN's status.
 template <typename Perf, typename Find, typename Get>
@@ -94,6 +110,9 @@ std::vector<ConvAlgoChoice> candidates(const ConvAlgoKey& key, Find&& find, Get&
   cudaGetLastError();
   const std::vector<ConvAlgoReport> searched =
       found == CUDNN_STATUS_SUCCESS ? reports(perf, count) : std::vector<ConvAlgoReport>();
+  const std::string search_text = found == CUDNN_STATUS_SUCCESS
+                                      ? perf_text(perf, count)
+                                      : std::string("failed: ") + cudnnGetErrorString(found);
   count = 0;
   FT_CUDNN_CHECK(get(static_cast<int>(perf.size()), &count, perf.data()));
   std::vector<ConvAlgoChoice> ranked =
@@ -101,7 +120,8 @@ std::vector<ConvAlgoChoice> candidates(const ConvAlgoKey& key, Find&& find, Get&
                            key.bf16 ? ConvMath::kTensorOps : ConvMath::kFma);
   FT_CHECK(!ranked.empty(), "conv2d: cuDNN offers no ",
            deterministic_algorithms() ? "deterministic " : "", key.bf16 ? "bf16" : "fp32 (FMA)",
-           " algorithm for ", key.text());
+           " algorithm for ", key.text(), " (search: ", search_text,
+           "; heuristic: ", perf_text(perf, count), ")");
   return ranked;
 }
 
@@ -197,8 +217,15 @@ CudnnConvDescriptors::CudnnConvDescriptors(const CudnnConvShape& shape, bool bf1
                                  shape.batch, shape.in_channels, shape.height, shape.width));
   FT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NHWC, data, shape.batch,
                                             shape.out_channels, shape.out_height, shape.out_width));
-  // Our weights are [out, in, kh, kw], cuDNN's NCHW (KCRS) filter order.
-  FT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, data, CUDNN_TENSOR_NCHW, shape.out_channels,
+  // Our weights are [out, in, kh, kw], cuDNN's NCHW (KCRS) filter order. cuDNN 9.19 on an H200
+  // offered no backward algorithm for an NHWC input with a KCRS filter (every one
+  // NOT_SUPPORTED); a 1x1 kernel's or a one-channel input's KCRS is its KRSC too, so with an NHWC
+  // input those are described in the input's format. Other kernels on NHWC inputs still need a
+  // KRSC copy of the weights for backward (docs/gpu.md).
+  const bool krsc_is_kcrs = shape.kernel == 1 || shape.in_channels == 1;
+  const cudnnTensorFormat_t filter_format =
+      krsc_is_kcrs && !shape.nchw_input ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  FT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, data, filter_format, shape.out_channels,
                                             shape.in_channels, shape.kernel, shape.kernel));
   // Cross-correlation: PyTorch's (and our CPU kernels') convolution does not flip the kernel.
   // The compute type is fp32 for both data types (bf16: PSEUDO_BFLOAT16_CONFIG).
