@@ -149,15 +149,15 @@ double multi_tensor_square_sum(const float* data, int64_t numel) {
 
 MultiTensorSweep::MultiTensorSweep(const ParamStore& params)
     : plan_(make_multi_tensor_plan(params)) {
-  // Segments are sorted and disjoint: they cover [0, numel) when they abut and sum to it.
-  int64_t covered = 0, next = 0;
+  // Segments are sorted: they cover [0, numel) when each starts where the last ended, from 0 to
+  // numel.
+  int64_t next = 0;
   bool abutting = true;
   for (const MultiTensorSegment& segment : plan_.segments) {
     abutting = abutting && segment.begin == next;
     next = segment.end;
-    covered += segment.end - segment.begin;
   }
-  segments_cover_all_ = abutting && covered == plan_.numel;
+  segments_cover_all_ = abutting && next == plan_.numel;
 }
 
 void MultiTensorSweep::check_store(const ParamStore& params) const {

@@ -96,10 +96,11 @@ class FlashAttentionOp : public Op {
   // The CUDA backward's D_t = <dY_t, Y_t>, [B, NH, T], allocated on `device` on first use.
   float* delta_scratch(Device device);
   // A bf16 y on the kernels that write fp32 (no bf16 tiles, or cuda): widened_y_, y's span in
-  // fp32 at y's stride, which forward writes and rounds into y, and backward refills from y.
+  // fp32 at y's stride (widened_output allocates it), which forward writes and rounds into y
+  // (round_output), and backward refills from y (widen_output returns it filled).
   float* widened_output(const Workspace& ws);
   void round_output(Workspace& ws);
-  void widen_output(const Workspace& ws);
+  const float* widen_output(const Workspace& ws);
   int batch_, seq_len_, channels_, n_head_, tile_;
   Tensor lse_;         // saved by forward, on the workspace's device
   Tensor delta_;       // cuda only

@@ -99,13 +99,18 @@ void FlashAttentionOp::round_output(Workspace& ws) {
   cast_forward(y, widened_y_.data(), rows, channels_, stride, stride);
 }
 
-void FlashAttentionOp::widen_output(const Workspace& ws) {
+const float* FlashAttentionOp::widen_output(const Workspace& ws) {
+  float* widened = widened_output(ws);
   const int64_t span = widened_y_.numel();
   const bf16_bits* y = ws.values[outputs[0]].bf16_data();
 #if defined(FT_HAVE_CUDA)
-  if (ws.device == Device::kCuda) return cuda_widen_bf16(widened_y_.data(), y, span, ws.stream);
+  if (ws.device == Device::kCuda) {
+    cuda_widen_bf16(widened, y, span, ws.stream);
+    return widened;
+  }
 #endif
-  cast_to_float(widened_y_.data(), y, span);
+  cast_to_float(widened, y, span);
+  return widened;
 }
 
 float* FlashAttentionOp::delta_scratch(Device device) {
@@ -187,8 +192,7 @@ void FlashAttentionOp::backward(Workspace& ws, ParamStore&) {
   // The widened copies of forward still hold q, k and v: nothing writes a value in between. A
   // bf16 y is widened (D = <dY, Y> on the Y the projection read, as the bf16 tiles take it).
   const Operands in = operands(ws, /*widen=*/false);
-  const float* y = y_in_bf16 ? widened_output(ws) : y_value.data();
-  if (y_in_bf16) widen_output(ws);
+  const float* y = y_in_bf16 ? widen_output(ws) : y_value.data();
   FT_RUN_ON_CUDA(ws, flash_attention_backward_cuda(
                          dq, dk, dv, delta_scratch(ws.device), dy, y, lse_.data(), in.q, in.k, in.v,
                          strides(ws), batch_, seq_len_, channels_, n_head_, ws.stream));
