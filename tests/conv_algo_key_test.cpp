@@ -1,5 +1,6 @@
 // Host-side pieces of the CUDA ResNet path that need no GPU: the key under which conv2d.cu caches
-// cuDNN's algorithm choice (model/ops/conv_algo_key.h) and the FT_HD BatchNorm-folding helpers of
+// cuDNN's algorithm choice (model/ops/conv_algo_key.h), the FT_HD index math of the channels-last
+// moves (model/ops/conv2d_layout.h), and the FT_HD BatchNorm-folding helpers of
 // fusion/ops/conv_bias.h, checked against the formula evaluated in double.
 #include "model/ops/conv_algo_key.h"
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "fusion/ops/conv_bias.h"
+#include "model/ops/conv2d_layout.h"
 
 namespace ft {
 namespace {
@@ -255,6 +257,29 @@ TEST(FoldBatchnormHelpers, FoldBatchnormUsesThemPerChannel) {
     EXPECT_EQ(folded_bias[o], static_cast<float>((static_cast<double>(conv_bias[o]) - mean[o]) * s +
                                                  static_cast<double>(beta[o])))
         << o;
+  }
+}
+
+// OIHW weights [2][3][2*2] to KRSC and back, each element placed as the nested loops say.
+TEST(ChannelsLast, MovesEachElementWhereTheLoopsSay) {
+  const int64_t outer = 2, channels = 3, inner = 4;
+  std::vector<int64_t> to_last(outer * channels * inner), to_first(to_last.size());
+  for (int64_t j = 0; j < static_cast<int64_t>(to_last.size()); ++j) {
+    to_last[j] = channels_last_source(j, channels, inner);
+    to_first[j] = channels_first_source(j, channels, inner);
+  }
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t c = 0; c < channels; ++c)
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t first = (o * channels + c) * inner + i;  // [o][c][i]
+        const int64_t last = (o * inner + i) * channels + c;   // [o][i][c]
+        EXPECT_EQ(to_last[last], first) << o << " " << c << " " << i;
+        EXPECT_EQ(to_first[first], last) << o << " " << c << " " << i;
+      }
+  // One channel: both layouts are the same bytes, and the moves copy.
+  for (int64_t j = 0; j < 8; ++j) {
+    EXPECT_EQ(channels_last_source(j, 1, 8), j);
+    EXPECT_EQ(channels_first_source(j, 1, 8), j);
   }
 }
 

@@ -1,7 +1,9 @@
 // Conv2dOp on cuDNN: forward, backward data and backward filter on our NHWC activations (the
-// stem's input may be NCHW) and OIHW (KCRS) weights. This file runs them on fp32 operands and
-// holds what both data types share (descriptors, algorithm choice, the passes); conv2d_bf16.cu
-// runs them on bf16 operands (train.precision: bf16).
+// stem's input may be NCHW) and OIHW (KCRS) weights. cuDNN sees every operand channels last (x
+// NHWC, filter KRSC, y NHWC; model/ops/conv2d_layout.h says why): where ours differ, transposed
+// copies go in and results come back transposed. This file runs the passes on fp32 operands and
+// holds what both data types share (descriptors, layouts, algorithm choice, the passes);
+// conv2d_bf16.cu runs them on bf16 operands (train.precision: bf16).
 // Math mode: CUDNN_FMA_MATH for fp32. For float data CUDNN_DEFAULT_MATH permits TF32 tensor-core
 // kernels on A100 and later (H200 included), which round the inputs to 10 mantissa bits; FMA_MATH
 // is the mode that restricts cuDNN to fp32 FMA kernels, so results match the CPU's within fp32
@@ -25,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/check.h"
@@ -34,6 +37,7 @@
 #include "core/launch_counter.h"
 #include "model/ops/conv2d.h"
 #include "model/ops/conv2d_cudnn.h"
+#include "model/ops/conv2d_layout.h"
 #include "model/ops/conv_algo_key.h"
 
 namespace ft {
@@ -212,20 +216,13 @@ CudnnConvDescriptors::CudnnConvDescriptors(const CudnnConvShape& shape, bool bf1
   FT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
   FT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
   FT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
-  FT_CUDNN_CHECK(
-      cudnnSetTensor4dDescriptor(x, shape.nchw_input ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, data,
-                                 shape.batch, shape.in_channels, shape.height, shape.width));
+  // Channels last throughout (conv2d_layout.h): the passes hand cuDNN NHWC copies of NCHW
+  // inputs and KRSC copies of OIHW weights.
+  FT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NHWC, data, shape.batch,
+                                            shape.in_channels, shape.height, shape.width));
   FT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NHWC, data, shape.batch,
                                             shape.out_channels, shape.out_height, shape.out_width));
-  // Our weights are [out, in, kh, kw], cuDNN's NCHW (KCRS) filter order. cuDNN 9.19 on an H200
-  // offered no backward algorithm for an NHWC input with a KCRS filter (every one
-  // NOT_SUPPORTED); a 1x1 kernel's or a one-channel input's KCRS is its KRSC too, so with an NHWC
-  // input those are described in the input's format. Other kernels on NHWC inputs still need a
-  // KRSC copy of the weights for backward (docs/gpu.md).
-  const bool krsc_is_kcrs = shape.kernel == 1 || shape.in_channels == 1;
-  const cudnnTensorFormat_t filter_format =
-      krsc_is_kcrs && !shape.nchw_input ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
-  FT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, data, filter_format, shape.out_channels,
+  FT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, data, CUDNN_TENSOR_NHWC, shape.out_channels,
                                             shape.in_channels, shape.kernel, shape.kernel));
   // Cross-correlation: PyTorch's (and our CPU kernels') convolution does not flip the kernel.
   // The compute type is fp32 for both data types (bf16: PSEUDO_BFLOAT16_CONFIG).
@@ -246,6 +243,55 @@ CudnnConvDescriptors::~CudnnConvDescriptors() {
   if (w != nullptr) cudnnDestroyFilterDescriptor(w);
   if (y != nullptr) cudnnDestroyTensorDescriptor(y);
   if (x != nullptr) cudnnDestroyTensorDescriptor(x);
+}
+
+bool cudnn_needs_krsc_weight(const CudnnConvShape& shape) {
+  return shape.kernel > 1 && shape.in_channels > 1;
+}
+
+LayoutMove weight_from_krsc(const CudnnConvShape& shape) {
+  if (!cudnn_needs_krsc_weight(shape))
+    return {
+        1, 1,
+        static_cast<int64_t>(shape.out_channels) * shape.in_channels * shape.kernel * shape.kernel};
+  return {shape.out_channels, shape.in_channels, static_cast<int64_t>(shape.kernel) * shape.kernel};
+}
+
+LayoutMove input_from_nhwc(const CudnnConvShape& shape) {
+  const int64_t pixels = static_cast<int64_t>(shape.height) * shape.width;
+  if (!shape.nchw_input) return {1, 1, shape.batch * pixels * shape.in_channels};
+  return {shape.batch, shape.in_channels, pixels};
+}
+
+namespace {
+
+template <typename T>
+const void* channels_last_copy(const void* ours, const LayoutMove& move, Tensor& scratch,
+                               CudaStream stream) {
+  if (move.channels == 1) return ours;
+  const bool bf16 = std::is_same<T, bf16_bits>::value;
+  scratch = Tensor::empty({move.outer * move.channels * move.inner}, Device::kCuda,
+                          bf16 ? DType::kBF16 : DType::kF32);
+  T* copy = static_cast<T*>(bf16 ? static_cast<void*>(scratch.bf16_data()) : scratch.data());
+  cuda_to_channels_last(copy, static_cast<const T*>(ours), move.outer, move.channels, move.inner,
+                        stream);
+  return copy;
+}
+
+}  // namespace
+
+const void* cudnn_input(const CudnnConvShape& shape, bool bf16, const void* x, Tensor& scratch,
+                        CudaStream stream) {
+  const LayoutMove move = input_from_nhwc(shape);
+  return bf16 ? channels_last_copy<bf16_bits>(x, move, scratch, stream)
+              : channels_last_copy<float>(x, move, scratch, stream);
+}
+
+const void* cudnn_weight(const CudnnConvShape& shape, bool bf16, const void* weight,
+                         Tensor& scratch, CudaStream stream) {
+  const LayoutMove move = weight_from_krsc(shape);
+  return bf16 ? channels_last_copy<bf16_bits>(weight, move, scratch, stream)
+              : channels_last_copy<float>(weight, move, scratch, stream);
 }
 
 std::shared_ptr<CudnnConv> make_cudnn_conv(const CudnnConvShape& shape) {
@@ -318,17 +364,41 @@ void cudnn_conv_backward_data(CudnnConvDescriptors& d, const CudnnConvShape& sha
 
 void conv2d_forward_cuda(float* y, const float* x, const float* weight, CudnnConv& conv,
                          CudaStream stream) {
-  cudnn_conv_forward(conv.fp32, conv.shape, cudnn_handle_on(stream), x, weight, y,
+  Tensor x_copy, weight_copy;
+  cudnn_conv_forward(conv.fp32, conv.shape, cudnn_handle_on(stream),
+                     cudnn_input(conv.shape, false, x, x_copy, stream),
+                     cudnn_weight(conv.shape, false, weight, weight_copy, stream), y,
                      /*accumulate=*/false);
 }
 
-// dweight always accumulates; dx when the gradient is not fresh.
+// dweight always accumulates; dx when the gradient is not fresh. A result in cuDNN's layout
+// (KRSC dW, NHWC dx of an NCHW input) goes through a scratch and is transposed into ours.
 void conv2d_backward_cuda(float* dx, float* dweight, const float* dy, const float* x,
                           const float* weight, bool dx_fresh, CudnnConv& conv, CudaStream stream) {
+  const CudnnConvShape& s = conv.shape;
   const cudnnHandle_t handle = cudnn_handle_on(stream);
-  cudnn_conv_backward_filter(conv.fp32, conv.shape, handle, x, dy, dweight, /*accumulate=*/true);
+  Tensor x_copy;
+  const void* cudnn_x = cudnn_input(s, false, x, x_copy, stream);
+  const LayoutMove dweight_move = weight_from_krsc(s);
+  if (dweight_move.channels == 1) {
+    cudnn_conv_backward_filter(conv.fp32, s, handle, cudnn_x, dy, dweight, /*accumulate=*/true);
+  } else {
+    Tensor krsc = Tensor::empty({dweight_move.count()}, Device::kCuda);
+    cudnn_conv_backward_filter(conv.fp32, s, handle, cudnn_x, dy, krsc.data(),
+                               /*accumulate=*/false);
+    cuda_from_channels_last(dweight, krsc.data(), dweight_move.outer, dweight_move.channels,
+                            dweight_move.inner, /*accumulate=*/true, stream);
+  }
   if (dx == nullptr) return;
-  cudnn_conv_backward_data(conv.fp32, conv.shape, handle, weight, dy, dx, !dx_fresh);
+  Tensor weight_copy;
+  const void* cudnn_w = cudnn_weight(s, false, weight, weight_copy, stream);
+  const LayoutMove dx_move = input_from_nhwc(s);
+  if (dx_move.channels == 1)
+    return cudnn_conv_backward_data(conv.fp32, s, handle, cudnn_w, dy, dx, !dx_fresh);
+  Tensor nhwc = Tensor::empty({dx_move.count()}, Device::kCuda);
+  cudnn_conv_backward_data(conv.fp32, s, handle, cudnn_w, dy, nhwc.data(), /*accumulate=*/false);
+  cuda_from_channels_last(dx, nhwc.data(), dx_move.outer, dx_move.channels, dx_move.inner,
+                          !dx_fresh, stream);
 }
 
 }  // namespace ft

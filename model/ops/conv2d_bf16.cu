@@ -9,11 +9,12 @@
 // for dW). The GPU therefore rounds each convolution output (y, dx, dW) to bf16 once before
 // widening, as PyTorch autocast's bf16 convolutions do, while the CPU keeps them fp32: GPU-vs-CPU
 // tests need a bf16-sized tolerance (about 2^-8 relative per element), not fp32's.
-// Compiled, not yet run on a GPU.
+// Operands and results cross into cuDNN's channels-last layout as in conv2d.cu.
 #include "core/cuda/bf16_kernels.h"
 #include "core/tensor.h"
 #include "model/ops/conv2d.h"
 #include "model/ops/conv2d_cudnn.h"
+#include "model/ops/conv2d_layout.h"
 #include "model/ops/linear.h"
 
 namespace ft {
@@ -30,25 +31,21 @@ Tensor bf16_scratch(int64_t count) {
   return Tensor::empty({count}, Device::kCuda, DType::kBF16);
 }
 
-// out = widened, or out += widened.
-void widen_into(float* out, const bf16_bits* in, int64_t count, bool accumulate,
-                CudaStream stream) {
-  if (accumulate) return cuda_add_widened_bf16(out, in, count, stream);
-  cuda_widen_bf16(out, in, count, stream);
-}
-
 }  // namespace
 
 void conv2d_forward_bf16_cuda(float* y, const bf16_bits* x, const bf16_bits* weight,
                               CudnnConv& conv, CudaStream stream) {
   const CudnnConvShape& s = conv.shape;
   const int64_t count = static_cast<int64_t>(s.batch) * s.out_height * s.out_width * s.out_channels;
-  Tensor rounded = bf16_scratch(count);
-  cudnn_conv_forward(bf16_descriptors(conv), s, cudnn_handle_on(stream), x, weight,
-                     rounded.bf16_data(), /*accumulate=*/false);
-  widen_into(y, rounded.bf16_data(), count, /*accumulate=*/false, stream);
+  Tensor rounded = bf16_scratch(count), x_copy, weight_copy;
+  cudnn_conv_forward(bf16_descriptors(conv), s, cudnn_handle_on(stream),
+                     cudnn_input(s, true, x, x_copy, stream),
+                     cudnn_weight(s, true, weight, weight_copy, stream), rounded.bf16_data(),
+                     /*accumulate=*/false);
+  cuda_widen_bf16(y, rounded.bf16_data(), count, stream);
 }
 
+// dW and dx come back in cuDNN's layout (KRSC, NHWC); widening them moves them into ours.
 void conv2d_backward_bf16_cuda(float* dx, float* dweight, const float* dy, const bf16_bits* x,
                                const bf16_bits* weight, bool dx_fresh, CudnnConv& conv,
                                CudaStream stream) {
@@ -59,18 +56,19 @@ void conv2d_backward_bf16_cuda(float* dx, float* dweight, const float* dy, const
   // Every reader of the copy is enqueued below, before the next bf16_gradient_copy_cuda call.
   const bf16_bits* dy_bf16 =
       bf16_gradient_copy_cuda(dy, pixels, s.out_channels, s.out_channels, stream);
-  const int64_t weight_count =
-      static_cast<int64_t>(s.out_channels) * s.in_channels * s.kernel * s.kernel;
-  Tensor dweight_bf16 = bf16_scratch(weight_count);
-  cudnn_conv_backward_filter(d, s, handle, x, dy_bf16, dweight_bf16.bf16_data(),
-                             /*accumulate=*/false);
-  widen_into(dweight, dweight_bf16.bf16_data(), weight_count, /*accumulate=*/true, stream);
+  const LayoutMove dweight_move = weight_from_krsc(s);
+  Tensor dweight_bf16 = bf16_scratch(dweight_move.count()), x_copy;
+  cudnn_conv_backward_filter(d, s, handle, cudnn_input(s, true, x, x_copy, stream), dy_bf16,
+                             dweight_bf16.bf16_data(), /*accumulate=*/false);
+  cuda_from_channels_last(dweight, dweight_bf16.bf16_data(), dweight_move.outer,
+                          dweight_move.channels, dweight_move.inner, /*accumulate=*/true, stream);
   if (dx == nullptr) return;
-  const int64_t input_count = static_cast<int64_t>(s.batch) * s.height * s.width * s.in_channels;
-  Tensor dx_bf16 = bf16_scratch(input_count);
-  cudnn_conv_backward_data(d, s, handle, weight, dy_bf16, dx_bf16.bf16_data(),
-                           /*accumulate=*/false);
-  widen_into(dx, dx_bf16.bf16_data(), input_count, !dx_fresh, stream);
+  const LayoutMove dx_move = input_from_nhwc(s);
+  Tensor dx_bf16 = bf16_scratch(dx_move.count()), weight_copy;
+  cudnn_conv_backward_data(d, s, handle, cudnn_weight(s, true, weight, weight_copy, stream),
+                           dy_bf16, dx_bf16.bf16_data(), /*accumulate=*/false);
+  cuda_from_channels_last(dx, dx_bf16.bf16_data(), dx_move.outer, dx_move.channels, dx_move.inner,
+                          !dx_fresh, stream);
 }
 
 }  // namespace ft

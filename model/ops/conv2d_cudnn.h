@@ -8,6 +8,7 @@
 
 #include <memory>
 
+#include "core/tensor.h"
 #include "model/ops/conv2d.h"
 #include "model/ops/conv_algo_key.h"
 
@@ -38,6 +39,25 @@ struct CudnnConv {
   CudnnConvDescriptors fp32;
   std::unique_ptr<CudnnConvDescriptors> bf16;  // made by the first bf16 pass
 };
+
+// cuDNN reads and writes every operand channels last (model/ops/conv2d_layout.h). A LayoutMove
+// is the [outer][channels][inner] view that turns a result in cuDNN's layout into ours;
+// channels == 1 when the two layouts are the same bytes (no move).
+struct LayoutMove {
+  int64_t outer, channels, inner;
+  int64_t count() const { return outer * channels * inner; }
+};
+// Whether the OIHW weight differs from its KRSC (a kernel above 1x1 on more than one channel).
+bool cudnn_needs_krsc_weight(const CudnnConvShape& shape);
+LayoutMove weight_from_krsc(const CudnnConvShape& shape);  // dW: KRSC -> OIHW
+LayoutMove input_from_nhwc(const CudnnConvShape& shape);   // dx: NHWC -> ours (NCHW or NHWC)
+// The operand as cuDNN reads it: `x` (`weight`) itself where our layout is already cuDNN's, else
+// a transposed copy enqueued on `stream` into `scratch`, which must outlive the pass reading it.
+// Elements are bf16_bits when `bf16`, else float.
+const void* cudnn_input(const CudnnConvShape& shape, bool bf16, const void* x, Tensor& scratch,
+                        CudaStream stream);
+const void* cudnn_weight(const CudnnConvShape& shape, bool bf16, const void* weight,
+                         Tensor& scratch, CudaStream stream);
 
 // cuDNN's handle, bound to `stream`.
 cudnnHandle_t cudnn_handle_on(CudaStream stream);
