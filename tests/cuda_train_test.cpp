@@ -1,15 +1,18 @@
 // Both models train on cuda with the losses of the cpu run, fused and unfused; a cuda-trained
-// checkpoint loads on the cpu (checkpoints do not depend on the device) and exports. Skips
-// without a usable device. Tolerances: the GPU sums in other orders (cuBLASLt, cuDNN, tree
-// reductions), so fp32 losses drift apart by ~1e-5 relative per step; 20 steps stay within 2e-3.
+// checkpoint loads on the cpu (checkpoints do not depend on the device), exports, and its export
+// infers on the GPU in fp32 and bf16. Skips without a usable device. Tolerances: the GPU sums in
+// other orders (cuBLASLt, cuDNN, tree reductions), so fp32 losses drift apart by ~1e-5 relative per
+// step; 20 steps stay within 2e-3.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "app/training/trainer.h"
+#include "core/atomic_file.h"
 #include "cuda_test_util.h"
 #include "run_command.h"
 
@@ -93,6 +96,26 @@ TEST(CudaTrainCheckpoint, ACudaTrainedResnetExportsAndInfers) {
   ASSERT_EQ(cuda_infer.exit_code, 0) << cuda_infer.output;
   EXPECT_NE(cuda_infer.output.find("predictions agree 256/256"), std::string::npos)
       << cuda_infer.output;
+  // In bf16 on the GPU: the folded and the unfolded model both round their operands (and cuDNN
+  // its convolution outputs), so they differ by bf16 rounding of the folded weights, as on the
+  // CPU (tests/inference_bf16_test.cpp's bounds), and predict like the CPU's bf16 run.
+  const std::string json = testing::TempDir() + "/ft_cuda_resnet_bf16.json";
+  const std::string bf16_command = " --model " + exported + " --limit 256 --precision bf16" +
+                                   " --compare-unfolded " + checkpoint + " --json " + json;
+  const test::RunResult cuda_bf16 =
+      test::run_fusiontrain(std::string("infer --device ") + test::kGpuName + bf16_command, 120);
+  ASSERT_EQ(cuda_bf16.exit_code, 0) << cuda_bf16.output;
+  EXPECT_NE(cuda_bf16.output.find("cuDNN and cuBLASLt bf16 kernels on the GPU"), std::string::npos)
+      << cuda_bf16.output;
+  const nlohmann::json on_gpu = nlohmann::json::parse(read_file(json));
+  EXPECT_EQ(on_gpu.at("precision"), "bf16");
+  EXPECT_LT(on_gpu.at("compare").at("max_rel_logit_diff").get<double>(), 5e-2);
+  EXPECT_GE(on_gpu.at("compare").at("prediction_agreement").get<double>(), 250.0 / 256);
+  const test::RunResult cpu_bf16 = test::run_fusiontrain("infer --device cpu" + bf16_command, 120);
+  ASSERT_EQ(cpu_bf16.exit_code, 0) << cpu_bf16.output;
+  const nlohmann::json on_cpu = nlohmann::json::parse(read_file(json));
+  EXPECT_NEAR(on_gpu.at("accuracy").get<double>(), on_cpu.at("accuracy").get<double>(), 6.0 / 256);
+  std::filesystem::remove(json);
   std::filesystem::remove(checkpoint);
   std::filesystem::remove(exported);
 }

@@ -167,8 +167,8 @@ int main(int argc, char** argv) {
       ->add_option(
           "--precision", infer_args.precision,
           "fp32 or bf16: bf16 rounds every convolution's and the fc's operands to bf16 and "
-          "sums in fp32, as train.precision: bf16 does (cpu only; the unfolded model of "
-          "--compare-unfolded too). fp32 and bf16 exports both load either way (bf16 "
+          "sums in fp32, as train.precision: bf16 does (on cpu and cuda; the unfolded model "
+          "of --compare-unfolded too). fp32 and bf16 exports both load either way (bf16 "
           "weights widen exactly)")
       ->check(choice_check({"fp32", "bf16"}));
 

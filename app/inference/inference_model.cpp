@@ -245,8 +245,6 @@ DType export_dtype(const SafetensorsFile& file, const std::string& path) {
 
 ExportedResnet::ExportedResnet(const std::string& path, Device device, DType precision)
     : path_(path), precision_(precision) {
-  FT_CHECK(precision == DType::kF32 || device == Device::kCpu,
-           "ExportedResnet: bf16 runs on the CPU only");
   SafetensorsFile file = load_safetensors(path);
   metadata_ = file.metadata;
   auto format = metadata_.find("format");

@@ -62,7 +62,7 @@ class ExportedResnet {
   // Throws ft::Error naming `path` when the file is unreadable, truncated, corrupt, not an export,
   // a GPT export, or its tensors do not match its own metadata. The tensors, and every run's
   // workspace, live on `device` (cuda: REQUIRES setup_device already chose the GPU). `precision`
-  // kBF16 runs every graph's GEMMs on bf16 operands (REQUIRES device cpu), whatever the file
+  // kBF16 runs every graph's GEMMs on bf16 operands (cpu or cuda), whatever the file
   // stores: fp32 and bf16 exports both load as fp32 values.
   explicit ExportedResnet(const std::string& path, Device device = Device::kCpu,
                           DType precision = DType::kF32);

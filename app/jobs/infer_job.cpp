@@ -188,11 +188,6 @@ constexpr int kBlockImages = 16;
 int run_infer(const InferArgs& args) {
   FT_REQUIRE(!args.model_path.empty(), "infer needs --model FILE.safetensors");
   const DType precision = dtype_flag("--precision", args.precision);
-  // The bf16 ops have CUDA paths (train.precision: bf16 runs on cuda), but this job's bf16 graph
-  // has not been wired and tested on cuda yet.
-  FT_USAGE_REQUIRE(precision == DType::kF32 || args.device == "cpu", "--precision bf16 runs on ",
-                   "--device cpu only so far; got --device ", args.device,
-                   ": use --precision fp32 there");
   // Before OpenMP sees the count: libgomp crashes or prints its own error on a huge one.
   require_key_range("--threads", "train.threads", args.threads);
   // --batch has its own range (count_check in app/cli/main.cpp), not train.batch_size's.
@@ -309,8 +304,9 @@ int run_infer(const InferArgs& args) {
                   : (std::to_string(threads) + (threads == 1 ? " thread" : " threads")).c_str(),
               bf16_weights ? ", bf16 weights widened to fp32" : "");
   if (precision == DType::kBF16)
-    std::printf("precision bf16: GEMM and convolution operands in bf16, fp32 sums; %s\n",
-                bf16_gemm_path());
+    std::printf(
+        "precision bf16: GEMM and convolution operands in bf16, fp32 sums; %s\n",
+        device == Device::kCuda ? "cuDNN and cuBLASLt bf16 kernels on the GPU" : bf16_gemm_path());
   nlohmann::json row = {{"type", "infer"},
                         {"model", args.model_path},
                         {"data", source},
