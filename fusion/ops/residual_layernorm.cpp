@@ -1,6 +1,7 @@
 // [dropout ->] residual add -> LayerNorm in one sweep over row tiles (see residual_layernorm.h).
-// Rows are independent in forward and in the input gradients, so tiles run in parallel; the
-// weight and bias gradients reduce over rows into one partial per tile, added in tile order.
+// Rows are independent in forward and in the input gradients, so work items (row blocks) run in
+// parallel; the weight and bias gradients reduce over rows into one partial per item, added in
+// item order.
 #include "fusion/ops/residual_layernorm.h"
 
 #include <algorithm>
@@ -46,7 +47,7 @@ void add_row(float* out, const float* residual_in, const float* branch, int64_t 
 
 // One row of backward, in one loop after the LayerNorm's two row means (layernorm_math.h):
 //   total    = d_out + rstd * (dn * w - mean(g) - xhat * mean(g * xhat))   d of the sum
-//   dweight += dn * xhat,  dbias += dn                                     (this tile's partial)
+//   dweight += dn * xhat,  dbias += dn                                     (this item's partial)
 //   d_in (+)= total,  d_branch (+)= keep ? total * scale : 0
 // since out = a + b' passes its gradient unchanged to a and to b', and b' = b * keep * scale
 // passes it masked and scaled to b; `=` for a fresh gradient (overwrites_fresh_input_grads).
@@ -161,13 +162,13 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
                            ws.device_dropout_seed(), dropout_salt_, rows_, C, out_stride,
                            normed_stride, in_stride, branch_stride, ws.stream));
   }
-  const int64_t num_tiles = (rows_ + tile_rows_ - 1) / tile_rows_;
+  const int64_t item_rows = work_item_rows(), items = (rows_ + item_rows - 1) / item_rows;
 #pragma omp parallel for if (rows_ * C > 65536)
-  for (int64_t tile = 0; tile < num_tiles; ++tile) {
-    const int64_t end = std::min(rows_, (tile + 1) * tile_rows_);
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t end = std::min(rows_, (item + 1) * item_rows);
     std::vector<float> row_buffer(normed_in_bf16 ? static_cast<size_t>(C) : 0);
-    for (int64_t row = tile * tile_rows_; row < end; ++row) {
-      if (row + kAheadRows < end) {
+    for (int64_t row = item * item_rows; row < end; ++row) {
+      if (row + kAheadRows < rows_) {
         prefetch_row(residual_in + (row + kAheadRows) * in_stride, C);
         prefetch_row(branch + (row + kAheadRows) * branch_stride, C);
       }
@@ -212,18 +213,18 @@ void ResidualLayerNormOp::backward(Workspace& ws, ParamStore& params) {
   const float scale = dropout_scale(dropout_p_);
   const RowBackwardFn backward_rows =
       row_backward_fn(ws.grad_is_fresh(inputs[0]), ws.grad_is_fresh(inputs[1]), masked);
-  const int64_t num_tiles = (rows_ + tile_rows_ - 1) / tile_rows_;
-  // Per tile: [dweight partial C | dbias partial C].
-  std::vector<float> tile_partials(static_cast<size_t>(num_tiles) * 2 * C, 0.0f);
+  const int64_t item_rows = work_item_rows(), items = (rows_ + item_rows - 1) / item_rows;
+  // Per work item: [dweight partial C | dbias partial C].
+  std::vector<float> item_partials(static_cast<size_t>(items) * 2 * C, 0.0f);
 #pragma omp parallel for if (rows_ * C > 65536)
-  for (int64_t tile = 0; tile < num_tiles; ++tile) {
+  for (int64_t item = 0; item < items; ++item) {
     RowBackward r;
-    r.dweight = tile_partials.data() + tile * 2 * C;
+    r.dweight = item_partials.data() + item * 2 * C;
     r.dbias = r.dweight + C;
     r.weight = weight;
     r.scale = scale;
-    const int64_t end = std::min(rows_, (tile + 1) * tile_rows_);
-    for (int64_t row = tile * tile_rows_; row < end; ++row) {
+    const int64_t end = std::min(rows_, (item + 1) * item_rows);
+    for (int64_t row = item * item_rows; row < end; ++row) {
       r.d_in = d_in + row * in_stride;
       r.d_branch = d_branch + row * branch_stride;
       r.d_out = d_out + row * out_stride;
@@ -237,8 +238,8 @@ void ResidualLayerNormOp::backward(Workspace& ws, ParamStore& params) {
   }
   float* weight_grad = params[this->params[0]].grad.data();
   float* bias_grad = params[this->params[1]].grad.data();
-  for (int64_t tile = 0; tile < num_tiles; ++tile) {
-    const float* dweight = tile_partials.data() + tile * 2 * C;
+  for (int64_t item = 0; item < items; ++item) {
+    const float* dweight = item_partials.data() + item * 2 * C;
     const float* dbias = dweight + C;
     for (int64_t c = 0; c < C; ++c) {
       weight_grad[c] += dweight[c];
