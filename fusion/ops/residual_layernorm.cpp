@@ -163,30 +163,34 @@ void ResidualLayerNormOp::forward(Workspace& ws, ParamStore& params) {
                            normed_stride, in_stride, branch_stride, ws.stream));
   }
   const int64_t item_rows = work_item_rows(), items = (rows_ + item_rows - 1) / item_rows;
-#pragma omp parallel for if (rows_ * C > 65536)
-  for (int64_t item = 0; item < items; ++item) {
-    const int64_t end = std::min(rows_, (item + 1) * item_rows);
+#pragma omp parallel if (rows_ * C > 65536)
+  {
+    // One row buffer per thread, not per item (items are small: 32 of them at gpt_small).
     std::vector<float> row_buffer(normed_in_bf16 ? static_cast<size_t>(C) : 0);
-    for (int64_t row = item * item_rows; row < end; ++row) {
-      if (row + kAheadRows < rows_) {
-        prefetch_row(residual_in + (row + kAheadRows) * in_stride, C);
-        prefetch_row(branch + (row + kAheadRows) * branch_stride, C);
-      }
-      float* out_row = out + row * out_stride;
-      if (masked)
-        masked_add_row(out_row, keep_mask + row * C, residual_in + row * in_stride,
-                       branch + row * branch_stride, p, scale, seed, row * C, C);
-      else
-        add_row(out_row, residual_in + row * in_stride, branch + row * branch_stride, C);
-      // The row just written is still in L1: normalising it now is the read the unfused
-      // LayerNorm would make from memory.
-      if (normed_in_bf16) {
-        layernorm_row_forward(row_buffer.data(), mean + row, rstd + row, out_row, weight, bias, C,
-                              kLayerNormEps);
-        store_row_bf16(normed_bf16 + row * normed_stride, row_buffer.data(), C);
-      } else {
-        layernorm_row_forward(normed + row * normed_stride, mean + row, rstd + row, out_row, weight,
-                              bias, C, kLayerNormEps);
+#pragma omp for
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t end = std::min(rows_, (item + 1) * item_rows);
+      for (int64_t row = item * item_rows; row < end; ++row) {
+        if (row + kAheadRows < rows_) {
+          prefetch_row(residual_in + (row + kAheadRows) * in_stride, C);
+          prefetch_row(branch + (row + kAheadRows) * branch_stride, C);
+        }
+        float* out_row = out + row * out_stride;
+        if (masked)
+          masked_add_row(out_row, keep_mask + row * C, residual_in + row * in_stride,
+                         branch + row * branch_stride, p, scale, seed, row * C, C);
+        else
+          add_row(out_row, residual_in + row * in_stride, branch + row * branch_stride, C);
+        // The row just written is still in L1: normalising it now is the read the unfused
+        // LayerNorm would make from memory.
+        if (normed_in_bf16) {
+          layernorm_row_forward(row_buffer.data(), mean + row, rstd + row, out_row, weight, bias, C,
+                                kLayerNormEps);
+          store_row_bf16(normed_bf16 + row * normed_stride, row_buffer.data(), C);
+        } else {
+          layernorm_row_forward(normed + row * normed_stride, mean + row, rstd + row, out_row,
+                                weight, bias, C, kLayerNormEps);
+        }
       }
     }
   }

@@ -245,12 +245,9 @@ CudnnConvDescriptors::~CudnnConvDescriptors() {
   if (x != nullptr) cudnnDestroyTensorDescriptor(x);
 }
 
-bool cudnn_needs_krsc_weight(const CudnnConvShape& shape) {
-  return shape.kernel > 1 && shape.in_channels > 1;
-}
-
 LayoutMove weight_from_krsc(const CudnnConvShape& shape) {
-  if (!cudnn_needs_krsc_weight(shape))
+  // A 1x1 kernel's or a one-channel filter's OIHW is its KRSC.
+  if (shape.kernel == 1 || shape.in_channels == 1)
     return {
         1, 1,
         static_cast<int64_t>(shape.out_channels) * shape.in_channels * shape.kernel * shape.kernel};

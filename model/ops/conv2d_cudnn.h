@@ -47,8 +47,6 @@ struct LayoutMove {
   int64_t outer, channels, inner;
   int64_t count() const { return outer * channels * inner; }
 };
-// Whether the OIHW weight differs from its KRSC (a kernel above 1x1 on more than one channel).
-bool cudnn_needs_krsc_weight(const CudnnConvShape& shape);
 LayoutMove weight_from_krsc(const CudnnConvShape& shape);  // dW: KRSC -> OIHW
 LayoutMove input_from_nhwc(const CudnnConvShape& shape);   // dx: NHWC -> ours (NCHW or NHWC)
 // The operand as cuDNN reads it: `x` (`weight`) itself where our layout is already cuDNN's, else
