@@ -46,9 +46,6 @@ std::vector<ConvAlgoKey> one_field_variants() {
     key.*field += 1;
     keys.push_back(key);
   }
-  ConvAlgoKey nchw = base;
-  nchw.nchw_input = true;
-  keys.push_back(nchw);
   ConvAlgoKey bf16 = base;
   bf16.bf16 = true;
   keys.push_back(bf16);
@@ -91,11 +88,9 @@ TEST(ConvAlgoKey, TextNamesPassShapeAndGeometry) {
   key.pass = ConvPass::kBackwardFilter;
   EXPECT_EQ(key.text(),
             "backward_filter x[64,16,32,32] nhwc w[32,16,3,3] stride 2 pad 1 dilation 1");
-  key.nchw_input = true;
   key.pass = ConvPass::kForward;
-  EXPECT_EQ(key.text(), "forward x[64,16,32,32] nchw w[32,16,3,3] stride 2 pad 1 dilation 1");
   key.bf16 = true;
-  EXPECT_EQ(key.text(), "forward x[64,16,32,32] nchw w[32,16,3,3] stride 2 pad 1 dilation 1 bf16");
+  EXPECT_EQ(key.text(), "forward x[64,16,32,32] nhwc w[32,16,3,3] stride 2 pad 1 dilation 1 bf16");
 }
 
 TEST(ConvAlgoCache, RanksOncePerKey) {

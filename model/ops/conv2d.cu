@@ -19,8 +19,10 @@
 // math) gives way to the next; the one that ran is kept for the key and logged once on stderr
 // (rank 0).
 // Accumulation: cuDNN computes alpha * op + beta * out, so beta = 1 gives the += of Op::backward
-// (dx of a not-fresh gradient, dw always) with no scratch buffer, and beta = 0 overwrites without
-// reading the output.
+// (dx of a not-fresh gradient, dw always) where cuDNN writes our buffer itself, and beta = 0
+// overwrites without reading it. A result that comes back through a scratch in cuDNN's layout
+// (a KRSC dW, the NHWC dx of an NCHW input) is written there with beta = 0 and added (or
+// written) into ours by the transpose.
 #include <cudnn.h>
 
 #include <algorithm>
@@ -55,7 +57,6 @@ ConvAlgoKey algo_key(const CudnnConvShape& s, bool bf16, ConvPass pass) {
   key.stride = s.stride;
   key.pad = s.padding;
   key.dilation = 1;
-  key.nchw_input = s.nchw_input;
   key.bf16 = bf16;
   key.pass = pass;
   return key;

@@ -60,7 +60,8 @@ enum class ConvAlgorithm {
                 // as kOneDnn. Like cuDNN's autotuning, the choice may differ between runs.
 };
 
-// The geometry of one convolution as cuDNN sees it; NHWC output, input NCHW when nchw_input.
+// The geometry of one convolution for cuDNN. nchw_input: our input is stored NCHW (the stem
+// reading images); cuDNN is handed an NHWC copy of it (model/ops/conv2d_layout.h).
 struct CudnnConvShape {
   int batch = 0, in_channels = 0, out_channels = 0, height = 0, width = 0;
   int kernel = 0, stride = 1, padding = 0, out_height = 0, out_width = 0;

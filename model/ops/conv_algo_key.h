@@ -34,19 +34,19 @@ inline const char* conv_pass_name(ConvPass pass) {
 }
 
 // Sizes in cuDNN's names: x [N, C, H, W], filter [K, C, R, S], square stride, padding and
-// dilation. nchw_input: x is stored NCHW (the stem reading images), else NHWC like y. bf16: x,
-// the filter and y (dx, dw) are bf16 with fp32 compute (cuDNN's PSEUDO_BFLOAT16_CONFIG), else
-// all fp32; the two search separately, as cuDNN's algorithms differ by data type.
+// dilation. No layout: cuDNN sees every operand channels last (model/ops/conv2d_layout.h), an
+// NCHW stem input as its NHWC copy. bf16: x, the filter and y (dx, dw) are bf16 with fp32 compute
+// (cuDNN's PSEUDO_BFLOAT16_CONFIG), else all fp32; the two search separately, as cuDNN's
+// algorithms differ by data type.
 struct ConvAlgoKey {
   int n = 0, c = 0, h = 0, w = 0;
   int k = 0, r = 0, s = 0;
   int stride = 1, pad = 0, dilation = 1;
-  bool nchw_input = false;
   bool bf16 = false;
   ConvPass pass = ConvPass::kForward;
 
   auto fields() const {
-    return std::make_tuple(n, c, h, w, k, r, s, stride, pad, dilation, nchw_input, bf16,
+    return std::make_tuple(n, c, h, w, k, r, s, stride, pad, dilation, bf16,
                            static_cast<int>(pass));
   }
   bool operator==(const ConvAlgoKey& other) const { return fields() == other.fields(); }
@@ -57,10 +57,9 @@ struct ConvAlgoKey {
   // dilation 1", with " bf16" appended for bf16 operands.
   std::string text() const {
     return std::string(conv_pass_name(pass)) + " x[" + std::to_string(n) + "," + std::to_string(c) +
-           "," + std::to_string(h) + "," + std::to_string(w) + "] " +
-           (nchw_input ? "nchw" : "nhwc") + " w[" + std::to_string(k) + "," + std::to_string(c) +
-           "," + std::to_string(r) + "," + std::to_string(s) + "] stride " +
-           std::to_string(stride) + " pad " + std::to_string(pad) + " dilation " +
+           "," + std::to_string(h) + "," + std::to_string(w) + "] nhwc w[" + std::to_string(k) +
+           "," + std::to_string(c) + "," + std::to_string(r) + "," + std::to_string(s) +
+           "] stride " + std::to_string(stride) + " pad " + std::to_string(pad) + " dilation " +
            std::to_string(dilation) + (bf16 ? " bf16" : "");
   }
 };
@@ -79,7 +78,6 @@ struct ConvAlgoKeyHash {
                           key.stride,
                           key.pad,
                           key.dilation,
-                          key.nchw_input ? 1 : 0,
                           key.bf16 ? 1 : 0,
                           static_cast<int>(key.pass)};
     for (int value : values)
