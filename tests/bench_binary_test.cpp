@@ -1,8 +1,9 @@
 // `fusiontrain bench`, the binary on a one-layer GPT: every default variant runs interleaved, the
 // final losses agree within the stated tolerance, the JSON has every column, --sweep makes one
 // variant per value, --trace has one process per variant, and bad input (a flag, a variant that
-// changes the work, train.trace) fails naming the flag and the allowed values; a diverging bench
-// says it writes no checkpoints. The variant expansion and statistics are in bench_test.cpp.
+// changes the work, train.trace) fails naming the flag and the allowed values; under mpirun the
+// table shows each comm.grad_dtype's reduced bytes; a diverging bench says it writes no
+// checkpoints. The variant expansion and statistics are in bench_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -60,16 +61,27 @@ TEST(BenchBinary, DefaultVariantsRunInterleavedAndAgree) {
   for (size_t v = 0; v < kDefaultNames.size(); ++v) {
     const nlohmann::json& variant = json["variants"][v];
     EXPECT_EQ(variant["variant"], kDefaultNames[v]);
-    for (const char* column : {"median_ms",    "p10_ms",
-                               "p90_ms",       "speedup",
-                               "speedup_p10",  "speedup_p90",
-                               "within_noise", "compute_ms",
-                               "comm_ms",      "exposed_comm_ms",
-                               "ops_per_step", "allreduces_per_step",
-                               "bytes_moved",  "peak_activation_bytes",
-                               "final_loss",   "loss_tolerance",
-                               "loss_ok",      "step_ms",
-                               "launches",     "gemm_ms"})
+    for (const char* column : {"median_ms",
+                               "p10_ms",
+                               "p90_ms",
+                               "speedup",
+                               "speedup_p10",
+                               "speedup_p90",
+                               "within_noise",
+                               "compute_ms",
+                               "comm_ms",
+                               "exposed_comm_ms",
+                               "ops_per_step",
+                               "allreduces_per_step",
+                               "bytes_reduced_per_step",
+                               "bytes_moved",
+                               "peak_activation_bytes",
+                               "final_loss",
+                               "loss_tolerance",
+                               "loss_ok",
+                               "step_ms",
+                               "launches",
+                               "gemm_ms"})
       EXPECT_TRUE(variant.contains(column)) << kDefaultNames[v] << " lacks " << column;
     EXPECT_TRUE(variant["launches"].is_null()) << "cpu counts no launches";
     const bool comm_only = kDefaultNames[v] == "bucketing" || kDefaultNames[v] == "overlap";
@@ -124,6 +136,33 @@ TEST(BenchBinary, SweepRunsOneVariantPerValue) {
   // max_ops 1 fuses nothing.
   EXPECT_GT(json["variants"][0]["ops_per_step"].get<int>(),
             json["variants"][1]["ops_per_step"].get<int>());
+}
+
+// Under mpirun the table and the JSON say how many gradient bytes each step reduced: every
+// trainable float once, in comm.grad_dtype, so bf16 moves half of fp32's (one rank reduces
+// nothing and shows "-", bench_test.cpp).
+TEST(BenchBinary, TwoRanksShowTheGradientBytesOfEachGradDtype) {
+  if (test::run_shell("command -v mpirun").exit_code != 0) GTEST_SKIP() << "no mpirun";
+  const std::string json_path = ::testing::TempDir() + "/bench_grad_dtype.json";
+  std::remove(json_path.c_str());
+  const RunResult result = test::run_fusiontrain(
+      kTiny +
+          "--set train.precision=bf16 --variants "
+          "\"grad_fp32:comm.grad_dtype=fp32,grad_bf16:comm.grad_dtype=bf16\" --json " +
+          json_path,
+      300,
+      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np "
+      "2 ");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("| allreduces | reduced/step |"), std::string::npos)
+      << result.output;
+  const nlohmann::json json = read_json(json_path);
+  ASSERT_EQ(json["variants"].size(), 2u);
+  const double fp32 = json["variants"][0]["bytes_reduced_per_step"].get<double>();
+  const double bf16 = json["variants"][1]["bytes_reduced_per_step"].get<double>();
+  EXPECT_GT(fp32, 0);
+  EXPECT_EQ(static_cast<int64_t>(fp32) % 4, 0) << fp32;
+  EXPECT_DOUBLE_EQ(bf16, fp32 / 2);
 }
 
 TEST(BenchBinary, TraceHasOneProcessPerVariantWithTheirOps) {

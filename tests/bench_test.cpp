@@ -159,6 +159,26 @@ TEST(BenchStats, RatioOfMediansSitsBesideTheMedianRatio) {
   EXPECT_FALSE(json.contains("machine_load")) << "no reading was taken";
 }
 
+// The gradient bytes each step reduced (comm.grad_dtype's payload) are the median over rounds,
+// in the table and the JSON; "-" where nothing was reduced, not a measured 0.
+TEST(BenchStats, ReducedBytesPerStepAreTheMedianOverRounds) {
+  std::vector<BenchVariantResult> results = {result_with("grad_fp32", {10, 10, 10}, 3.0),
+                                             result_with("grad_bf16", {8, 8, 8}, 3.0),
+                                             result_with("one_rank", {9, 9, 9}, 3.0)};
+  results[0].bytes_reduced = {4 << 20, 4 << 20, 4 << 20};
+  results[1].bytes_reduced = {2 << 20, 3 << 20, 2 << 20};
+  const std::vector<BenchSummary> summaries = summarize_bench(results);
+  EXPECT_DOUBLE_EQ(summaries[1].bytes_reduced_per_step, 2 << 20);
+  const std::string table = bench_table_markdown(results, summaries);
+  EXPECT_NE(table.find("| allreduces | reduced/step | bytes moved |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 0 | 4.00MiB | "), std::string::npos) << table;
+  EXPECT_NE(table.find("| 0 | 2.00MiB | "), std::string::npos) << table;
+  EXPECT_NE(table.find("| 0 | - | "), std::string::npos) << table;
+  BenchRunInfo info;
+  const nlohmann::json json = nlohmann::json::parse(bench_to_json(info, results, summaries));
+  EXPECT_DOUBLE_EQ(json["variants"][1]["bytes_reduced_per_step"].get<double>(), 2 << 20);
+}
+
 TEST(BenchVariants, FusedIsAnotherNameOfAll) {
   const std::vector<BenchVariant> variants = expand_bench_variants("unfused,fused", false);
   EXPECT_EQ(names_of(variants), (std::vector<std::string>{"unfused", "all"}));

@@ -251,6 +251,8 @@ std::vector<BenchSummary> summarize_bench(const std::vector<BenchVariantResult>&
     summary.comm_ms = median(result.comm_ms);
     summary.exposed_ms = median(result.exposed_ms);
     summary.allreduces_per_step = median(result.allreduce_calls);
+    if (!result.bytes_reduced.empty())
+      summary.bytes_reduced_per_step = median(result.bytes_reduced);
     summary.final_loss = result.final_loss;
     const double reference = std::max(std::fabs(baseline.final_loss), 1e-12);
     summary.loss_relative_error = std::fabs(result.final_loss - baseline.final_loss) / reference;

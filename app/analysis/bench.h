@@ -72,9 +72,10 @@ struct BenchVariantResult {
   std::vector<double> gemm_ms;
   std::vector<double> conv_ms;  // the same for convolutions (core/gemm.h's ConvTimeGuard)
   std::vector<double> allreduce_calls;
-  size_t ops_per_step = 0;           // ops of the executed training graph
-  double bytes_moved = 0;            // app/analysis/plan.h: forward bytes of the executed graph
-  double peak_activation_bytes = 0;  // app/analysis/plan.h: train-mode peak
+  std::vector<double> bytes_reduced;  // gradient payload per step, in comm.grad_dtype
+  size_t ops_per_step = 0;            // ops of the executed training graph
+  double bytes_moved = 0;             // app/analysis/plan.h: forward bytes of the executed graph
+  double peak_activation_bytes = 0;   // app/analysis/plan.h: train-mode peak
   double final_loss = 0;
   nlohmann::json profile;  // rank 0: {"top_ops": [...], "advice": [...]}; null = not profiled
   // Rank 0 on cuda: the launches of this variant's timed rounds, summed (a delta around each of
@@ -102,8 +103,9 @@ struct BenchSummary {
   bool baseline = false;
   bool within_noise = false;  // the interval straddles 1.0
   double compute_ms = 0, comm_ms = 0, exposed_ms = 0, allreduces_per_step = 0;  // medians
-  double gemm_ms = -1;  // median; -1 when not timed (cuda)
-  double conv_ms = 0;   // median; 0 when not timed or no convolution ran
+  double bytes_reduced_per_step = 0;  // median; 0 on 1 rank, where nothing is reduced
+  double gemm_ms = -1;                // median; -1 when not timed (cuda)
+  double conv_ms = 0;                 // median; 0 when not timed or no convolution ran
   double final_loss = 0;
   double loss_relative_error = 0;               // |loss - baseline loss| / |baseline loss|
   double loss_tolerance = kBenchLossTolerance;  // kBenchCrossPrecision... across precisions

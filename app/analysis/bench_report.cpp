@@ -51,6 +51,11 @@ nlohmann::json launches_json(const std::optional<LaunchCounts>& launches, size_t
           {"graphs", per_step(launches->graphs, rounds)}};
 }
 
+// "-" where nothing was reduced (one rank), so the column does not read as a measured zero.
+std::string reduced_text(double bytes) {
+  return bytes > 0 ? binary_bytes_text(bytes) : "-";
+}
+
 }  // namespace
 
 std::string format_launches_per_step(const std::optional<LaunchCounts>& launches, size_t rounds) {
@@ -92,9 +97,9 @@ std::string bench_table_markdown(const std::vector<BenchVariantResult>& results,
                                  const std::vector<BenchSummary>& summaries) {
   std::string text =
       "| variant | median ms | p10 ms | p90 ms | speedup (p10-p90) | median ratio | compute ms | "
-      "comm ms | exposed ms | ops | launches/step | allreduces | bytes moved | peak act. mem | "
-      "final loss |\n"
-      "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+      "comm ms | exposed ms | ops | launches/step | allreduces | reduced/step | bytes moved | "
+      "peak act. mem | final loss |\n"
+      "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   char line[512];
   for (size_t v = 0; v < summaries.size(); ++v) {
     const BenchSummary& s = summaries[v];
@@ -111,11 +116,12 @@ std::string bench_table_markdown(const std::vector<BenchVariantResult>& results,
     std::snprintf(
         line, sizeof(line),
         "| %s | %.2f | %.2f | %.2f | %s | %.3fx | %.2f | %.2f | %.2f | %zu | %s | %.0f | %s | %s | "
-        "%s |\n",
+        "%s | %s |\n",
         s.name.c_str(), s.median_ms, s.p10_ms, s.p90_ms, speedup, s.median_ratio, s.compute_ms,
         s.comm_ms, s.exposed_ms, result.ops_per_step,
         format_launches_per_step(result.launches, result.step_ms.size()).c_str(),
-        s.allreduces_per_step, binary_bytes_text(result.bytes_moved).c_str(),
+        s.allreduces_per_step, reduced_text(s.bytes_reduced_per_step).c_str(),
+        binary_bytes_text(result.bytes_moved).c_str(),
         binary_bytes_text(result.peak_activation_bytes).c_str(), loss);
     text += line;
   }
@@ -163,6 +169,7 @@ std::string bench_to_json(const BenchRunInfo& info, const std::vector<BenchVaria
                         {"launches", launches_json(result.launches, result.step_ms.size())},
                         {"throughput", throughput_json(result, s, info.peak_tflops)},
                         {"allreduces_per_step", s.allreduces_per_step},
+                        {"bytes_reduced_per_step", s.bytes_reduced_per_step},
                         {"bytes_moved", result.bytes_moved},
                         {"peak_activation_bytes", result.peak_activation_bytes},
                         {"final_loss", s.final_loss},

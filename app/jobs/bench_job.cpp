@@ -251,6 +251,7 @@ BenchRun run_bench_variants(const std::vector<Config>& configs,
       result.comm_ms.push_back(stats.comm.comm_ms);
       result.exposed_ms.push_back(stats.comm.exposed_ms);
       result.allreduce_calls.push_back(static_cast<double>(stats.comm.allreduce_calls));
+      result.bytes_reduced.push_back(static_cast<double>(stats.comm.bytes_reduced));
       result.final_loss = stats.loss;
       order.push_back(variants[v].name);
     }
