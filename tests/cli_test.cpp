@@ -305,6 +305,24 @@ TEST(Cli, TrainChecksItsDirectoriesAndTraceBeforeTheFirstStep) {
   }
 }
 
+// eval runs in the config's train.precision, and a bf16 evaluation says so (with what this CPU
+// runs it on) in its line and its JSON, as train's start line does; fp32 stays quiet.
+TEST(Cli, EvalSaysWhenItRunsInBf16) {
+  const std::string dir = ::testing::TempDir() + "/eval_precision";
+  const RunResult trained = run(kTinyTrain + "--set train.run_dir=" + dir);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const std::string eval = "eval --config " + dir + "/config.yaml --checkpoint " + dir +
+                           "/checkpoints/step_000002.safetensors --json " + dir + "/eval.json ";
+  const RunResult bf16 = run(eval + "--set train.precision=bf16");
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  EXPECT_NE(bf16.output.find(" windows) | precision bf16, "), std::string::npos) << bf16.output;
+  EXPECT_NE(read_text(dir + "/eval.json").find("\"precision\":\"bf16\""), std::string::npos);
+  const RunResult fp32 = run(eval + "--set train.precision=fp32");
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  EXPECT_EQ(fp32.output.find("| precision"), std::string::npos) << fp32.output;
+  EXPECT_NE(read_text(dir + "/eval.json").find("\"precision\":\"fp32\""), std::string::npos);
+}
+
 // FT_CPU_ISA (model/ops/winograd.h) picks the Winograd kernels' width; a value the kernels do
 // not have stops the first convolution with an error naming the variable and the choices. One
 // ResNet step, whose convolutions run on Winograd; avx2 exists everywhere and trains.

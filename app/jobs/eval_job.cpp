@@ -13,6 +13,7 @@
 #include "app/training/trainer.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/gemm.h"
 #include "core/safetensors.h"
 
 namespace ft {
@@ -40,21 +41,27 @@ int run_eval(const EvalArgs& args) {
           ? (config.model.arch == "gpt" ? "validation split of " + config.data.path
                                         : "Fashion-MNIST test set")
           : args.data_path;
-  nlohmann::json row = {{"type", "eval"},
-                        {"checkpoint", args.checkpoint_path},
-                        {"data", source},
-                        {"loss", result.loss},
-                        {"examples", result.examples}};
+  nlohmann::json row = {{"type", "eval"},      {"checkpoint", args.checkpoint_path},
+                        {"data", source},      {"precision", config.train.precision},
+                        {"loss", result.loss}, {"examples", result.examples}};
+  // As train's start line: a bf16 evaluation says so, and whether this CPU has the instructions
+  // (the same checkpoint's fp32 loss differs in the third or fourth digit).
+  const std::string precision =
+      config.train.precision != "bf16"
+          ? ""
+          : std::string(" | precision bf16, ") + (config.train.device == "cuda"
+                                                      ? "cuBLASLt bf16 GEMMs on the GPU"
+                                                      : bf16_gemm_path());
   if (result.accuracy >= 0) {
     row["accuracy"] = result.accuracy;
-    std::printf("eval %s on %s: loss %.4f | accuracy %.2f%% (%lld images)\n",
+    std::printf("eval %s on %s: loss %.4f | accuracy %.2f%% (%lld images)%s\n",
                 args.checkpoint_path.c_str(), source.c_str(), result.loss, 100 * result.accuracy,
-                static_cast<long long>(result.examples));
+                static_cast<long long>(result.examples), precision.c_str());
   } else {
     row["bits_per_byte"] = result.bits_per_byte;
-    std::printf("eval %s on %s: loss %.4f | %.4f bits/byte (%lld windows)\n",
+    std::printf("eval %s on %s: loss %.4f | %.4f bits/byte (%lld windows)%s\n",
                 args.checkpoint_path.c_str(), source.c_str(), result.loss, result.bits_per_byte,
-                static_cast<long long>(result.examples));
+                static_cast<long long>(result.examples), precision.c_str());
   }
   if (!args.json_path.empty()) {
     write_output_file(args.json_path, row.dump() + "\n");
