@@ -13,7 +13,6 @@
 #include "app/training/trainer.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
-#include "core/gemm.h"
 #include "core/safetensors.h"
 
 namespace ft {
@@ -47,11 +46,7 @@ int run_eval(const EvalArgs& args) {
   // As train's start line: a bf16 evaluation says so, and whether this CPU has the instructions
   // (the same checkpoint's fp32 loss differs in the third or fourth digit).
   const std::string precision =
-      config.train.precision != "bf16"
-          ? ""
-          : std::string(" | precision bf16, ") + (config.train.device == "cuda"
-                                                      ? "cuBLASLt bf16 GEMMs on the GPU"
-                                                      : bf16_gemm_path());
+      config.train.precision == "bf16" ? " | precision bf16, " + bf16_kernels_text(config) : "";
   if (result.accuracy >= 0) {
     row["accuracy"] = result.accuracy;
     std::printf("eval %s on %s: loss %.4f | accuracy %.2f%% (%lld images)%s\n",

@@ -16,6 +16,7 @@
 #include "app/analysis/profiler.h"
 #include "app/analysis/throughput.h"
 #include "app/jobs/jobs.h"
+#include "app/training/device_setup.h"
 #include "app/training/resume.h"
 #include "app/training/run_layout.h"
 #include "app/training/run_output.h"
@@ -24,7 +25,6 @@
 #include "comm/startup.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
-#include "core/gemm.h"
 #include "core/timer.h"
 
 namespace ft {
@@ -56,7 +56,7 @@ void say_start(RunOutput& out, const Config& config, Trainer& trainer, int world
   // Once per run: whether bf16 pays on this CPU, so a slow bf16 run is never a mystery.
   if (config.train.precision == "bf16")
     out.say("precision bf16: GEMM operands in bf16, fp32 masters and reductions; %s\n",
-            config.train.device == "cuda" ? "cuBLASLt bf16 GEMMs on the GPU" : bf16_gemm_path());
+            bf16_kernels_text(config).c_str());
 }
 
 // A progress line (the interval's ms/step, the run's ETA) and, with train.verbose, the step's lr,
