@@ -46,7 +46,7 @@ int run_eval(const EvalArgs& args) {
   // As train's start line: a bf16 evaluation says so, and whether this CPU has the instructions
   // (the same checkpoint's fp32 loss differs in the third or fourth digit).
   const std::string precision =
-      config.train.precision == "bf16" ? " | precision bf16, " + bf16_kernels_text(config) : "";
+      config.train.precision == "bf16" ? " | precision bf16, " + bf16_kernels_text(device) : "";
   if (result.accuracy >= 0) {
     row["accuracy"] = result.accuracy;
     std::printf("eval %s on %s: loss %.4f | accuracy %.2f%% (%lld images)%s\n",

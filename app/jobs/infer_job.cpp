@@ -27,7 +27,6 @@
 #include "app/training/trainer.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
-#include "core/gemm.h"
 #include "core/idx.h"
 #include "core/sha256.h"
 #include "core/timer.h"
@@ -304,9 +303,8 @@ int run_infer(const InferArgs& args) {
                   : (std::to_string(threads) + (threads == 1 ? " thread" : " threads")).c_str(),
               bf16_weights ? ", bf16 weights widened to fp32" : "");
   if (precision == DType::kBF16)
-    std::printf(
-        "precision bf16: GEMM and convolution operands in bf16, fp32 sums; %s\n",
-        device == Device::kCuda ? "cuDNN and cuBLASLt bf16 kernels on the GPU" : bf16_gemm_path());
+    std::printf("precision bf16: GEMM and convolution operands in bf16, fp32 sums; %s\n",
+                bf16_kernels_text(device).c_str());
   nlohmann::json row = {{"type", "infer"},
                         {"model", args.model_path},
                         {"data", source},

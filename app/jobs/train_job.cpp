@@ -56,7 +56,7 @@ void say_start(RunOutput& out, const Config& config, Trainer& trainer, int world
   // Once per run: whether bf16 pays on this CPU, so a slow bf16 run is never a mystery.
   if (config.train.precision == "bf16")
     out.say("precision bf16: GEMM operands in bf16, fp32 masters and reductions; %s\n",
-            bf16_kernels_text(config).c_str());
+            bf16_kernels_text(trainer.params().device()).c_str());
 }
 
 // A progress line (the interval's ms/step, the run's ETA) and, with train.verbose, the step's lr,

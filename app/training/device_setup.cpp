@@ -50,8 +50,8 @@ Device setup_device(const Config& config, int local_rank) {
   return device;
 }
 
-std::string bf16_kernels_text(const Config& config) {
-  return config.train.device == "cuda" ? "cuBLASLt bf16 GEMMs on the GPU" : bf16_gemm_path();
+std::string bf16_kernels_text(Device device) {
+  return device == Device::kCuda ? "cuDNN and cuBLASLt bf16 kernels on the GPU" : bf16_gemm_path();
 }
 
 }  // namespace ft

@@ -20,9 +20,10 @@ Device setup_device(const Config& config, int local_rank);
 Device setup_device(const std::string& device, const std::string& setting,
                     const std::string& instead, int local_rank);
 
-// What runs a bf16 config's GEMMs, for the lines that say a job runs in bf16 (train's start
-// line, eval's result): the GPU's cuBLASLt kernels, or core/gemm.h's bf16_gemm_path() on the CPU
-// (oneDNN's bf16 kernels, or the widening notice on a CPU without bf16 instructions).
-std::string bf16_kernels_text(const Config& config);
+// What runs bf16 GEMMs and convolutions on `device`, for the lines that say a job runs in bf16
+// (train's start line, eval's result, infer's): the GPU's cuDNN and cuBLASLt kernels, or
+// core/gemm.h's bf16_gemm_path() on the CPU (oneDNN's bf16 kernels, or the widening notice on a
+// CPU without bf16 instructions).
+std::string bf16_kernels_text(Device device);
 
 }  // namespace ft
